@@ -1,0 +1,75 @@
+"""statepact: durable state, fair work queues and coordination transactions for agent fleets.
+
+Importing this package imports neither redis nor SQLAlchemy: the backings live
+in ``statepact.storage.{memory,redis,postgres}`` and load their drivers only
+when imported.
+"""
+
+from statepact.clock import Clock, ManualClock, SystemClock
+from statepact.errors import (
+    ConflictError,
+    DeadlockError,
+    FencingError,
+    IdempotencyConflictError,
+    LeaseLostError,
+    LockTimeoutError,
+    PoolExhaustedError,
+    PreflightError,
+    QueueUnavailableError,
+    RunNotFoundError,
+    SchemaVersionError,
+    StateConflictError,
+    StatepactError,
+    StatePersistenceError,
+)
+from statepact.models import (
+    ItemStatus,
+    Lease,
+    Page,
+    QueueStats,
+    RunRecord,
+    RunStatus,
+    SessionRecord,
+    TenantQueueStats,
+    WorkItem,
+)
+from statepact.queue import QueuePolicy, WorkQueue
+from statepact.settings import PostgresStoreSettings, RedisStoreSettings, StoreSettings
+from statepact.state import StateStore
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Clock",
+    "ConflictError",
+    "DeadlockError",
+    "FencingError",
+    "IdempotencyConflictError",
+    "ItemStatus",
+    "Lease",
+    "LeaseLostError",
+    "LockTimeoutError",
+    "ManualClock",
+    "Page",
+    "PoolExhaustedError",
+    "PostgresStoreSettings",
+    "PreflightError",
+    "QueuePolicy",
+    "QueueStats",
+    "QueueUnavailableError",
+    "RedisStoreSettings",
+    "RunNotFoundError",
+    "RunRecord",
+    "RunStatus",
+    "SchemaVersionError",
+    "SessionRecord",
+    "StateConflictError",
+    "StatePersistenceError",
+    "StateStore",
+    "StatepactError",
+    "StoreSettings",
+    "SystemClock",
+    "TenantQueueStats",
+    "WorkItem",
+    "WorkQueue",
+]

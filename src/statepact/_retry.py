@@ -1,0 +1,80 @@
+"""The one retry policy: bounded attempts, doubling delays with full jitter.
+
+Used for waiting out a failover (connection errors only) and by
+``TransactionManager.run`` between conflicting attempts. Every worker that
+started together retries together, so each delay is drawn uniformly from
+``[0, min(max_delay, base_delay * 2**attempt))``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from statepact.errors import StatepactError
+
+__all__ = ["RetryPolicy", "call_with_failover"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """``attempts`` calls in all (the first included), with backoff between them."""
+
+    attempts: int = 5
+    base_delay: float = 0.05
+    max_delay: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError("attempts: must be at least 1")
+        if self.base_delay < 0 or self.max_delay < 0:
+            raise ValueError("base_delay/max_delay: must not be negative")
+
+    def ceiling(self, attempt: int) -> float:
+        """The largest delay after failed attempt number ``attempt`` (0-based)."""
+        return float(min(self.max_delay, self.base_delay * (2 ** min(attempt, 62))))
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        return (rng or random).uniform(0.0, self.ceiling(attempt))
+
+    @property
+    def budget(self) -> float:
+        """The most time spent sleeping between attempts."""
+        return sum(self.ceiling(i) for i in range(self.attempts - 1))
+
+
+async def call_with_failover(
+    operation: Callable[[], Awaitable[T]],
+    *,
+    policy: RetryPolicy,
+    is_transient: Callable[[BaseException], bool],
+    give_up: Callable[[BaseException], StatepactError],
+    translate: Callable[[BaseException], StatepactError | None] = lambda _exc: None,
+) -> T:
+    """Run ``operation``, retrying transient (connection) errors within ``policy``.
+
+    ``translate`` maps a non-transient driver error to its public error (or
+    ``None`` to let it through). Past the budget, ``give_up(last_error)`` is
+    raised from the last error.
+    """
+    attempt = 0
+    while True:
+        try:
+            return await operation()
+        except StatepactError:
+            raise
+        except Exception as exc:
+            if not is_transient(exc):
+                public = translate(exc)
+                if public is not None:
+                    raise public from exc
+                raise
+            attempt += 1
+            if attempt >= policy.attempts:
+                raise give_up(exc) from exc
+            await asyncio.sleep(policy.delay(attempt - 1))

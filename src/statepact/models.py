@@ -1,0 +1,166 @@
+"""The records that cross the protocols: runs, sessions, pages, work items, leases.
+
+Every model is a frozen pydantic model, so a record handed out by one call
+cannot be mutated under another; use ``model_copy(update=...)`` to change one.
+Models validate shape only; the fronts in ``state.py`` and ``queue.py`` validate
+content (ids, JSON, sizes) before anything reaches a backing.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ItemStatus",
+    "Lease",
+    "Page",
+    "QueueStats",
+    "RunRecord",
+    "RunStatus",
+    "SessionRecord",
+    "TenantQueueStats",
+    "WorkItem",
+]
+
+T = TypeVar("T")
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+class RunStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class RunRecord(BaseModel):
+    """One agent run: what a worker last wrote (``data``) plus five accumulating counters.
+
+    ``version`` is 0 for a run that has not been stored yet. ``put_run`` writes
+    ``data``, ``status`` and ``session_id`` only; the counters move through
+    ``patch_run`` alone. ``seq`` is assigned by the store at creation and never
+    rewritten; listings page by it.
+    """
+
+    model_config = _FROZEN
+
+    tenant: str
+    run_id: str
+    session_id: str | None = None
+    status: RunStatus = RunStatus.PENDING
+    data: dict[str, Any] = Field(default_factory=dict)
+    version: int = Field(default=0, ge=0)
+    input_tokens: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=0, ge=0)
+    cost: Decimal = Field(default=Decimal(0), ge=0)
+    iterations: int = Field(default=0, ge=0)
+    cursor: int = Field(default=0, ge=0)
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    seq: int | None = None
+
+
+class SessionRecord(BaseModel):
+    """A session: a JSON blob, versioned like a run, that indexes its runs."""
+
+    model_config = _FROZEN
+
+    tenant: str
+    session_id: str
+    data: dict[str, Any] = Field(default_factory=dict)
+    version: int = Field(default=0, ge=0)
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    seq: int | None = None
+
+
+class Page(BaseModel, Generic[T]):
+    """One page of a listing; pass ``next`` as ``after`` to get the following page."""
+
+    model_config = ConfigDict(frozen=True)
+
+    items: list[T]
+    next: str | None = None
+
+
+class ItemStatus(StrEnum):
+    QUEUED = "queued"
+    LEASED = "leased"
+    DONE = "done"
+    DEAD = "dead"
+
+
+class WorkItem(BaseModel):
+    """A unit of work. ``(queue, tenant, item_id)`` identifies it; enqueue is idempotent on it.
+
+    Within a tenant, due items are claimed highest ``priority`` first, then in
+    enqueue order. ``queue`` may be left ``None``: enqueue fills in the queue's
+    own name.
+    """
+
+    model_config = _FROZEN
+
+    tenant: str
+    item_id: str
+    payload: dict[str, Any] = Field(default_factory=dict)
+    queue: str | None = None
+    priority: int = 0
+    available_at: datetime | None = None
+    attempts: int = Field(default=0, ge=0)
+    status: ItemStatus = ItemStatus.QUEUED
+    last_error: str | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+class Lease(BaseModel):
+    """A claim on one work item, fenced by ``token``.
+
+    ``token`` changes on every claim and heartbeat; a settle or heartbeat that
+    presents a token the item no longer carries raises ``LeaseLostError`` and
+    writes nothing. ``lease_seconds`` is the duration a heartbeat extends by.
+    """
+
+    model_config = _FROZEN
+
+    item: WorkItem
+    worker_id: str
+    token: int
+    expires_at: datetime
+    lease_seconds: float
+
+
+class TenantQueueStats(BaseModel):
+    model_config = _FROZEN
+
+    queued: int = 0
+    leased: int = 0
+    dead: int = 0
+
+
+class QueueStats(BaseModel):
+    """Counts per tenant; tenants with nothing queued, leased or dead are left out."""
+
+    model_config = _FROZEN
+
+    queue: str
+    tenants: dict[str, TenantQueueStats] = Field(default_factory=dict)
+
+    @property
+    def queued(self) -> int:
+        return sum(t.queued for t in self.tenants.values())
+
+    @property
+    def leased(self) -> int:
+        return sum(t.leased for t in self.tenants.values())
+
+    @property
+    def dead(self) -> int:
+        return sum(t.dead for t in self.tenants.values())

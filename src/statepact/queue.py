@@ -1,0 +1,335 @@
+"""The ``WorkQueue`` protocol, ``QueuePolicy`` and the front every backing shares.
+
+:class:`BaseWorkQueue` implements the protocol once: it validates arguments,
+encodes and size-checks payloads, reads the injected clock, and asks
+:class:`QueuePolicy` whether a failed item is retried (and when) or
+dead-lettered. A backing only stores what it is told, atomically and fenced on
+the lease token; two backings can therefore never disagree about poison.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from statepact._codec import check_size, encode_json, require_id, require_seconds
+from statepact.clock import Clock, SystemClock
+from statepact.models import ItemStatus, Lease, QueueStats, WorkItem
+
+__all__ = [
+    "MAX_PRIORITY",
+    "BaseWorkQueue",
+    "FailOutcome",
+    "QueuePolicy",
+    "WorkQueue",
+]
+
+MAX_PRIORITY = 1000
+MAX_ERROR_CHARS = 4096
+MAX_BATCH = 1000
+DEFAULT_MAX_VALUE_BYTES = 262_144
+
+
+class QueuePolicy(BaseModel):
+    """Retries, backoff and the dead letter, decided once for every backing.
+
+    An attempt is counted when an item is claimed (``release`` gives it back).
+    After a failure with ``attempts < max_attempts`` the item is retried after
+    ``min(backoff_cap, backoff_base * 2**(attempts-1))`` seconds, shortened by up
+    to ``jitter`` of itself at random; otherwise, or when the failure is not
+    retryable, it is dead-lettered with its last error kept. A lease that lapses
+    is treated as a retryable failure without backoff.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_attempts: int = Field(default=5, ge=1, le=10_000)
+    backoff_base: float = Field(default=1.0, gt=0, le=86_400)
+    backoff_cap: float = Field(default=600.0, gt=0, le=30 * 86_400)
+    jitter: float = Field(default=0.1, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _cap_above_base(self) -> QueuePolicy:
+        if self.backoff_cap < self.backoff_base:
+            raise ValueError("backoff_cap: must not be below backoff_base")
+        return self
+
+    def retry_delay(self, attempts: int, *, rand: float | None = None) -> timedelta:
+        """The wait before the next try, after ``attempts`` tries (1-based)."""
+        exponent = min(max(attempts - 1, 0), 62)
+        ceiling = min(self.backoff_cap, self.backoff_base * (2.0**exponent))
+        draw = random.random() if rand is None else rand
+        return timedelta(seconds=ceiling * (1.0 - self.jitter * draw))
+
+    def after_failure(
+        self, attempts: int, now: datetime, *, retryable: bool, rand: float | None = None
+    ) -> FailOutcome:
+        if not retryable or attempts >= self.max_attempts:
+            return FailOutcome(dead=True, available_at=now)
+        return FailOutcome(dead=False, available_at=now + self.retry_delay(attempts, rand=rand))
+
+    def lapse_is_dead(self, attempts: int) -> bool:
+        """Whether an item whose lease lapsed after ``attempts`` tries goes to the dead letter."""
+        return attempts >= self.max_attempts
+
+
+@dataclass(frozen=True, slots=True)
+class FailOutcome:
+    """What ``QueuePolicy`` decided for a failed item."""
+
+    dead: bool
+    available_at: datetime
+
+
+@runtime_checkable
+class WorkQueue(Protocol):
+    """Work items with fenced leases, fair tenants, retries and a dead letter.
+
+    Claims serve tenants in rotation: among tenants with due work, the one
+    served longest ago goes first, then to the back (ties: tenant id order).
+    Within a tenant, due items go highest ``priority`` first, then in enqueue
+    order. Times are the injected clock's. An attempt is counted at claim.
+    Every settle is fenced on the lease token: a token the item no longer
+    carries raises ``LeaseLostError`` and writes nothing; a lapsed lease stays
+    good until ``reap`` (or a new claim) moves the item on. Errors: bad input
+    raises ``ValueError``/``TypeError`` naming the field before anything is
+    sent; an oversized payload raises ``StatePersistenceError(reason="too_large")``;
+    a server down past the budget raises ``QueueUnavailableError``.
+    """
+
+    @property
+    def name(self) -> str:
+        """The queue's name; every item it holds carries it."""
+        ...
+
+    async def enqueue(self, item: WorkItem, *, delay: float | timedelta | None = None) -> WorkItem:
+        """Store the item, due at ``now + delay``.
+
+        An item already stored under ``(queue, tenant, item_id)`` is returned as it is.
+        """
+        ...
+
+    async def claim(self, worker_id: str, *, lease_for: float | timedelta) -> Lease | None:
+        """Lease the next due item by tenant rotation, or ``None`` when nothing is due."""
+        ...
+
+    async def claim_batch(
+        self, worker_id: str, *, lease_for: float | timedelta, limit: int
+    ) -> list[Lease]:
+        """Up to ``limit`` leases, as ``limit`` successive claims would give them."""
+        ...
+
+    async def heartbeat(self, lease: Lease) -> Lease:
+        """Extend the lease by its duration from now, with a new token."""
+        ...
+
+    async def ack(self, lease: Lease) -> WorkItem:
+        """Mark the item done."""
+        ...
+
+    async def fail(self, lease: Lease, error: str, *, retryable: bool = True) -> WorkItem:
+        """Record the error; retry after backoff or dead-letter, as ``QueuePolicy`` decides."""
+        ...
+
+    async def release(self, lease: Lease) -> WorkItem:
+        """Give the item back, due now, without counting the attempt."""
+        ...
+
+    async def reap(self) -> list[WorkItem]:
+        """Move expired leases back to ready (or to the dead letter); return the moved items."""
+        ...
+
+    async def dead_letters(self, tenant: str, *, limit: int = 100) -> list[WorkItem]:
+        """The tenant's dead items, oldest first."""
+        ...
+
+    async def requeue(self, item: WorkItem) -> WorkItem:
+        """Bring a dead item back, due now, with its attempts reset.
+
+        Raises ``ValueError`` naming ``item_id`` when the item is missing or not dead.
+        """
+        ...
+
+    async def get_item(self, tenant: str, item_id: str) -> WorkItem | None:
+        """The item's current record, or ``None``."""
+        ...
+
+    async def stats(self) -> QueueStats:
+        """Queued (depth), leased and dead counts per tenant."""
+        ...
+
+
+def _require_limit(limit: object) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"limit: must be an int, got {type(limit).__name__}")
+    if not 1 <= limit <= MAX_BATCH:
+        raise ValueError(f"limit: must be between 1 and {MAX_BATCH}, got {limit}")
+    return limit
+
+
+def _require_lease(lease: object) -> Lease:
+    if not isinstance(lease, Lease):
+        raise TypeError(f"lease: must be a Lease, got {type(lease).__name__}")
+    return lease
+
+
+class BaseWorkQueue(ABC):
+    """Validation, encoding, time and policy for every ``WorkQueue`` backing."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock | None = None,
+        policy: QueuePolicy | None = None,
+        name: str = "default",
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+    ) -> None:
+        self._clock: Clock = clock or SystemClock()
+        self._policy = policy or QueuePolicy()
+        self._name = require_id("name", name)
+        if max_value_bytes <= 0:
+            raise ValueError("max_value_bytes: must be positive")
+        self._max_value_bytes = max_value_bytes
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def policy(self) -> QueuePolicy:
+        return self._policy
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    async def enqueue(self, item: WorkItem, *, delay: float | timedelta | None = None) -> WorkItem:
+        if not isinstance(item, WorkItem):
+            raise TypeError(f"item: must be a WorkItem, got {type(item).__name__}")
+        tenant = require_id("tenant", item.tenant)
+        item_id = require_id("item_id", item.item_id)
+        if item.queue is not None and item.queue != self._name:
+            raise ValueError(f"queue: the item names queue {item.queue!r}, this is {self._name!r}")
+        if not -MAX_PRIORITY <= item.priority <= MAX_PRIORITY:
+            raise ValueError(f"priority: must be between -{MAX_PRIORITY} and {MAX_PRIORITY}")
+        payload = encode_json("payload", item.payload)
+        check_size("payload", len(payload), self._max_value_bytes, where=f"item {item_id!r}")
+        now = self._clock.now()
+        wait = 0.0 if delay is None else require_seconds("delay", delay, allow_zero=True)
+        available_at = now + timedelta(seconds=wait)
+        fresh = WorkItem(
+            queue=self._name,
+            tenant=tenant,
+            item_id=item_id,
+            payload=item.payload,
+            priority=item.priority,
+            available_at=available_at,
+            attempts=0,
+            status=ItemStatus.QUEUED,
+            last_error=None,
+            created_at=now,
+            updated_at=now,
+        )
+        return await self._enqueue(fresh, payload)
+
+    async def claim(self, worker_id: str, *, lease_for: float | timedelta) -> Lease | None:
+        leases = await self.claim_batch(worker_id, lease_for=lease_for, limit=1)
+        return leases[0] if leases else None
+
+    async def claim_batch(
+        self, worker_id: str, *, lease_for: float | timedelta, limit: int
+    ) -> list[Lease]:
+        worker = require_id("worker_id", worker_id)
+        seconds = require_seconds("lease_for", lease_for)
+        count = _require_limit(limit)
+        now = self._clock.now()
+        return await self._claim(worker, now, seconds, count)
+
+    async def heartbeat(self, lease: Lease) -> Lease:
+        checked = _require_lease(lease)
+        now = self._clock.now()
+        return await self._heartbeat(checked, now, now + timedelta(seconds=checked.lease_seconds))
+
+    async def ack(self, lease: Lease) -> WorkItem:
+        return await self._ack(_require_lease(lease), self._clock.now())
+
+    async def fail(self, lease: Lease, error: str, *, retryable: bool = True) -> WorkItem:
+        checked = _require_lease(lease)
+        if not isinstance(error, str):
+            raise TypeError(f"error: must be a str, got {type(error).__name__}")
+        message = error.replace("\x00", "")[:MAX_ERROR_CHARS]
+        now = self._clock.now()
+        outcome = self._policy.after_failure(checked.item.attempts, now, retryable=retryable)
+        return await self._fail(checked, now, message, outcome)
+
+    async def release(self, lease: Lease) -> WorkItem:
+        return await self._release(_require_lease(lease), self._clock.now())
+
+    async def reap(self) -> list[WorkItem]:
+        return await self._reap(self._clock.now())
+
+    async def dead_letters(self, tenant: str, *, limit: int = 100) -> list[WorkItem]:
+        return await self._dead_letters(require_id("tenant", tenant), _require_limit(limit))
+
+    async def requeue(self, item: WorkItem) -> WorkItem:
+        if not isinstance(item, WorkItem):
+            raise TypeError(f"item: must be a WorkItem, got {type(item).__name__}")
+        return await self._requeue(
+            require_id("tenant", item.tenant),
+            require_id("item_id", item.item_id),
+            self._clock.now(),
+        )
+
+    async def get_item(self, tenant: str, item_id: str) -> WorkItem | None:
+        return await self._get_item(require_id("tenant", tenant), require_id("item_id", item_id))
+
+    async def stats(self) -> QueueStats:
+        return await self._stats()
+
+    # -- what a backing implements ---------------------------------------
+
+    @abstractmethod
+    async def _enqueue(self, item: WorkItem, payload: bytes) -> WorkItem:
+        """Insert ``item`` unless ``(queue, tenant, item_id)`` exists; return the stored item."""
+
+    @abstractmethod
+    async def _claim(
+        self, worker_id: str, now: datetime, seconds: float, limit: int
+    ) -> list[Lease]:
+        """Lease up to ``limit`` due items by tenant rotation, counting an attempt on each."""
+
+    @abstractmethod
+    async def _heartbeat(self, lease: Lease, now: datetime, expires_at: datetime) -> Lease:
+        """Move the expiry and the token, fenced on ``lease.token``."""
+
+    @abstractmethod
+    async def _ack(self, lease: Lease, now: datetime) -> WorkItem: ...
+
+    @abstractmethod
+    async def _fail(
+        self, lease: Lease, now: datetime, error: str, outcome: FailOutcome
+    ) -> WorkItem: ...
+
+    @abstractmethod
+    async def _release(self, lease: Lease, now: datetime) -> WorkItem: ...
+
+    @abstractmethod
+    async def _reap(self, now: datetime) -> list[WorkItem]:
+        """Expired leases back to queued (due now) or dead per ``self.policy.lapse_is_dead``."""
+
+    @abstractmethod
+    async def _dead_letters(self, tenant: str, limit: int) -> list[WorkItem]: ...
+
+    @abstractmethod
+    async def _requeue(self, tenant: str, item_id: str, now: datetime) -> WorkItem: ...
+
+    @abstractmethod
+    async def _get_item(self, tenant: str, item_id: str) -> WorkItem | None: ...
+
+    @abstractmethod
+    async def _stats(self) -> QueueStats: ...

@@ -1,0 +1,359 @@
+"""The ``StateStore`` protocol and the front every backing shares.
+
+:class:`StateStore` is what the agent loop sees. :class:`BaseStateStore`
+implements it once: it validates every argument, encodes and size-checks the
+blob, reads the injected clock, and hands a backing an already-checked request
+through a handful of ``_``-prefixed methods. A backing never validates, never
+reads a clock and never decides anything a caller could observe differently on
+another backing.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Protocol, TypeVar, runtime_checkable
+
+from statepact._codec import (
+    check_size,
+    encode_json,
+    require_count,
+    require_id,
+    to_nanos,
+)
+from statepact.clock import Clock, SystemClock
+from statepact.models import Page, RunRecord, RunStatus, SessionRecord
+
+__all__ = [
+    "BaseStateStore",
+    "CounterDelta",
+    "ListQuery",
+    "RunWrite",
+    "SessionWrite",
+    "StateStore",
+]
+
+DEFAULT_MAX_VALUE_BYTES = 262_144
+MAX_PAGE = 1000
+
+
+@runtime_checkable
+class StateStore(Protocol):
+    """Durable agent runs and sessions.
+
+    Every call is atomic on its own. Times come from the store's injected
+    clock. Errors: ``ValueError``/``TypeError`` naming the field for bad input
+    (nothing is sent); ``StateConflictError`` for a stale put;
+    ``RunNotFoundError`` for a patch of a missing run;
+    ``StatePersistenceError`` with ``reason="too_large"`` for a blob over
+    ``max_value_bytes`` (nothing is sent, not retryable) or
+    ``reason="unavailable"`` when the server stayed down past the failover
+    budget (retryable); ``PoolExhaustedError`` at once when no connection is free.
+    """
+
+    async def get_run(self, tenant: str, run_id: str) -> RunRecord | None:
+        """The stored run, or ``None``."""
+        ...
+
+    async def put_run(self, record: RunRecord) -> RunRecord:
+        """Write ``data``, ``status`` and ``session_id`` if ``record.version`` is the stored one.
+
+        Version 0 creates the run (counters start at zero, ``seq`` is assigned);
+        otherwise the stored version must equal ``record.version``. On success the
+        stored version is ``record.version + 1`` and the stored record is
+        returned. On a mismatch ``StateConflictError(expected, actual)`` is
+        raised and nothing is written. Counters are never overwritten.
+        """
+        ...
+
+    async def patch_run(
+        self,
+        tenant: str,
+        run_id: str,
+        *,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        cost: Decimal | int | str = 0,
+        iterations: int = 0,
+        cursor: int = 0,
+    ) -> RunRecord:
+        """Add non-negative deltas to the counters atomically, bump the version, return the run.
+
+        Concurrent patches all land. ``cost`` is exact to 1e-9.
+        """
+        ...
+
+    async def list_runs(
+        self,
+        tenant: str,
+        *,
+        session_id: str | None = None,
+        status: RunStatus | str | None = None,
+        limit: int = 50,
+        after: str | None = None,
+    ) -> Page[RunRecord]:
+        """Runs in ``seq`` order, optionally of one session and/or one status.
+
+        ``after`` is a previous page's ``next``. An update during paging cannot
+        make a run that existed when paging began be skipped or repeated.
+        """
+        ...
+
+    async def delete_run(self, tenant: str, run_id: str) -> bool:
+        """Remove the run, its counters and its index entries together; ``True`` if it existed."""
+        ...
+
+    async def put_session(self, record: SessionRecord) -> SessionRecord:
+        """Create (version 0) or update a session under the same version rule as runs."""
+        ...
+
+    async def get_session(self, tenant: str, session_id: str) -> SessionRecord | None:
+        """The stored session, or ``None``."""
+        ...
+
+    async def list_sessions(
+        self, tenant: str, *, limit: int = 50, after: str | None = None
+    ) -> Page[SessionRecord]:
+        """Sessions in ``seq`` order."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class RunWrite:
+    """A checked ``put_run``: the blob is already encoded and under the size limit."""
+
+    tenant: str
+    run_id: str
+    session_id: str | None
+    status: RunStatus
+    data: bytes
+    expected_version: int
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class SessionWrite:
+    tenant: str
+    session_id: str
+    data: bytes
+    expected_version: int
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class CounterDelta:
+    """Checked, non-negative increments; ``cost_nanos`` is cost in units of 1e-9."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_nanos: int = 0
+    iterations: int = 0
+    cursor: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ListQuery:
+    tenant: str
+    session_id: str | None
+    status: RunStatus | None
+    limit: int
+    after_seq: int
+
+
+def _require_limit(limit: object) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"limit: must be an int, got {type(limit).__name__}")
+    if not 1 <= limit <= MAX_PAGE:
+        raise ValueError(f"limit: must be between 1 and {MAX_PAGE}, got {limit}")
+    return limit
+
+
+def _parse_after(after: object) -> int:
+    if after is None:
+        return 0
+    if not isinstance(after, str) or not after.isdigit() or len(after) > 19:
+        raise ValueError(f"after: {after!r} is not a cursor returned by this store")
+    return int(after)
+
+
+def _require_status(status: object) -> RunStatus:
+    try:
+        return RunStatus(str(status))
+    except ValueError as exc:
+        allowed = ", ".join(s.value for s in RunStatus)
+        raise ValueError(f"status: {status!r} is not one of {allowed}") from exc
+
+
+class BaseStateStore(ABC):
+    """Validation, encoding and time for every ``StateStore`` backing."""
+
+    def __init__(
+        self, *, clock: Clock | None = None, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
+    ):
+        if max_value_bytes <= 0:
+            raise ValueError("max_value_bytes: must be positive")
+        self._clock: Clock = clock or SystemClock()
+        self._max_value_bytes = max_value_bytes
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    # -- public calls -----------------------------------------------------
+
+    async def get_run(self, tenant: str, run_id: str) -> RunRecord | None:
+        return await self._get_run(require_id("tenant", tenant), require_id("run_id", run_id))
+
+    async def put_run(self, record: RunRecord) -> RunRecord:
+        if not isinstance(record, RunRecord):
+            raise TypeError(f"record: must be a RunRecord, got {type(record).__name__}")
+        tenant = require_id("tenant", record.tenant)
+        run_id = require_id("run_id", record.run_id)
+        session_id = (
+            None if record.session_id is None else require_id("session_id", record.session_id)
+        )
+        if record.version == 0 and (
+            record.input_tokens
+            or record.output_tokens
+            or record.cost
+            or record.iterations
+            or record.cursor
+        ):
+            raise ValueError(
+                "input_tokens/output_tokens/cost/iterations/cursor: counters start at zero "
+                "and move only through patch_run"
+            )
+        data = encode_json("data", record.data)
+        check_size("data", len(data), self._max_value_bytes, where=f"run {run_id!r}")
+        return await self._put_run(
+            RunWrite(
+                tenant=tenant,
+                run_id=run_id,
+                session_id=session_id,
+                status=_require_status(record.status),
+                data=data,
+                expected_version=record.version,
+                now=self._clock.now(),
+            )
+        )
+
+    async def patch_run(
+        self,
+        tenant: str,
+        run_id: str,
+        *,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        cost: Decimal | int | str = 0,
+        iterations: int = 0,
+        cursor: int = 0,
+    ) -> RunRecord:
+        delta = CounterDelta(
+            input_tokens=require_count("input_tokens", input_tokens),
+            output_tokens=require_count("output_tokens", output_tokens),
+            cost_nanos=to_nanos("cost", cost),
+            iterations=require_count("iterations", iterations),
+            cursor=require_count("cursor", cursor),
+        )
+        return await self._patch_run(
+            require_id("tenant", tenant), require_id("run_id", run_id), delta, self._clock.now()
+        )
+
+    async def list_runs(
+        self,
+        tenant: str,
+        *,
+        session_id: str | None = None,
+        status: RunStatus | str | None = None,
+        limit: int = 50,
+        after: str | None = None,
+    ) -> Page[RunRecord]:
+        query = ListQuery(
+            tenant=require_id("tenant", tenant),
+            session_id=None if session_id is None else require_id("session_id", session_id),
+            status=None if status is None else _require_status(status),
+            limit=_require_limit(limit),
+            after_seq=_parse_after(after),
+        )
+        items = await self._list_runs(query)
+        return _page(items, query.limit)
+
+    async def delete_run(self, tenant: str, run_id: str) -> bool:
+        return await self._delete_run(require_id("tenant", tenant), require_id("run_id", run_id))
+
+    async def put_session(self, record: SessionRecord) -> SessionRecord:
+        if not isinstance(record, SessionRecord):
+            raise TypeError(f"record: must be a SessionRecord, got {type(record).__name__}")
+        tenant = require_id("tenant", record.tenant)
+        session_id = require_id("session_id", record.session_id)
+        data = encode_json("data", record.data)
+        check_size("data", len(data), self._max_value_bytes, where=f"session {session_id!r}")
+        return await self._put_session(
+            SessionWrite(
+                tenant=tenant,
+                session_id=session_id,
+                data=data,
+                expected_version=record.version,
+                now=self._clock.now(),
+            )
+        )
+
+    async def get_session(self, tenant: str, session_id: str) -> SessionRecord | None:
+        return await self._get_session(
+            require_id("tenant", tenant), require_id("session_id", session_id)
+        )
+
+    async def list_sessions(
+        self, tenant: str, *, limit: int = 50, after: str | None = None
+    ) -> Page[SessionRecord]:
+        checked_limit = _require_limit(limit)
+        items = await self._list_sessions(
+            require_id("tenant", tenant), checked_limit, _parse_after(after)
+        )
+        return _page(items, checked_limit)
+
+    # -- what a backing implements ---------------------------------------
+
+    @abstractmethod
+    async def _get_run(self, tenant: str, run_id: str) -> RunRecord | None: ...
+
+    @abstractmethod
+    async def _put_run(self, write: RunWrite) -> RunRecord:
+        """Apply a checked put atomically or raise ``StateConflictError``."""
+
+    @abstractmethod
+    async def _patch_run(
+        self, tenant: str, run_id: str, delta: CounterDelta, now: datetime
+    ) -> RunRecord:
+        """Apply the increments atomically or raise ``RunNotFoundError``."""
+
+    @abstractmethod
+    async def _list_runs(self, query: ListQuery) -> list[RunRecord]:
+        """Up to ``query.limit + 1`` runs with ``seq > query.after_seq`` in ``seq`` order."""
+
+    @abstractmethod
+    async def _delete_run(self, tenant: str, run_id: str) -> bool: ...
+
+    @abstractmethod
+    async def _put_session(self, write: SessionWrite) -> SessionRecord: ...
+
+    @abstractmethod
+    async def _get_session(self, tenant: str, session_id: str) -> SessionRecord | None: ...
+
+    @abstractmethod
+    async def _list_sessions(self, tenant: str, limit: int, after_seq: int) -> list[SessionRecord]:
+        """Up to ``limit + 1`` sessions with ``seq > after_seq`` in ``seq`` order."""
+
+
+R = TypeVar("R", RunRecord, SessionRecord)
+
+
+def _page(items: list[R], limit: int) -> Page[R]:
+    """Trim the one-extra row a backing fetched and turn it into the ``next`` cursor."""
+    if len(items) > limit:
+        shown = items[:limit]
+        last = shown[-1].seq
+        return Page[R](items=shown, next=str(last))
+    return Page[R](items=list(items), next=None)
