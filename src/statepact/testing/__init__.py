@@ -1,0 +1,15 @@
+"""Test support for statepact and for its users' own test suites.
+
+- Conformance suites, one per protocol, to subclass in a test module and run
+  against any backing by providing its fixture (``state_store``,
+  ``work_queue``, ``tx_backend``) together with ``clock``.
+- Server providers: a real Redis and PostgreSQL from an environment URL,
+  testcontainers, or local binaries, as a pytest plugin (``statepact.testing.plugin``,
+  registered automatically when statepact is installed).
+
+Importing this package imports neither redis nor SQLAlchemy.
+"""
+
+from statepact.clock import ManualClock
+
+__all__ = ["ManualClock"]
