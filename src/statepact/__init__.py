@@ -36,15 +36,18 @@ from statepact.models import (
 from statepact.queue import QueuePolicy, WorkQueue
 from statepact.settings import PostgresStoreSettings, RedisStoreSettings, StoreSettings
 from statepact.state import StateStore
+from statepact.tx import CommitResult, Isolation, StorageBackend, Transaction, TransactionManager
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Clock",
+    "CommitResult",
     "ConflictError",
     "DeadlockError",
     "FencingError",
     "IdempotencyConflictError",
+    "Isolation",
     "ItemStatus",
     "Lease",
     "LeaseLostError",
@@ -67,9 +70,12 @@ __all__ = [
     "StatePersistenceError",
     "StateStore",
     "StatepactError",
+    "StorageBackend",
     "StoreSettings",
     "SystemClock",
     "TenantQueueStats",
+    "Transaction",
+    "TransactionManager",
     "WorkItem",
     "WorkQueue",
 ]

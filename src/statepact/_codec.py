@@ -110,10 +110,12 @@ def encode_json(field: str, value: object, *, sort_keys: bool = False) -> bytes:
     return text.encode("utf-8")
 
 
-def encode_json_value(field: str, value: object) -> bytes:
+def encode_json_value(field: str, value: object, *, sort_keys: bool = False) -> bytes:
     """Validate any JSON value (not only objects) and return its compact encoding."""
     _walk(field, value)
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    return json.dumps(
+        value, ensure_ascii=False, allow_nan=False, separators=(",", ":"), sort_keys=sort_keys
+    ).encode()
 
 
 def decode_json(data: bytes | str) -> Any:

@@ -26,12 +26,28 @@ This module must never import a driver (redis, asyncpg, SQLAlchemy).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
+import asyncio
+import hashlib
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from types import TracebackType
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from statepact._codec import (
+    check_size,
+    decode_json,
+    encode_json,
+    encode_json_value,
+    require_id,
+    require_seconds,
+)
+from statepact._retry import RetryPolicy
 from statepact.clock import Clock
+from statepact.errors import ConflictError, DeadlockError, LockTimeoutError, StatepactError
 
 __all__ = [
     "CommitRequest",
@@ -46,6 +62,8 @@ __all__ = [
     "StoredResource",
     "StoredValue",
     "StoredVersion",
+    "Transaction",
+    "TransactionManager",
     "VersionEntry",
     "WriteRecord",
 ]
@@ -417,3 +435,444 @@ class StorageBackend(Protocol):
         only this backing's own keys or tables.
         """
         ...
+
+
+# -- the front ------------------------------------------------------------------------
+
+DEFAULT_MAX_VALUE_BYTES = 262_144
+MAX_HISTORY = 1000
+# Conflicts, deadlocks and lock timeouts are the transaction errors that a fresh
+# attempt can get past; a lock cycle is a DeadlockError on memory but a
+# LockTimeoutError on Redis and PostgreSQL, so ``run`` treats them alike.
+_RETRIED: tuple[type[StatepactError], ...] = (ConflictError, DeadlockError, LockTimeoutError)
+_DEFAULT_BACKOFF = RetryPolicy(attempts=11, base_delay=0.01, max_delay=0.5)
+
+T = TypeVar("T")
+
+
+def _require_isolation(value: object) -> Isolation:
+    if not isinstance(value, str):
+        raise TypeError(f"isolation: must be a str, got {type(value).__name__}")
+    try:
+        return Isolation(value)
+    except ValueError as exc:
+        allowed = ", ".join(i.value for i in Isolation)
+        raise ValueError(f"isolation: {value!r} is not one of {allowed}") from exc
+
+
+def _require_mode(value: object) -> LockMode:
+    if not isinstance(value, str):
+        raise TypeError(f"mode: must be a str, got {type(value).__name__}")
+    try:
+        return LockMode(value)
+    except ValueError as exc:
+        raise ValueError(f"mode: {value!r} is not one of shared, exclusive") from exc
+
+
+def _require_lease(field: str, value: object) -> Lease:
+    if not isinstance(value, Lease):
+        raise TypeError(f"{field}: must be a statepact.tx.Lease, got {type(value).__name__}")
+    return value
+
+
+def _require_limit(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"limit: must be an int, got {type(value).__name__}")
+    if not 1 <= value <= MAX_HISTORY:
+        raise ValueError(f"limit: must be between 1 and {MAX_HISTORY}, got {value}")
+    return value
+
+
+def _decode(data: str | None) -> Any:
+    return None if data is None else decode_json(data)
+
+
+def fingerprint(writes: tuple[WriteRecord, ...]) -> str:
+    """The idempotency fingerprint: hex SHA-256 of the canonical encoding of a sorted write set.
+
+    Values are already canonical (compact, sorted object keys), so two
+    requests that write equal values to the same keys have equal fingerprints.
+    """
+    canonical = json.dumps(
+        [[w.resource, w.key, w.data] for w in writes], ensure_ascii=False, separators=(",", ":")
+    )
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+class Transaction:
+    """One transaction: reads go to the backing (or to this transaction's own writes),
+    writes are buffered until commit, and commit is one atomic backing call.
+
+    Use it as ``async with manager.transaction(...) as tx`` (commits on a clean
+    exit, rolls back on an exception) or through ``await manager.begin(...)``
+    with explicit ``commit()``/``rollback()``. Not safe to share between tasks.
+    """
+
+    def __init__(
+        self,
+        manager: TransactionManager,
+        *,
+        isolation: Isolation,
+        idempotency_key: str | None,
+        fencing: Lease | None,
+    ) -> None:
+        self._manager = manager
+        self._backend = manager.backend
+        self.isolation = isolation
+        self.idempotency_key = idempotency_key
+        self.fencing = fencing
+        self.txn_id = uuid.uuid4().hex
+        self._taken_at: int | None = None
+        self._state = "new"
+        self._reads: dict[tuple[str, str], StoredValue] = {}
+        self._writes: dict[tuple[str, str], str | None] = {}
+        self._result: CommitResult | None = None
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> Transaction:
+        """Take the snapshot; called by ``async with`` and ``manager.begin``."""
+        if self._state != "new":
+            raise RuntimeError("transaction: already started")
+        self._taken_at = await self._backend.begin(self.txn_id)
+        self._state = "active"
+        return self
+
+    async def __aenter__(self) -> Transaction:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            if self._state == "active":
+                await self.commit()
+        else:
+            await self.rollback()
+
+    @property
+    def taken_at(self) -> int:
+        """The snapshot sequence this transaction reads at (snapshot and serializable)."""
+        if self._taken_at is None:
+            raise RuntimeError("transaction: not started")
+        return self._taken_at
+
+    @property
+    def result(self) -> CommitResult:
+        """The commit's result; ``RuntimeError`` before the transaction committed."""
+        if self._result is None:
+            raise RuntimeError(f"transaction: no result, it is {self._state}")
+        return self._result
+
+    @property
+    def active(self) -> bool:
+        return self._state == "active"
+
+    def _require_active(self) -> None:
+        if self._state != "active":
+            raise RuntimeError(f"transaction: it is {self._state}, not active")
+
+    # -- reads, writes, locks ------------------------------------------------------
+
+    async def read(self, resource: str, key: str) -> Any:
+        """The key's JSON value, or ``None``: this transaction's own write first, else the
+        snapshot (``snapshot``/``serializable``) or the latest commit (``read_committed``)."""
+        slot = (require_id("resource", resource), require_id("key", key))
+        self._require_active()
+        if slot in self._writes:
+            return _decode(self._writes[slot])
+        if self.isolation is Isolation.READ_COMMITTED:
+            found = await self._backend.read(slot[0], slot[1], None)
+        else:
+            cached = self._reads.get(slot)
+            if cached is not None:
+                return _decode(cached.data)
+            found = await self._backend.read(slot[0], slot[1], self._taken_at)
+        # The first observation is what serializable validation compares against.
+        self._reads.setdefault(slot, found)
+        return _decode(found.data)
+
+    def write(self, resource: str, key: str, value: Any) -> None:
+        """Buffer a write of a JSON value (``None`` is refused: use ``delete``)."""
+        slot = (require_id("resource", resource), require_id("key", key))
+        if value is None:
+            raise ValueError(
+                "value: None cannot be stored (reads return None for absent keys); "
+                "use tx.delete to remove a key"
+            )
+        data = encode_json_value("value", value, sort_keys=True)
+        check_size(
+            "value", len(data), self._manager.max_value_bytes, where=f"{slot[0]!r}/{slot[1]!r}"
+        )
+        self._require_active()
+        self._writes[slot] = data.decode("utf-8")
+
+    def delete(self, resource: str, key: str) -> None:
+        """Buffer a delete; the key reads as ``None`` afterwards."""
+        slot = (require_id("resource", resource), require_id("key", key))
+        self._require_active()
+        self._writes[slot] = None
+
+    async def lock(
+        self,
+        resource: str,
+        key: str,
+        mode: LockMode | str = LockMode.EXCLUSIVE,
+        timeout: float | None = None,  # noqa: ASYNC109 - the wait budget is part of the request
+    ) -> None:
+        """Take a pessimistic lock held until this transaction ends.
+
+        ``timeout`` is seconds to wait (0 tries once; ``None`` is the backing's
+        ``lock_timeout``). Raises ``LockTimeoutError``, or ``DeadlockError`` on
+        a backing that detects wait-for cycles.
+        """
+        checked_resource = require_id("resource", resource)
+        checked_key = require_id("key", key)
+        checked_mode = _require_mode(mode)
+        wait = None if timeout is None else require_seconds("timeout", timeout, allow_zero=True)
+        self._require_active()
+        await self._backend.lock(self.txn_id, checked_resource, checked_key, checked_mode, wait)
+
+    # -- the end -------------------------------------------------------------------
+
+    async def commit(self) -> CommitResult:
+        """Validate and apply everything in one atomic backing call; always ends the transaction."""
+        self._require_active()
+        self._state = "committing"
+        try:
+            writes = tuple(
+                WriteRecord(resource, key, data)
+                for (resource, key), data in sorted(self._writes.items())
+            )
+            if (
+                not writes
+                and self.idempotency_key is None
+                and self.fencing is None
+                and self.isolation is not Isolation.SERIALIZABLE
+            ):
+                # Nothing to validate or record: the backing would answer exactly this.
+                result = CommitResult(self.taken_at)
+            else:
+                request = CommitRequest(
+                    txn_id=self.txn_id,
+                    isolation=self.isolation,
+                    taken_at=self.taken_at,
+                    reads=tuple(
+                        ReadRecord(resource, key, found.version)
+                        for (resource, key), found in sorted(self._reads.items())
+                    ),
+                    writes=writes,
+                    idempotency_key=self.idempotency_key,
+                    fingerprint=None if self.idempotency_key is None else fingerprint(writes),
+                    fencing=self.fencing,
+                    now=self._manager.clock.now(),
+                )
+                result = await self._backend.commit(request)
+        except BaseException:
+            self._state = "failed"
+            raise
+        finally:
+            await self._backend.end(self.txn_id)
+        self._result = result
+        self._state = "committed"
+        return result
+
+    async def rollback(self) -> None:
+        """Discard the buffered writes and release the snapshot and locks; idempotent."""
+        if self._state == "active":
+            self._state = "rolled back"
+            await self._backend.end(self.txn_id)
+        elif self._state == "new":
+            self._state = "rolled back"
+
+    def __repr__(self) -> str:
+        return f"Transaction({self.txn_id}, {self.isolation.value}, {self._state})"
+
+
+class TransactionManager:
+    """Transactions, leases, history and the resource registry over one ``StorageBackend``.
+
+    ``clock`` defaults to the backing's own; ``max_value_bytes`` bounds each
+    serialized value (``StatePersistenceError(reason="too_large")`` above it,
+    nothing sent); ``backoff`` paces ``run``'s retries (its ``attempts`` is
+    replaced by ``retries + 1``).
+    """
+
+    def __init__(
+        self,
+        backend: StorageBackend,
+        *,
+        clock: Clock | None = None,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        backoff: RetryPolicy | None = None,
+    ) -> None:
+        if max_value_bytes <= 0:
+            raise ValueError("max_value_bytes: must be positive")
+        self._backend = backend
+        self._clock: Clock = clock or backend.clock
+        self.max_value_bytes = max_value_bytes
+        self._backoff = backoff or _DEFAULT_BACKOFF
+
+    @property
+    def backend(self) -> StorageBackend:
+        return self._backend
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    # -- transactions ---------------------------------------------------------------
+
+    def transaction(
+        self,
+        isolation: Isolation | str = Isolation.SNAPSHOT,
+        idempotency_key: str | None = None,
+        fencing: Lease | None = None,
+    ) -> Transaction:
+        """A transaction to use as ``async with``: commits on a clean exit, rolls back otherwise.
+
+        With ``idempotency_key``, a second commit of the same writes returns
+        the first ``CommitResult`` with ``replayed=True`` and applies nothing;
+        different writes raise ``IdempotencyConflictError``. With ``fencing``,
+        the commit is refused with ``FencingError`` once a higher token has
+        been issued for ``fencing.resource``. Bad arguments raise
+        ``ValueError``/``TypeError`` naming the field, before anything is sent.
+        """
+        return Transaction(
+            self,
+            isolation=_require_isolation(isolation),
+            idempotency_key=None
+            if idempotency_key is None
+            else require_id("idempotency_key", idempotency_key),
+            fencing=None if fencing is None else _require_lease("fencing", fencing),
+        )
+
+    async def begin(
+        self,
+        isolation: Isolation | str = Isolation.SNAPSHOT,
+        idempotency_key: str | None = None,
+        fencing: Lease | None = None,
+    ) -> Transaction:
+        """A started transaction, for explicit ``commit()``/``rollback()``."""
+        return await self.transaction(isolation, idempotency_key, fencing).start()
+
+    async def run(
+        self,
+        fn: Callable[[Transaction], Awaitable[T]],
+        *,
+        isolation: Isolation | str = Isolation.SNAPSHOT,
+        retries: int = 10,
+        idempotency_key: str | None = None,
+        fencing: Lease | None = None,
+    ) -> T:
+        """Run ``fn(tx)`` in a transaction and commit; return what ``fn`` returned.
+
+        On ``ConflictError``, ``DeadlockError`` or ``LockTimeoutError`` (from
+        ``fn`` or the commit) the transaction is rolled back and ``fn`` runs
+        again in a new one, after a jittered, doubling backoff, up to
+        ``retries`` times; then the last error is raised. Other errors propagate
+        at once.
+        """
+        if isinstance(retries, bool) or not isinstance(retries, int):
+            raise TypeError(f"retries: must be an int, got {type(retries).__name__}")
+        if retries < 0:
+            raise ValueError(f"retries: must not be negative, got {retries}")
+        policy = replace(self._backoff, attempts=retries + 1)
+        attempt = 0
+        while True:
+            tx = self.transaction(isolation, idempotency_key, fencing)
+            try:
+                async with tx:
+                    outcome = await fn(tx)
+            except _RETRIED:
+                attempt += 1
+                if attempt >= policy.attempts:
+                    raise
+                await asyncio.sleep(policy.delay(attempt - 1))
+                continue
+            return outcome
+
+    # -- leases ---------------------------------------------------------------------
+
+    def _lease_request(self, resource: str, owner: str, ttl: object) -> LeaseRequest:
+        seconds = require_seconds("ttl", ttl)
+        now = self._clock.now()
+        return LeaseRequest(
+            resource=require_id("resource", resource),
+            owner=require_id("owner", owner),
+            ttl=seconds,
+            now=now,
+            expires_at=now + timedelta(seconds=seconds),
+        )
+
+    async def acquire_lease(
+        self, resource: str, owner: str, ttl: float | timedelta
+    ) -> Lease | None:
+        """A lease on ``resource`` with a token above every token issued for it, or ``None``.
+
+        ``None`` means another owner holds a live lease (nothing changed). The
+        same owner acquiring again gets a fresh token and expiry.
+        """
+        return await self._backend.acquire_lease(self._lease_request(resource, owner, ttl))
+
+    async def renew_lease(self, lease: Lease, ttl: float | timedelta | None = None) -> Lease:
+        """Extend a live lease by ``ttl`` (default: its own) from now, keeping its token.
+
+        Raises ``LeaseLostError`` if it expired or another lease was issued since.
+        """
+        checked = _require_lease("lease", lease)
+        request = self._lease_request(
+            checked.resource, checked.owner, checked.ttl if ttl is None else ttl
+        )
+        return await self._backend.renew_lease(checked, request)
+
+    async def release_lease(self, lease: Lease) -> bool:
+        """Give the lease up; ``True`` if it was still the current one."""
+        return await self._backend.release_lease(_require_lease("lease", lease), self._clock.now())
+
+    # -- history, registry, operations ------------------------------------------------
+
+    async def history(self, resource: str, key: str, limit: int = 100) -> list[VersionEntry]:
+        """Retained committed versions of the key, newest first (deletes included)."""
+        rows = await self._backend.history(
+            require_id("resource", resource), require_id("key", key), _require_limit(limit)
+        )
+        return [
+            VersionEntry(
+                version=row.version,
+                value=_decode(row.data),
+                deleted=row.data is None,
+                committed_at=row.committed_at,
+            )
+            for row in rows
+        ]
+
+    async def register_resource(self, name: str, metadata: dict[str, Any] | None = None) -> None:
+        """Create or update a resource's registry entry; ``metadata`` (JSON object) replaces it."""
+        checked = require_id("name", name)
+        data = encode_json("metadata", {} if metadata is None else metadata, sort_keys=True)
+        check_size("metadata", len(data), self.max_value_bytes, where=f"resource {checked!r}")
+        await self._backend.register_resource(checked, data.decode("utf-8"), self._clock.now())
+
+    async def resource_info(self, name: str) -> ResourceInfo | None:
+        """The resource's registry entry, or ``None`` if it was never registered nor written."""
+        row = await self._backend.resource_info(require_id("name", name))
+        if row is None:
+            return None
+        return ResourceInfo(
+            name=row.name,
+            metadata=decode_json(row.metadata),
+            version=row.version,
+            last_commit_at=row.last_commit_at,
+        )
+
+    async def health_check(self) -> bool:
+        """``True`` when the backing answers."""
+        return await self._backend.health_check()
+
+    async def close(self) -> None:
+        """Close the backing; idempotent."""
+        await self._backend.close()
