@@ -1,18 +1,201 @@
 """The statepact pytest plugin: a ``clock`` fixture and real test servers.
 
 Registered through the ``pytest11`` entry point, so any project that installs
-statepact can use these fixtures. It must never import redis or SQLAlchemy at
-import time, and never start a server unless a test asks for one.
+statepact can use these fixtures:
+
+- ``clock``: a fresh ``ManualClock`` per test.
+- ``statepact_redis_url`` (session): a durable Redis (``appendonly yes``), as
+  ``redis://host:port/0``; tests may ``FLUSHDB`` that database.
+- ``statepact_postgres_url`` (session): an SQLAlchemy asyncpg URL of the
+  database ``postgres``, for a role allowed to ``CREATE DATABASE``.
+- ``statepact_redis_server_factory`` / ``statepact_postgres_server_factory``
+  (per test): start extra local servers with their own settings, to stop, kill
+  and restart; closed when the test ends.
+
+Servers come from the environment, testcontainers or local binaries (see
+:mod:`statepact.testing.servers`); the end of the run prints which were used.
+This module must never import redis or SQLAlchemy at import time, never start a
+server unless a test asks for one, and never use async fixtures at session
+scope (they would tie the server to one event loop).
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
 import pytest
 
 from statepact.clock import ManualClock
+from statepact.testing.servers import (
+    PostgresServer,
+    ProvidedServer,
+    RedisServer,
+    ServerKind,
+    ServerStartError,
+    ServerUnavailableError,
+    local_unavailable_reason,
+    missing_server,
+    provide_server,
+)
+
+__all__ = [
+    "PostgresServerFactory",
+    "RedisServerFactory",
+    "clock",
+    "statepact_postgres_server_factory",
+    "statepact_postgres_url",
+    "statepact_redis_server_factory",
+    "statepact_redis_url",
+]
+
+
+class RedisServerFactory(Protocol):
+    """Type of the ``statepact_redis_server_factory`` fixture."""
+
+    def __call__(self, args: Sequence[str] = (), *, port: int | None = None) -> RedisServer:
+        """A started local ``RedisServer`` with extra command-line ``args``."""
+        ...
+
+
+class PostgresServerFactory(Protocol):
+    """Type of the ``statepact_postgres_server_factory`` fixture."""
+
+    def __call__(
+        self, *, durable: bool = False, settings: Mapping[str, object] | None = None
+    ) -> PostgresServer:
+        """A started local ``PostgresServer``; pass ``durable=True`` if the test kills it."""
+        ...
+
+
+@dataclass
+class _ServerLog:
+    """What this run used, for the summary at the end."""
+
+    provided: list[ProvidedServer] = field(default_factory=list)
+    unavailable: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, list[str]] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        out = [server.describe() for server in self.provided]
+        out += [f"{kind}: none ({reason})" for kind, reason in self.unavailable.items()]
+        for kind, versions in self.extra.items():
+            out.append(
+                f"{kind}: {len(versions)} extra local server(s) started by tests "
+                f"({', '.join(sorted(set(versions)))})"
+            )
+        return out
+
+
+_LOG_KEY = pytest.StashKey[_ServerLog]()
+
+
+def _log(config: pytest.Config) -> _ServerLog:
+    return config.stash.setdefault(_LOG_KEY, _ServerLog())
+
+
+def _session_server(request: pytest.FixtureRequest, kind: ServerKind) -> Iterator[str]:
+    log = _log(request.config)
+    try:
+        server = provide_server(kind)
+    except ServerUnavailableError as exc:
+        log.unavailable[kind] = str(exc)
+        missing_server(str(exc))
+    except ServerStartError as exc:
+        log.unavailable[kind] = "failed to start: " + str(exc).splitlines()[0]
+        raise
+    log.provided.append(server)
+    try:
+        yield server.url
+    finally:
+        server.close()
 
 
 @pytest.fixture
 def clock() -> ManualClock:
     """A ``ManualClock`` for one test; stores and queues under test must be built with it."""
     return ManualClock()
+
+
+@pytest.fixture(scope="session")
+def statepact_redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """URL of a durable Redis (``appendonly yes``) shared by the session; tests may FLUSHDB it."""
+    yield from _session_server(request, "redis")
+
+
+@pytest.fixture(scope="session")
+def statepact_postgres_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """SQLAlchemy asyncpg URL of database ``postgres`` on a server where we may CREATE DATABASE."""
+    yield from _session_server(request, "postgres")
+
+
+def _need_local(request: pytest.FixtureRequest, kind: ServerKind) -> None:
+    why = local_unavailable_reason(kind)
+    if why is not None:
+        reason = f"cannot start a local {kind} server with its own settings: {why}"
+        _log(request.config).unavailable.setdefault(f"{kind} (factory)", reason)
+        missing_server(reason, os.environ)
+
+
+@pytest.fixture
+def statepact_redis_server_factory(request: pytest.FixtureRequest) -> Iterator[RedisServerFactory]:
+    """Start local ``RedisServer``s with their own arguments; each is closed after the test.
+
+    Example: ``statepact_redis_server_factory(["--maxmemory-policy", "allkeys-lru"])``.
+    Always local binaries: a server from the environment cannot take new settings.
+    """
+    started: list[RedisServer] = []
+    log = _log(request.config)
+
+    def factory(args: Sequence[str] = (), *, port: int | None = None) -> RedisServer:
+        _need_local(request, "redis")
+        server = RedisServer(args, port=port)
+        started.append(server)
+        server.start()
+        log.extra.setdefault("redis", []).append(server.version or "unknown")
+        return server
+
+    yield factory
+    for server in reversed(started):
+        server.close()
+
+
+@pytest.fixture
+def statepact_postgres_server_factory(
+    request: pytest.FixtureRequest,
+) -> Iterator[PostgresServerFactory]:
+    """Start local ``PostgresServer``s; each is closed after the test.
+
+    Pass ``durable=True`` when the test kills the server: the fast default
+    settings lose committed data on a crash.
+    """
+    started: list[PostgresServer] = []
+    log = _log(request.config)
+
+    def factory(
+        *, durable: bool = False, settings: Mapping[str, object] | None = None
+    ) -> PostgresServer:
+        _need_local(request, "postgres")
+        server = PostgresServer(durable=durable, settings=settings)
+        started.append(server)
+        server.start()
+        log.extra.setdefault("postgres", []).append(server.version or "unknown")
+        return server
+
+    yield factory
+    for server in reversed(started):
+        server.close()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say which servers the run used, who provided them, and their versions."""
+    log = terminalreporter.config.stash.get(_LOG_KEY, None)
+    if log is None:
+        return
+    lines = log.lines()
+    if lines:
+        terminalreporter.section("statepact test servers")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -1,0 +1,360 @@
+"""``MemoryWorkQueue``: the reference ``WorkQueue``, held in this process.
+
+It implements only the ``_``-methods of :class:`~statepact.queue.BaseWorkQueue`;
+the front has validated and encoded everything, read the clock and asked
+``QueuePolicy`` what a failure means. This module stores what it is told,
+fenced on the lease token, and decides only the order of claims.
+
+Atomicity: no ``_``-method awaits anything, so each call runs to completion in
+one step of the event loop; concurrent tasks cannot interleave inside a claim or
+a settle. It must never gain an ``await`` inside a read-modify-write (use an
+``asyncio.Lock`` if one is ever needed), and it must never scan the backlog to
+claim. Not safe across OS threads or processes.
+
+Semantics pinned here (and by ``statepact.testing.queue_suite``):
+
+- **Due** means ``status == queued`` and ``available_at <= now``.
+- **Rotation.** The queue keeps a turn counter. Serving a tenant bumps it and
+  stores the new value as that tenant's turn (0 if never served). A claim
+  serves, among tenants with due work, the lowest ``(turn, tenant)``: the tenant
+  served longest ago (a never-served tenant counts as longest ago), ties by
+  tenant id in code-point order. ``claim_batch`` repeats this per item.
+- **Within a tenant**: highest ``priority`` first, then enqueue order (a retried
+  item keeps its original place).
+- **Claim** counts an attempt, sets ``status=leased`` and ``updated_at=now``,
+  and gives a token from a per-queue counter, so it is greater than any token
+  the item had. A leased item is never claimed again, even after its lease
+  lapsed: only ``reap`` (or the holder) moves it.
+- **Heartbeat** gives a new token and ``expires_at = now + lease_seconds`` and
+  leaves the item's record as it was (``updated_at`` included).
+- **Fencing.** ack/fail/release/heartbeat need the item to be leased with
+  exactly the lease's token, else ``LeaseLostError`` and nothing changes. A
+  lapsed lease still settles until ``reap`` or a new claim moves the item on.
+- **fail** writes ``last_error`` and ``available_at`` from the policy's outcome
+  (dead: ``status=dead``; else ``queued``). **release**: ``queued``, due now,
+  ``attempts - 1``, ``last_error`` unchanged. **ack**: ``done``; done items are
+  kept (enqueue of the same id returns them) but not counted in ``stats``.
+- **reap** moves every leased item with ``expires_at <= now``: to ``dead`` when
+  ``policy.lapse_is_dead(attempts)``, else ``queued`` due now; either way
+  ``last_error = "lease expired"``. It returns the moved items.
+- **requeue** takes a dead item back to ``queued``, due now, ``attempts=0``,
+  keeping ``last_error``; anything else raises ``ValueError`` naming ``item_id``.
+- **dead_letters** are ordered by the time the item died (its ``updated_at``),
+  then by ``item_id`` in code-point order.
+- **stats** count ``queued`` (due or not), ``leased`` (lapsed or not) and
+  ``dead`` per tenant, leaving out tenants with all three at zero.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from statepact._codec import decode_json
+from statepact.clock import Clock
+from statepact.errors import LeaseLostError
+from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem
+from statepact.queue import DEFAULT_MAX_VALUE_BYTES, BaseWorkQueue, FailOutcome, QueuePolicy
+
+__all__ = ["MemoryWorkQueue"]
+
+LEASE_EXPIRED = "lease expired"
+
+
+@dataclass(slots=True)
+class _Item:
+    tenant: str
+    item_id: str
+    payload: bytes
+    priority: int
+    order: int  # enqueue order within the queue
+    available_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    attempts: int = 0
+    status: ItemStatus = ItemStatus.QUEUED
+    last_error: str | None = None
+    token: int = 0
+    # Bumped whenever the item is (re)scheduled; a heap entry with an older
+    # stamp is stale and skipped when it surfaces.
+    stamp: int = 0
+
+
+class MemoryWorkQueue(BaseWorkQueue):
+    """Heaps all the way down: claim, promote and reap cost O(log n) per item moved.
+
+    - ``_ready[tenant]``: due queued items, ``(-priority, order, item_id, stamp)``.
+    - ``_delayed``: queued items not yet due, ``(available_at, order, tenant, item_id, stamp)``.
+    - ``_rotation``: one ``(turn, tenant)`` per tenant in ``_active`` (tenants with
+      entries in ``_ready``).
+    - ``_expiry``: ``(expires_at, token, tenant, item_id)`` per lease given; stale
+      once the item's token moved on.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock | None = None,
+        policy: QueuePolicy | None = None,
+        name: str = "default",
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+    ) -> None:
+        super().__init__(clock=clock, policy=policy, name=name, max_value_bytes=max_value_bytes)
+        self._items: dict[tuple[str, str], _Item] = {}
+        self._ready: dict[str, list[tuple[int, int, str, int]]] = {}
+        self._delayed: list[tuple[datetime, int, str, str, int]] = []
+        self._rotation: list[tuple[int, str]] = []
+        self._active: set[str] = set()
+        self._turns: dict[str, int] = {}
+        self._turn_counter = 0
+        self._expiry: list[tuple[datetime, int, str, str]] = []
+        self._token_counter = 0
+        self._order_counter = 0
+        self._dead: dict[str, set[str]] = {}
+        self._counts: dict[str, dict[ItemStatus, int]] = {}
+
+    def __repr__(self) -> str:
+        return f"MemoryWorkQueue(name={self.name!r}, items={len(self._items)})"
+
+    # -- enqueue and claim --------------------------------------------------
+
+    async def _enqueue(self, item: WorkItem, payload: bytes) -> WorkItem:
+        key = (item.tenant, item.item_id)
+        existing = self._items.get(key)
+        if existing is not None:
+            return self._record(existing)
+        assert item.available_at is not None and item.created_at is not None  # set by the front
+        self._order_counter += 1
+        entry = _Item(
+            tenant=item.tenant,
+            item_id=item.item_id,
+            payload=payload,
+            priority=item.priority,
+            order=self._order_counter,
+            available_at=item.available_at,
+            created_at=item.created_at,
+            updated_at=item.created_at,
+        )
+        self._items[key] = entry
+        self._count(entry.tenant, ItemStatus.QUEUED, +1)
+        self._schedule(entry, item.created_at)
+        return self._record(entry)
+
+    async def _claim(
+        self, worker_id: str, now: datetime, seconds: float, limit: int
+    ) -> list[Lease]:
+        self._promote(now)
+        leases: list[Lease] = []
+        while len(leases) < limit and self._rotation:
+            _turn, tenant = heapq.heappop(self._rotation)
+            entry = self._pop_ready(tenant)
+            if entry is None:
+                self._active.discard(tenant)
+                continue
+            self._turn_counter += 1
+            self._turns[tenant] = self._turn_counter
+            if self._ready.get(tenant):
+                heapq.heappush(self._rotation, (self._turn_counter, tenant))
+            else:
+                self._active.discard(tenant)
+                self._ready.pop(tenant, None)
+            self._set_status(entry, ItemStatus.LEASED)
+            entry.attempts += 1
+            entry.updated_at = now
+            leases.append(self._grant(entry, worker_id, now, seconds))
+        return leases
+
+    # -- settle -------------------------------------------------------------
+
+    async def _heartbeat(self, lease: Lease, now: datetime, expires_at: datetime) -> Lease:
+        entry = self._held(lease, "heartbeat")
+        return self._grant(entry, lease.worker_id, now, lease.lease_seconds)
+
+    async def _ack(self, lease: Lease, now: datetime) -> WorkItem:
+        entry = self._held(lease, "ack")
+        self._end_lease(entry, ItemStatus.DONE, now)
+        return self._record(entry)
+
+    async def _fail(
+        self, lease: Lease, now: datetime, error: str, outcome: FailOutcome
+    ) -> WorkItem:
+        entry = self._held(lease, "fail")
+        entry.last_error = error
+        entry.available_at = outcome.available_at
+        if outcome.dead:
+            self._end_lease(entry, ItemStatus.DEAD, now)
+        else:
+            self._end_lease(entry, ItemStatus.QUEUED, now)
+        return self._record(entry)
+
+    async def _release(self, lease: Lease, now: datetime) -> WorkItem:
+        entry = self._held(lease, "release")
+        entry.attempts -= 1
+        entry.available_at = now
+        self._end_lease(entry, ItemStatus.QUEUED, now)
+        return self._record(entry)
+
+    async def _reap(self, now: datetime) -> list[WorkItem]:
+        moved: list[WorkItem] = []
+        while self._expiry and self._expiry[0][0] <= now:
+            _expires, token, tenant, item_id = heapq.heappop(self._expiry)
+            entry = self._items.get((tenant, item_id))
+            if entry is None or entry.status is not ItemStatus.LEASED or entry.token != token:
+                continue  # settled, or heartbeat/claimed since: this expiry is stale
+            entry.last_error = LEASE_EXPIRED
+            entry.available_at = now
+            if self.policy.lapse_is_dead(entry.attempts):
+                self._end_lease(entry, ItemStatus.DEAD, now)
+            else:
+                self._end_lease(entry, ItemStatus.QUEUED, now)
+            moved.append(self._record(entry))
+        return moved
+
+    # -- inspect and recover ------------------------------------------------
+
+    async def _dead_letters(self, tenant: str, limit: int) -> list[WorkItem]:
+        ids = self._dead.get(tenant, set())
+        entries = sorted(
+            (self._items[(tenant, item_id)] for item_id in ids),
+            key=lambda entry: (entry.updated_at, entry.item_id),
+        )
+        return [self._record(entry) for entry in entries[:limit]]
+
+    async def _requeue(self, tenant: str, item_id: str, now: datetime) -> WorkItem:
+        entry = self._items.get((tenant, item_id))
+        if entry is None or entry.status is not ItemStatus.DEAD:
+            state = "does not exist" if entry is None else f"is {entry.status.value}, not dead"
+            raise ValueError(
+                f"item_id: {item_id!r} of tenant {tenant!r} in queue {self.name!r} {state}; "
+                "only a dead item can be requeued"
+            )
+        self._set_status(entry, ItemStatus.QUEUED)
+        entry.attempts = 0
+        entry.available_at = now
+        entry.updated_at = now
+        self._schedule(entry, now)
+        return self._record(entry)
+
+    async def _get_item(self, tenant: str, item_id: str) -> WorkItem | None:
+        entry = self._items.get((tenant, item_id))
+        return None if entry is None else self._record(entry)
+
+    async def _stats(self) -> QueueStats:
+        tenants = {
+            tenant: TenantQueueStats(
+                queued=counts.get(ItemStatus.QUEUED, 0),
+                leased=counts.get(ItemStatus.LEASED, 0),
+                dead=counts.get(ItemStatus.DEAD, 0),
+            )
+            for tenant, counts in sorted(self._counts.items())
+            if any(counts.values())
+        }
+        return QueueStats(queue=self.name, tenants=tenants)
+
+    # -- helpers ------------------------------------------------------------
+
+    def _record(self, entry: _Item) -> WorkItem:
+        return WorkItem(
+            queue=self.name,
+            tenant=entry.tenant,
+            item_id=entry.item_id,
+            payload=decode_json(entry.payload),
+            priority=entry.priority,
+            available_at=entry.available_at,
+            attempts=entry.attempts,
+            status=entry.status,
+            last_error=entry.last_error,
+            created_at=entry.created_at,
+            updated_at=entry.updated_at,
+        )
+
+    def _count(self, tenant: str, status: ItemStatus, change: int) -> None:
+        counts = self._counts.setdefault(tenant, {})
+        counts[status] = counts.get(status, 0) + change
+
+    def _set_status(self, entry: _Item, status: ItemStatus) -> None:
+        """Move the item between statuses, keeping stats and the dead index in step."""
+        if entry.status is ItemStatus.DEAD:
+            dead = self._dead[entry.tenant]
+            dead.discard(entry.item_id)
+            if not dead:
+                del self._dead[entry.tenant]
+        if entry.status is not ItemStatus.DONE:
+            self._count(entry.tenant, entry.status, -1)
+        entry.status = status
+        if status is not ItemStatus.DONE:
+            self._count(entry.tenant, status, +1)
+        if status is ItemStatus.DEAD:
+            self._dead.setdefault(entry.tenant, set()).add(entry.item_id)
+
+    def _schedule(self, entry: _Item, now: datetime) -> None:
+        """Put a queued item where a claim will find it: ready if due, else delayed."""
+        entry.stamp += 1
+        if entry.available_at <= now:
+            self._push_ready(entry)
+        else:
+            heapq.heappush(
+                self._delayed,
+                (entry.available_at, entry.order, entry.tenant, entry.item_id, entry.stamp),
+            )
+
+    def _push_ready(self, entry: _Item) -> None:
+        ready = self._ready.setdefault(entry.tenant, [])
+        heapq.heappush(ready, (-entry.priority, entry.order, entry.item_id, entry.stamp))
+        if entry.tenant not in self._active:
+            self._active.add(entry.tenant)
+            heapq.heappush(self._rotation, (self._turns.get(entry.tenant, 0), entry.tenant))
+
+    def _promote(self, now: datetime) -> None:
+        """Move delayed items that have come due into their tenants' ready heaps."""
+        while self._delayed and self._delayed[0][0] <= now:
+            _at, _order, tenant, item_id, stamp = heapq.heappop(self._delayed)
+            entry = self._items.get((tenant, item_id))
+            if entry is not None and entry.status is ItemStatus.QUEUED and entry.stamp == stamp:
+                self._push_ready(entry)
+
+    def _pop_ready(self, tenant: str) -> _Item | None:
+        """The tenant's next due item, skipping stale heap entries; ``None`` if it has none."""
+        ready = self._ready.get(tenant)
+        while ready:
+            _priority, _order, item_id, stamp = heapq.heappop(ready)
+            entry = self._items.get((tenant, item_id))
+            if entry is not None and entry.status is ItemStatus.QUEUED and entry.stamp == stamp:
+                return entry
+        self._ready.pop(tenant, None)
+        return None
+
+    def _grant(self, entry: _Item, worker_id: str, now: datetime, seconds: float) -> Lease:
+        """A new token and expiry for a leased item; every earlier token is now stale."""
+        self._token_counter += 1
+        entry.token = self._token_counter
+        expires_at = now + timedelta(seconds=seconds)
+        heapq.heappush(self._expiry, (expires_at, entry.token, entry.tenant, entry.item_id))
+        return Lease(
+            item=self._record(entry),
+            worker_id=worker_id,
+            token=entry.token,
+            expires_at=expires_at,
+            lease_seconds=seconds,
+        )
+
+    def _held(self, lease: Lease, action: str) -> _Item:
+        """The leased item if ``lease`` still holds it; else ``LeaseLostError``, nothing changed."""
+        item = lease.item
+        entry = None if item.queue != self.name else self._items.get((item.tenant, item.item_id))
+        if entry is None or entry.status is not ItemStatus.LEASED or entry.token != lease.token:
+            raise LeaseLostError(
+                f"{action} of item {item.item_id!r} of tenant {item.tenant!r} in queue "
+                f"{self.name!r}: lease token {lease.token} no longer holds it; it lapsed and "
+                "was moved on, or was settled already",
+                item_id=item.item_id,
+            )
+        return entry
+
+    def _end_lease(self, entry: _Item, status: ItemStatus, now: datetime) -> None:
+        """Settle a leased item into ``status``; queued items are scheduled again."""
+        self._set_status(entry, status)
+        entry.updated_at = now
+        if status is ItemStatus.QUEUED:
+            self._schedule(entry, now)
