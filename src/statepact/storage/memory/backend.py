@@ -1,0 +1,556 @@
+"""``MemoryBackend``: the in-process ``StorageBackend``, and the reference for the other two.
+
+Commit validation and application run under one ``asyncio.Lock``; each key
+keeps an MVCC chain of versions, and a snapshot reads the newest version at or
+before its ``taken_at``. History is garbage-collected down to what live
+snapshots still need (plus ``retain_versions`` newest per key, when set).
+Pessimistic locks go through :class:`LockManager`, whose wait-for graph turns a
+cycle into ``DeadlockError`` for the one waiter that would close it.
+``serializable`` commits are validated backwards in full and then audited
+against the serialization graph of the last ``serialization_window`` commits.
+
+Nothing here is safe across processes or OS threads, nothing reads a clock
+(times arrive in the requests), and nothing validates a caller's input: the
+front in ``statepact.tx`` did that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from collections import Counter, deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+from statepact.clock import Clock, SystemClock
+from statepact.errors import (
+    ConflictError,
+    DeadlockError,
+    FencingError,
+    IdempotencyConflictError,
+    LeaseLostError,
+    LockTimeoutError,
+)
+from statepact.tx import (
+    CommitRequest,
+    CommitResult,
+    Isolation,
+    Lease,
+    LeaseRequest,
+    LockMode,
+    StoredResource,
+    StoredValue,
+    StoredVersion,
+)
+
+__all__ = ["Footprint", "LockManager", "MemoryBackend", "find_serialization_cycle"]
+
+Slot = tuple[str, str]
+
+
+# -- pessimistic locks ----------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Waiter:
+    txn_id: str
+    mode: LockMode
+    granted: asyncio.Future[None]
+
+
+class LockManager:
+    """Shared/exclusive locks per ``(resource, key)`` with wait-for cycle detection.
+
+    A request compatible with the current holders is granted at once (there is
+    no queueing ahead of compatible requests). Otherwise the requester waits;
+    its wait-for edges point at the holders in its way. If the requester is
+    already reachable from one of those holders, waiting would close a cycle,
+    and the requester (only it) gets ``DeadlockError``. Releases grant waiters
+    that became compatible, in arrival order.
+    """
+
+    def __init__(self) -> None:
+        self._holders: dict[Slot, dict[str, LockMode]] = {}
+        self._waiters: dict[Slot, list[_Waiter]] = {}
+        self._held: dict[str, set[Slot]] = {}
+        self._waits_for: dict[str, set[str]] = {}
+
+    def _blockers(self, slot: Slot, txn_id: str, mode: LockMode) -> set[str]:
+        holders = self._holders.get(slot, {})
+        if mode is LockMode.SHARED:
+            return {t for t, m in holders.items() if t != txn_id and m is LockMode.EXCLUSIVE}
+        return {t for t in holders if t != txn_id}
+
+    def _grant(self, slot: Slot, txn_id: str, mode: LockMode) -> None:
+        holders = self._holders.setdefault(slot, {})
+        if holders.get(txn_id) is not LockMode.EXCLUSIVE:
+            holders[txn_id] = mode
+        self._held.setdefault(txn_id, set()).add(slot)
+
+    def _reaches(self, start: Iterable[str], target: str) -> bool:
+        seen: set[str] = set()
+        stack = list(start)
+        while stack:
+            txn = stack.pop()
+            if txn == target:
+                return True
+            if txn in seen:
+                continue
+            seen.add(txn)
+            stack.extend(self._waits_for.get(txn, ()))
+        return False
+
+    def holders(self, slot: Slot) -> dict[str, LockMode]:
+        """Who holds the slot, and how (a copy)."""
+        return dict(self._holders.get(slot, {}))
+
+    async def acquire(
+        self,
+        txn_id: str,
+        slot: Slot,
+        mode: LockMode,
+        timeout: float,  # noqa: ASYNC109 - the wait budget is part of the request
+    ) -> None:
+        held = self._holders.get(slot, {}).get(txn_id)
+        if held is LockMode.EXCLUSIVE or held is mode:
+            return
+        blockers = self._blockers(slot, txn_id, mode)
+        if not blockers:
+            self._grant(slot, txn_id, mode)
+            return
+        if self._reaches(blockers, txn_id):
+            raise DeadlockError(resource=slot[0], key=slot[1])
+        if timeout <= 0:
+            raise LockTimeoutError(resource=slot[0], key=slot[1], timeout=timeout)
+        waiter = _Waiter(txn_id, mode, asyncio.get_running_loop().create_future())
+        self._waiters.setdefault(slot, []).append(waiter)
+        self._waits_for[txn_id] = blockers
+        try:
+            await asyncio.wait_for(waiter.granted, timeout)
+        except TimeoutError:
+            raise LockTimeoutError(resource=slot[0], key=slot[1], timeout=timeout) from None
+        finally:
+            self._waits_for.pop(txn_id, None)
+            queue = self._waiters.get(slot)
+            if queue is not None and waiter in queue:
+                queue.remove(waiter)
+                if not queue:
+                    del self._waiters[slot]
+
+    def release_all(self, txn_id: str) -> None:
+        """Release every lock ``txn_id`` holds and grant the waiters that became compatible."""
+        for slot in self._held.pop(txn_id, set()):
+            holders = self._holders.get(slot)
+            if holders is None:
+                continue
+            holders.pop(txn_id, None)
+            if not holders:
+                del self._holders[slot]
+            self._wake(slot)
+
+    def _wake(self, slot: Slot) -> None:
+        for waiter in list(self._waiters.get(slot, ())):
+            if waiter.granted.done():
+                continue  # timed out or cancelled; its own cleanup removes it
+            blockers = self._blockers(slot, waiter.txn_id, waiter.mode)
+            if blockers:
+                # Still waiting, possibly on someone new: keep its wait-for edges current.
+                self._waits_for[waiter.txn_id] = blockers
+                continue
+            self._grant(slot, waiter.txn_id, waiter.mode)
+            waiter.granted.set_result(None)
+
+
+# -- the serialization-graph audit ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Footprint:
+    """What one committed transaction read (with versions observed) and wrote, at ``seq``."""
+
+    txn_id: str
+    seq: int
+    reads: dict[Slot, int]
+    writes: frozenset[Slot]
+
+
+def _depends(before: Footprint, after: Footprint) -> bool:
+    """Whether the serialization graph has an edge ``before -> after`` (ww, wr or rw)."""
+    if before.writes:
+        if before.seq < after.seq and not before.writes.isdisjoint(after.writes):
+            return True  # ww: after overwrote before's write
+        for slot, version in after.reads.items():
+            if version == before.seq and slot in before.writes:
+                return True  # wr: after read before's write
+    for slot, version in before.reads.items():
+        if slot in after.writes and after.seq > version:
+            return True  # rw: before read a version that after replaced
+    return False
+
+
+def find_serialization_cycle(window: Iterable[Footprint], candidate: Footprint) -> list[str] | None:
+    """A cycle through ``candidate`` in the dependency graph of ``window`` + it, or ``None``.
+
+    The cycle is returned as the transaction ids along it, starting at the
+    candidate. A cycle means no serial order explains what the transactions saw.
+    """
+    nodes = [*window, candidate]
+    path: list[Footprint] = [candidate]
+    on_path = {candidate.txn_id}
+    done: set[str] = set()
+
+    def visit(node: Footprint) -> list[str] | None:
+        for nxt in nodes:
+            if nxt.txn_id == node.txn_id or not _depends(node, nxt):
+                continue
+            if nxt.txn_id == candidate.txn_id:
+                return [f.txn_id for f in path]
+            if nxt.txn_id in on_path or nxt.txn_id in done:
+                continue
+            path.append(nxt)
+            on_path.add(nxt.txn_id)
+            found = visit(nxt)
+            if found is not None:
+                return found
+            path.pop()
+            on_path.discard(nxt.txn_id)
+            done.add(nxt.txn_id)
+        return None
+
+    return visit(candidate)
+
+
+# -- the backend ------------------------------------------------------------------------
+
+
+@dataclass
+class _Chain:
+    """A key's retained versions, oldest first; ``dropped`` is the newest version GC removed."""
+
+    versions: list[StoredVersion] = field(default_factory=list)
+    dropped: int = 0
+
+
+class MemoryBackend:
+    """The in-process ``StorageBackend`` (see the module docstring).
+
+    ``lock_timeout`` is the default lock wait in seconds; ``serialization_window``
+    how many committed footprints the serializable audit looks back over;
+    ``retain_versions`` keeps at least that many newest versions per key
+    whatever the snapshots (for history and tests); ``gc=False`` keeps every
+    version. ``clock`` is read by the front, never here.
+    """
+
+    detects_deadlocks = True
+
+    def __init__(
+        self,
+        *,
+        lock_timeout: float = 5.0,
+        serialization_window: int = 512,
+        retain_versions: int | None = None,
+        gc: bool = True,
+        clock: Clock | None = None,
+    ) -> None:
+        if lock_timeout < 0:
+            raise ValueError("lock_timeout: must not be negative")
+        if serialization_window < 1:
+            raise ValueError("serialization_window: must be at least 1")
+        if retain_versions is not None and retain_versions < 1:
+            raise ValueError("retain_versions: must be at least 1 (or None)")
+        self.clock: Clock = clock or SystemClock()
+        self.lock_timeout = lock_timeout
+        self.serialization_window = serialization_window
+        self.retain_versions = retain_versions
+        self.gc = gc
+        self._commit_lock = asyncio.Lock()
+        self._closed = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self._seq = 0
+        self._chains: dict[Slot, _Chain] = {}
+        self._prunable: set[Slot] = set()
+        self._snapshots: dict[str, int] = {}
+        self._snapshot_counts: Counter[int] = Counter()
+        self._idempotency: dict[str, tuple[str, CommitResult]] = {}
+        self._fence: dict[str, int] = {}
+        self._leases: dict[str, Lease] = {}
+        self._resources: dict[str, StoredResource] = {}
+        self._footprints: deque[Footprint] = deque(maxlen=self.serialization_window)
+        self.locks = LockManager()
+
+    def __repr__(self) -> str:
+        return f"MemoryBackend(seq={self._seq}, keys={len(self._chains)})"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("MemoryBackend: closed")
+
+    # -- snapshots and reads ------------------------------------------------------------
+
+    async def begin(self, txn_id: str) -> int:
+        self._check_open()
+        self._snapshots[txn_id] = self._seq
+        self._snapshot_counts[self._seq] += 1
+        return self._seq
+
+    async def end(self, txn_id: str) -> None:
+        self.locks.release_all(txn_id)
+        taken_at = self._snapshots.pop(txn_id, None)
+        if taken_at is None:
+            return
+        self._snapshot_counts[taken_at] -= 1
+        if self._snapshot_counts[taken_at] <= 0:
+            del self._snapshot_counts[taken_at]
+            # A snapshot sequence nobody holds any more: its versions may go.
+            self._collect(list(self._prunable))
+
+    async def read(self, resource: str, key: str, at: int | None) -> StoredValue:
+        self._check_open()
+        chain = self._chains.get((resource, key))
+        if chain is None:
+            return StoredValue(None, 0)
+        if at is None:
+            newest = chain.versions[-1]
+            return StoredValue(newest.data, newest.version)
+        index = bisect.bisect_right(chain.versions, at, key=lambda v: v.version) - 1
+        if index < 0:
+            if chain.dropped and at >= chain.dropped:
+                raise ConflictError(
+                    f"{resource!r}/{key!r}: the version snapshot {at} needs was garbage-collected "
+                    "(snapshot too old); retry the transaction",
+                    resource=resource,
+                    key=key,
+                )
+            return StoredValue(None, 0)
+        found = chain.versions[index]
+        return StoredValue(found.data, found.version)
+
+    def _latest(self, slot: Slot) -> int:
+        chain = self._chains.get(slot)
+        return chain.versions[-1].version if chain is not None else 0
+
+    # -- commit ---------------------------------------------------------------------------
+
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        self._check_open()
+        async with self._commit_lock:
+            if request.fencing is not None:
+                fence = request.fencing
+                highest = self._fence.get(fence.resource, 0)
+                if fence.token < highest:
+                    raise FencingError(resource=fence.resource, token=fence.token, highest=highest)
+            if request.idempotency_key is not None:
+                seen = self._idempotency.get(request.idempotency_key)
+                if seen is not None:
+                    if seen[0] != request.fingerprint:
+                        raise IdempotencyConflictError(request.idempotency_key)
+                    return replace(seen[1], replayed=True)
+            self._validate(request)
+            result = self._apply(request)
+            if request.idempotency_key is not None and request.fingerprint is not None:
+                self._idempotency[request.idempotency_key] = (request.fingerprint, result)
+            return result
+
+    def _validate(self, request: CommitRequest) -> None:
+        if request.isolation is Isolation.READ_COMMITTED:
+            return
+        for write in request.writes:
+            latest = self._latest((write.resource, write.key))
+            if latest > request.taken_at:
+                raise ConflictError(
+                    f"{write.resource!r}/{write.key!r} was committed at version {latest}, after "
+                    f"this transaction's snapshot {request.taken_at}; first committer wins",
+                    resource=write.resource,
+                    key=write.key,
+                )
+        if request.isolation is not Isolation.SERIALIZABLE:
+            return
+        for read in request.reads:
+            latest = self._latest((read.resource, read.key))
+            if latest != read.version:
+                raise ConflictError(
+                    f"{read.resource!r}/{read.key!r} was read at version {read.version} and is "
+                    f"now at version {latest}; serializable validation failed",
+                    resource=read.resource,
+                    key=read.key,
+                )
+        candidate = self._footprint(request, self._seq + 1)
+        # The audit can only find a cycle through an edge leaving the candidate, which
+        # needs a read of a version since replaced; skip the graph walk when there is none.
+        if any(self._latest(slot) > version for slot, version in candidate.reads.items()):
+            cycle = find_serialization_cycle(self._footprints, candidate)
+            if cycle is not None:
+                raise ConflictError(
+                    "serialization-graph audit: committing would close the cycle "
+                    + " -> ".join(cycle)
+                )
+
+    @staticmethod
+    def _footprint(request: CommitRequest, seq: int) -> Footprint:
+        return Footprint(
+            txn_id=request.txn_id,
+            seq=seq,
+            reads={(r.resource, r.key): r.version for r in request.reads},
+            writes=frozenset((w.resource, w.key) for w in request.writes),
+        )
+
+    def _apply(self, request: CommitRequest) -> CommitResult:
+        if not request.writes:
+            return CommitResult(request.taken_at)
+        self._seq += 1
+        seq = self._seq
+        written: list[Slot] = []
+        for write in request.writes:
+            slot = (write.resource, write.key)
+            chain = self._chains.setdefault(slot, _Chain())
+            chain.versions.append(StoredVersion(seq, write.data, request.now))
+            written.append(slot)
+            entry = self._resources.get(write.resource)
+            self._resources[write.resource] = StoredResource(
+                name=write.resource,
+                metadata="{}" if entry is None else entry.metadata,
+                version=seq,
+                last_commit_at=request.now,
+            )
+        self._footprints.append(self._footprint(request, seq))
+        self._collect(written)
+        return CommitResult(seq)
+
+    # -- garbage collection ---------------------------------------------------------------
+
+    def _collect(self, slots: Iterable[Slot]) -> None:
+        """Drop versions of ``slots`` that neither a live snapshot nor retention needs."""
+        if not self.gc:
+            return
+        live = sorted(self._snapshot_counts)
+        floor = self.retain_versions or 1
+        for slot in slots:
+            chain = self._chains.get(slot)
+            if chain is None:
+                continue
+            versions = chain.versions
+            if len(versions) <= floor:
+                self._prunable.discard(slot)
+                continue
+            keep = set(range(len(versions) - floor, len(versions)))
+            for taken_at in live:
+                index = bisect.bisect_right(versions, taken_at, key=lambda v: v.version) - 1
+                if index >= 0:
+                    keep.add(index)
+            if len(keep) < len(versions):
+                chain.dropped = max(v.version for i, v in enumerate(versions) if i not in keep)
+                chain.versions = [v for i, v in enumerate(versions) if i in keep]
+            if len(chain.versions) > floor:
+                self._prunable.add(slot)  # a live snapshot still pins an old version
+            else:
+                self._prunable.discard(slot)
+
+    # -- locks ------------------------------------------------------------------------------
+
+    async def lock(
+        self,
+        txn_id: str,
+        resource: str,
+        key: str,
+        mode: LockMode,
+        timeout: float | None,  # noqa: ASYNC109 - the wait budget is part of the request
+    ) -> None:
+        self._check_open()
+        wait = self.lock_timeout if timeout is None else timeout
+        await self.locks.acquire(txn_id, (resource, key), mode, wait)
+
+    # -- leases -----------------------------------------------------------------------------
+
+    async def acquire_lease(self, request: LeaseRequest) -> Lease | None:
+        self._check_open()
+        current = self._leases.get(request.resource)
+        if (
+            current is not None
+            and current.expires_at > request.now
+            and current.owner != request.owner
+        ):
+            return None
+        token = self._fence.get(request.resource, 0) + 1
+        self._fence[request.resource] = token
+        lease = Lease(
+            resource=request.resource,
+            owner=request.owner,
+            token=token,
+            expires_at=request.expires_at,
+            ttl=request.ttl,
+        )
+        self._leases[request.resource] = lease
+        return lease
+
+    async def renew_lease(self, lease: Lease, request: LeaseRequest) -> Lease:
+        self._check_open()
+        current = self._leases.get(lease.resource)
+        if (
+            current is None
+            or current.token != lease.token
+            or current.owner != lease.owner
+            or current.expires_at <= request.now
+        ):
+            raise LeaseLostError(
+                f"lease on {lease.resource!r} with token {lease.token} held by {lease.owner!r} "
+                "expired or was taken over; acquire a new one"
+            )
+        renewed = replace(current, expires_at=request.expires_at, ttl=request.ttl)
+        self._leases[lease.resource] = renewed
+        return renewed
+
+    async def release_lease(self, lease: Lease, now: datetime) -> bool:
+        self._check_open()
+        current = self._leases.get(lease.resource)
+        if current is None or current.token != lease.token:
+            return False
+        del self._leases[lease.resource]
+        return True
+
+    # -- history, registry, operations --------------------------------------------------------
+
+    async def history(self, resource: str, key: str, limit: int) -> list[StoredVersion]:
+        self._check_open()
+        chain = self._chains.get((resource, key))
+        if chain is None:
+            return []
+        return chain.versions[::-1][:limit]
+
+    async def register_resource(self, name: str, metadata: str, now: datetime) -> None:
+        self._check_open()
+        entry = self._resources.get(name)
+        self._resources[name] = StoredResource(
+            name=name,
+            metadata=metadata,
+            version=0 if entry is None else entry.version,
+            last_commit_at=None if entry is None else entry.last_commit_at,
+        )
+
+    async def resource_info(self, name: str) -> StoredResource | None:
+        self._check_open()
+        return self._resources.get(name)
+
+    async def health_check(self) -> bool:
+        return not self._closed
+
+    async def close(self) -> None:
+        self._closed = True
+
+    async def clear(self) -> None:
+        self._check_open()
+        self._reset()
+
+    # -- introspection for tests ------------------------------------------------------------
+
+    @property
+    def sequence(self) -> int:
+        """The current committed sequence."""
+        return self._seq
+
+    def retained_versions(self, resource: str, key: str) -> list[int]:
+        """The versions of a key still held in memory, oldest first."""
+        chain = self._chains.get((resource, key))
+        return [] if chain is None else [v.version for v in chain.versions]
