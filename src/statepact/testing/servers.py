@@ -1,0 +1,1039 @@
+"""Real Redis and PostgreSQL servers for tests: statepact's own and its users'.
+
+Two halves:
+
+- :class:`RedisServer` and :class:`PostgresServer` run a server binary in a
+  temporary directory on a free loopback port, and can stop it gracefully, kill
+  it (SIGKILL, as a crash would) and start it again on the same port and data,
+  which is what fault tests need.
+- :func:`provide_server` finds a server for a test session, in the order
+  DESIGN section 8 fixes: the ``STATEPACT_TEST_{POSTGRES,REDIS}_URL``
+  environment variables; else testcontainers (official ``postgres`` and
+  ``redis`` images) where a Docker daemon answers; else the local binaries;
+  else :class:`ServerUnavailableError` with every reason, which
+  :func:`missing_server` turns into a skip, or into a failure when
+  ``STATEPACT_REQUIRE_SERVERS=1``.
+
+This module must never signal or stop a process it did not start, bind
+anything but loopback, print a password, or import redis, SQLAlchemy, asyncpg,
+testcontainers or pytest at import time (each is imported where it is used).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import glob
+import importlib
+import importlib.util
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, BinaryIO, ClassVar, Literal, NoReturn, Self
+
+from statepact.settings import redact_dsn
+
+__all__ = [
+    "ENV_POSTGRES_URL",
+    "ENV_REDIS_URL",
+    "ENV_REQUIRE_SERVERS",
+    "POSTGRES_IMAGE",
+    "REDIS_IMAGE",
+    "PostgresBinaries",
+    "PostgresServer",
+    "ProvidedServer",
+    "ProviderChoice",
+    "RedisServer",
+    "ServerKind",
+    "ServerStartError",
+    "ServerUnavailableError",
+    "as_asyncpg_url",
+    "choose_provider",
+    "docker_unavailable_reason",
+    "find_postgres_binaries",
+    "find_redis_server",
+    "free_port",
+    "local_unavailable_reason",
+    "missing_server",
+    "postgres_server_version",
+    "provide_server",
+    "redis_server_version",
+    "require_servers",
+]
+
+ServerKind = Literal["redis", "postgres"]
+Provider = Literal["env", "testcontainers", "local", "missing"]
+
+ENV_REDIS_URL = "STATEPACT_TEST_REDIS_URL"
+ENV_POSTGRES_URL = "STATEPACT_TEST_POSTGRES_URL"
+ENV_REQUIRE_SERVERS = "STATEPACT_REQUIRE_SERVERS"
+_ENV_URL: dict[ServerKind, str] = {"redis": ENV_REDIS_URL, "postgres": ENV_POSTGRES_URL}
+
+REDIS_IMAGE = "redis:7"
+POSTGRES_IMAGE = "postgres:16"
+
+_LOOPBACK = "127.0.0.1"
+_POSTGRES_GLOB = "/usr/lib/postgresql/*/bin"
+# Settings that make a throwaway PostgreSQL fast; they lose committed data when
+# its processes die, so a server that a test kills must run without them.
+_FAST_POSTGRES_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+
+
+class ServerStartError(RuntimeError):
+    """A test server did not come up (the message carries the end of its log)."""
+
+
+class ServerUnavailableError(RuntimeError):
+    """No provider can give this kind of server; the message lists every reason."""
+
+
+class _PortTakenError(ServerStartError):
+    """The server could not bind its port (someone took it after we chose it)."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listened on a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((_LOOPBACK, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+
+# Every server this process started and has not closed; closed at exit so a
+# crashed test run does not leave servers behind.
+_LIVE: set[_LocalServer] = set()
+
+
+@atexit.register
+def _close_all() -> None:
+    for server in list(_LIVE):
+        with contextlib.suppress(Exception):
+            server.close()
+
+
+class _LocalServer:
+    """What a locally started server shares: directory, port, process, lifecycle."""
+
+    kind: ClassVar[ServerKind]
+    _stop_signal: ClassVar[signal.Signals] = signal.SIGTERM
+
+    def __init__(self, *, port: int | None, startup_timeout: float) -> None:
+        self._port_fixed = port is not None
+        self.port: int = port if port is not None else free_port()
+        self.startup_timeout = startup_timeout
+        self.dir = Path(tempfile.mkdtemp(prefix=f"statepact-{self.kind}-"))
+        self.log_path = self.dir / f"{self.kind}.log"
+        self.version: str | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._started_once = False
+        self._closed = False
+        _LIVE.add(self)
+
+    # -- what a subclass provides ------------------------------------------------
+
+    def _prepare(self) -> None:
+        """One-time setup before the first start (initdb)."""
+
+    def _command(self) -> list[str]:
+        raise NotImplementedError
+
+    def _popen_extra(self) -> dict[str, Any]:
+        return {}
+
+    def _answers(self, pid: int) -> bool:
+        """True once the process with ``pid`` serves requests on ``self.port``."""
+        raise NotImplementedError
+
+    def _query_version(self) -> str:
+        raise NotImplementedError
+
+    def _port_taken(self, log: str) -> bool:
+        return "Address already in use" in log
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs."""
+        return self._proc.pid if self.running and self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> Self:
+        """Start the server (same port and data as before, if it ran) and wait until it answers."""
+        if self._closed:
+            raise ServerStartError(f"{self.kind} server in {self.dir} was closed")
+        if self.running:
+            return self
+        self._prepare()
+        attempts = 1 if (self._port_fixed or self._started_once) else 3
+        for attempt in range(attempts):
+            try:
+                self._spawn_and_wait()
+                break
+            except _PortTakenError:
+                # Only the first start may move: a restart must keep its port.
+                if attempt + 1 == attempts:
+                    raise
+                self.port = free_port()
+        self._started_once = True
+        if self.version is None:
+            self.version = self._query_version()
+        return self
+
+    def _spawn_and_wait(self) -> None:
+        with self.log_path.open("ab") as log:
+            # The child keeps its own copy of the log descriptor; ours closes here.
+            self._proc = subprocess.Popen(  # noqa: S603 - absolute binary path, no shell
+                self._command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.dir,
+                # Own process group, so kill() reaches forked children too.
+                start_new_session=True,
+                **self._popen_extra(),
+            )
+        proc = self._proc
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            code = proc.poll()
+            if code is not None:
+                self._proc = None
+                tail = _log_tail(self.log_path)
+                error = _PortTakenError if self._port_taken(tail) else ServerStartError
+                raise error(
+                    f"{self.kind} server exited with code {code} while starting on port "
+                    f"{self.port}; log {self.log_path}:\n{tail}"
+                )
+            if self._answers(proc.pid):
+                return
+            if time.monotonic() > deadline:
+                self.kill()
+                raise ServerStartError(
+                    f"{self.kind} server did not answer on port {self.port} within "
+                    f"{self.startup_timeout:.0f}s; log {self.log_path}:\n{_log_tail(self.log_path)}"
+                )
+            time.sleep(0.02)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Shut the server down gracefully, keeping its data; kill it past ``timeout``."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(self._stop_signal)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                return
+        self._proc = None
+
+    def kill(self) -> None:
+        """SIGKILL the server and everything it forked, as a crash would; data stays."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            self._kill_tree(proc.pid)
+        proc.wait()
+        self._proc = None
+
+    def _kill_tree(self, pid: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+    def restart(self) -> Self:
+        """Stop gracefully and start again on the same port and data."""
+        self.stop()
+        return self.start()
+
+    def close(self) -> None:
+        """Stop the server and delete its directory; the object cannot start again."""
+        if self._closed:
+            return
+        try:
+            self.stop()
+        finally:
+            self._closed = True
+            _LIVE.discard(self)
+            self._after_close()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _after_close(self) -> None:
+        """Release what a killed server leaves outside its directory."""
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<{type(self).__name__} port={self.port} {state} dir={self.dir}>"
+
+
+# -- Redis ---------------------------------------------------------------------------
+
+
+class _RedisReplyError(Exception):
+    """The server answered with a RESP error (``-LOADING ...``, ``-ERR ...``)."""
+
+
+def _read_reply(reader: BinaryIO) -> str | list[str]:
+    head = reader.readline().decode(errors="replace").rstrip("\r\n")
+    kind, rest = head[:1], head[1:]
+    if kind == "-":
+        raise _RedisReplyError(rest)
+    if kind in ("+", ":"):
+        return rest
+    if kind == "$":
+        size = int(rest)
+        return "" if size < 0 else reader.read(size + 2)[:size].decode(errors="replace")
+    if kind == "*":
+        return [str(_read_reply(reader)) for _ in range(max(int(rest), 0))]
+    raise _RedisReplyError(f"unexpected reply {head[:40]!r}")
+
+
+def _redis_call(
+    port: int, *args: str, host: str = _LOOPBACK, timeout: float = 1.0
+) -> str | list[str]:
+    """One command over RESP on a fresh connection; the reply as text (a list for an array).
+
+    A few lines of protocol instead of redis-py, so starting a server needs no
+    optional dependency and no event loop.
+    """
+    request = f"*{len(args)}\r\n" + "".join(f"${len(a.encode())}\r\n{a}\r\n" for a in args)
+    with (
+        socket.create_connection((host, port), timeout=timeout) as sock,
+        sock.makefile("rb") as reader,
+    ):
+        sock.sendall(request.encode())
+        return _read_reply(reader)
+
+
+def _redis_text(port: int, *args: str, timeout: float = 1.0) -> str:
+    reply = _redis_call(port, *args, timeout=timeout)
+    if isinstance(reply, list):
+        raise _RedisReplyError(f"{args[0]}: expected text, got an array")
+    return reply
+
+
+def _info_field(info: str, name: str) -> str | None:
+    for line in info.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key == name:
+            return value.strip()
+    return None
+
+
+def find_redis_server() -> str | None:
+    """The ``redis-server`` binary on PATH, or None."""
+    return shutil.which("redis-server")
+
+
+class RedisServer(_LocalServer):
+    """A ``redis-server`` on a free loopback port, in its own temporary directory.
+
+    ``args`` are extra command-line settings, for example ``["--appendonly",
+    "yes"]``, ``["--maxmemory-policy", "allkeys-lru"]`` or ``["--save", ""]``;
+    they come after ours, so they win, but ``--port``, ``--bind`` and ``--dir``
+    must not be among them. ``start()`` after ``stop()`` or ``kill()`` reuses the
+    port and the directory, so an append-only file survives the restart.
+    """
+
+    kind: ClassVar[ServerKind] = "redis"
+
+    def __init__(
+        self,
+        args: Sequence[str] = (),
+        *,
+        port: int | None = None,
+        binary: str | None = None,
+        startup_timeout: float = 15.0,
+    ) -> None:
+        found = binary or find_redis_server()
+        if found is None:
+            raise ServerStartError("no redis-server on PATH")
+        self.binary = found
+        self.args = list(args)
+        super().__init__(port=port, startup_timeout=startup_timeout)
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:PORT/0``."""
+        return f"redis://{_LOOPBACK}:{self.port}/0"
+
+    def _command(self) -> list[str]:
+        return [
+            self.binary,
+            "--bind",
+            _LOOPBACK,
+            "--port",
+            str(self.port),
+            "--dir",
+            str(self.dir),
+            "--daemonize",
+            "no",
+            *self.args,
+        ]
+
+    def _answers(self, pid: int) -> bool:
+        try:
+            if _redis_text(self.port, "PING") != "PONG":
+                return False
+            # Someone else's server could hold the port while ours is failing to bind.
+            return _info_field(_redis_text(self.port, "INFO", "server"), "process_id") == str(pid)
+        except (OSError, _RedisReplyError, ValueError):
+            return False
+
+    def _query_version(self) -> str:
+        info = _redis_text(self.port, "INFO", "server", timeout=5.0)
+        return _info_field(info, "redis_version") or "unknown"
+
+    def config_get(self, name: str) -> str:
+        """One ``CONFIG GET`` value of the running server (empty when there is none)."""
+        reply = _redis_call(self.port, "CONFIG", "GET", name, timeout=5.0)
+        return reply[1] if isinstance(reply, list) and len(reply) > 1 else ""
+
+
+# -- PostgreSQL ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PostgresBinaries:
+    """Where ``initdb`` and ``postgres`` were found."""
+
+    initdb: str
+    postgres: str
+
+
+def _version_key(path: str) -> tuple[int, ...]:
+    version = Path(path).parent.name
+    return tuple(int(part) for part in version.split(".") if part.isdigit())
+
+
+def find_postgres_binaries() -> PostgresBinaries | None:
+    """``initdb`` and ``postgres`` from PATH, else the newest ``/usr/lib/postgresql/*/bin``."""
+    initdb, postgres = shutil.which("initdb"), shutil.which("postgres")
+    if initdb and postgres:
+        return PostgresBinaries(initdb=initdb, postgres=postgres)
+    for bindir in sorted(glob.glob(_POSTGRES_GLOB), key=_version_key, reverse=True):
+        initdb, postgres = os.path.join(bindir, "initdb"), os.path.join(bindir, "postgres")
+        if os.access(initdb, os.X_OK) and os.access(postgres, os.X_OK):
+            return PostgresBinaries(initdb=initdb, postgres=postgres)
+    return None
+
+
+def _postgres_account() -> pwd.struct_passwd | None:
+    """The account to run PostgreSQL as: None for ourselves, ``postgres`` when we are root.
+
+    PostgreSQL refuses to run as root.
+    """
+    if os.geteuid() != 0:
+        return None
+    try:
+        return pwd.getpwnam("postgres")
+    except KeyError as exc:
+        raise ServerStartError(
+            "PostgreSQL refuses to run as root and there is no 'postgres' user to run it as"
+        ) from exc
+
+
+def _children_of(pid: int) -> list[int]:
+    """Direct children of ``pid``, from /proc (empty where there is no /proc)."""
+    children: list[int] = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            text = Path(stat).read_text()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses: fields follow the last ')'.
+        fields = text[text.rfind(")") + 2 :].split()
+        if len(fields) > 1 and fields[1] == str(pid):
+            children.append(int(Path(stat).parent.name))
+    return children
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return state[state.rfind(")") + 2 :][:1] not in ("Z", "X", "")
+
+
+def _pg_format(value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+class PostgresServer(_LocalServer):
+    """A PostgreSQL cluster made with ``initdb`` in a temporary directory, on a free loopback port.
+
+    Trust authentication; the superuser is ``postgres``; ``.url`` is an
+    SQLAlchemy asyncpg URL of the ``postgres`` database. With ``durable=False``
+    (the default) it runs with ``fsync``, ``synchronous_commit`` and
+    ``full_page_writes`` off, which is fast and loses data when its processes
+    die: a test that calls ``kill()`` must pass ``durable=True``. ``settings``
+    are extra ``-c name=value`` server settings. When run as root it runs as the
+    ``postgres`` user and the directory belongs to that user.
+    """
+
+    kind: ClassVar[ServerKind] = "postgres"
+    # SIGINT is PostgreSQL's "fast" shutdown: it does not wait for clients to leave.
+    _stop_signal: ClassVar[signal.Signals] = signal.SIGINT
+
+    def __init__(
+        self,
+        *,
+        durable: bool = False,
+        settings: Mapping[str, object] | None = None,
+        port: int | None = None,
+        binaries: PostgresBinaries | None = None,
+        startup_timeout: float = 60.0,
+    ) -> None:
+        found = binaries or find_postgres_binaries()
+        if found is None:
+            raise ServerStartError(f"no initdb and postgres on PATH or under {_POSTGRES_GLOB}")
+        self.binaries = found
+        self.durable = durable
+        self.settings: dict[str, str] = {} if durable else dict(_FAST_POSTGRES_SETTINGS)
+        self.settings.update({k: _pg_format(v) for k, v in (settings or {}).items()})
+        self._account = _postgres_account()
+        super().__init__(port=port, startup_timeout=startup_timeout)
+        if self._account is not None:
+            os.chown(self.dir, self._account.pw_uid, self._account.pw_gid)
+        self.data_dir = self.dir / "data"
+
+    @property
+    def url(self) -> str:
+        """``postgresql+asyncpg://postgres@127.0.0.1:PORT/postgres``."""
+        return f"postgresql+asyncpg://postgres@{_LOOPBACK}:{self.port}/postgres"
+
+    @property
+    def dsn(self) -> str:
+        """The same server as a libpq/asyncpg DSN: ``postgresql://postgres@127.0.0.1:PORT/postgres``."""
+        return f"postgresql://postgres@{_LOOPBACK}:{self.port}/postgres"
+
+    def _popen_extra(self) -> dict[str, Any]:
+        if self._account is None:
+            return {}
+        return {
+            "user": self._account.pw_uid,
+            "group": self._account.pw_gid,
+            "extra_groups": [],
+            "env": {**os.environ, "HOME": self._account.pw_dir, "USER": "postgres"},
+        }
+
+    def _prepare(self) -> None:
+        if (self.data_dir / "PG_VERSION").exists():
+            return
+        command = [
+            self.binaries.initdb,
+            "--pgdata",
+            str(self.data_dir),
+            "--username",
+            "postgres",
+            "--auth",
+            "trust",
+            "--encoding",
+            "UTF8",
+            "--locale",
+            "C",
+            # Throwaway cluster: not syncing initdb's files saves a second or more.
+            "--no-sync",
+        ]
+        with self.log_path.open("ab") as log:
+            result = subprocess.run(  # noqa: S603 - absolute binary path, no shell
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.dir,
+                check=False,
+                timeout=120,
+                **self._popen_extra(),
+            )
+        if result.returncode != 0:
+            raise ServerStartError(
+                f"initdb failed with code {result.returncode}; log {self.log_path}:\n"
+                f"{_log_tail(self.log_path)}"
+            )
+
+    def _command(self) -> list[str]:
+        command = [
+            self.binaries.postgres,
+            "-D",
+            str(self.data_dir),
+            "-p",
+            str(self.port),
+            "-c",
+            f"listen_addresses={_LOOPBACK}",
+            # Our own socket directory: the system one may not be writable, and
+            # sharing it would put our socket beside a system server's.
+            "-c",
+            f"unix_socket_directories={self.dir}",
+            "-c",
+            "max_connections=200",
+        ]
+        for name, value in self.settings.items():
+            command += ["-c", f"{name}={value}"]
+        return command
+
+    def _answers(self, pid: int) -> bool:
+        # postmaster.pid names the running postmaster on its first line and says
+        # "ready" on its eighth once connections are accepted; a file left by a
+        # killed server names a dead pid, so it cannot be mistaken for ours.
+        try:
+            lines = (self.data_dir / "postmaster.pid").read_text().splitlines()
+        except OSError:
+            return False
+        if len(lines) < 8 or lines[0].strip() != str(pid) or lines[7].strip() != "ready":
+            return False
+        try:
+            with socket.create_connection((_LOOPBACK, self.port), timeout=1.0):
+                return True
+        except OSError:
+            return False
+
+    def _query_version(self) -> str:
+        return postgres_server_version(self.dsn)
+
+    def _kill_tree(self, pid: int) -> None:
+        # Backends are their own session leaders, so a process-group kill misses
+        # them, and a backend left alive keeps the shared memory that a restart
+        # needs. Freeze the postmaster so it forks nothing new, then kill all.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+        children = _children_of(pid)
+        super()._kill_tree(pid)
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+        deadline = time.monotonic() + 10.0
+        while any(_alive(child) for child in children) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def _after_close(self) -> None:
+        # A killed postmaster leaves its System V segment behind; a restart would
+        # reuse it, but a closed server never restarts, so remove it here.
+        try:
+            lines = (self.data_dir / "postmaster.pid").read_text().splitlines()
+        except OSError:
+            return
+        ipcrm = shutil.which("ipcrm")
+        if len(lines) < 7 or ipcrm is None:
+            return
+        parts = lines[6].split()
+        if len(parts) == 2 and parts[1].isdigit():
+            subprocess.run(  # noqa: S603 - absolute binary path, no shell
+                [ipcrm, "-m", parts[1]],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                check=False,
+                timeout=10,
+            )
+
+
+# -- versions of servers we did not start ---------------------------------------------------
+
+
+def _run_in_thread(factory: Callable[[], Coroutine[Any, Any, str]]) -> str:
+    """Run a coroutine to completion on a fresh event loop in a helper thread.
+
+    The callers are sync fixtures, which may run while a test's loop is running.
+    """
+    result: list[str] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(asyncio.run(factory()))
+        except BaseException as exc:
+            error.append(exc)
+
+    thread = threading.Thread(target=target, name="statepact-server-probe", daemon=True)
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def as_asyncpg_url(url: str) -> str:
+    """Any PostgreSQL URL (``postgres://``, ``postgresql+driver://``...) as SQLAlchemy asyncpg."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.split("+", 1)[0] not in ("postgres", "postgresql"):
+        raise ValueError(f"not a PostgreSQL URL: {redact_dsn(url)}")
+    return f"postgresql+asyncpg://{rest}"
+
+
+def _libpq_dsn(url: str) -> str:
+    return "postgresql://" + url.partition("://")[2]
+
+
+def postgres_server_version(url: str, timeout: float = 10.0) -> str:
+    """``SHOW server_version`` of the server at ``url`` (any PostgreSQL URL form), via asyncpg."""
+    try:
+        import asyncpg
+    except ImportError:
+        return "unknown (asyncpg is not installed)"
+    dsn = _libpq_dsn(url)
+
+    async def query() -> str:
+        conn = await asyncpg.connect(dsn, timeout=timeout)
+        try:
+            return str(await conn.fetchval("SHOW server_version"))
+        finally:
+            await conn.close()
+
+    return _run_in_thread(query)
+
+
+def redis_server_version(url: str, timeout: float = 10.0) -> tuple[str, str]:
+    """``(redis_version, appendonly)`` of the server at ``url``, via redis-py.
+
+    ``appendonly`` is ``"unknown"`` where CONFIG is not allowed (managed Redis).
+    """
+    import redis
+
+    with redis.Redis.from_url(
+        url, socket_timeout=timeout, socket_connect_timeout=timeout
+    ) as client:
+        info: Mapping[str, Any] = client.info("server")
+        version = str(info.get("redis_version", "unknown"))
+        try:
+            config: Mapping[str, Any] = client.config_get("appendonly")
+            appendonly = str(config.get("appendonly", "unknown"))
+        except redis.RedisError:
+            appendonly = "unknown"
+    return version, appendonly
+
+
+# -- choosing a provider -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProviderChoice:
+    """Which provider serves a kind of server, and why."""
+
+    kind: ServerKind
+    provider: Provider
+    reason: str
+    url: str | None = None
+
+
+def require_servers(environ: Mapping[str, str]) -> bool:
+    """True when ``STATEPACT_REQUIRE_SERVERS`` asks for a missing server to fail the test."""
+    return environ.get(ENV_REQUIRE_SERVERS, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def missing_server(reason: str, environ: Mapping[str, str] | None = None) -> NoReturn:
+    """Skip the test for ``reason``; fail it instead under ``STATEPACT_REQUIRE_SERVERS=1``."""
+    import pytest
+
+    env = os.environ if environ is None else environ
+    if require_servers(env):
+        pytest.fail(f"{reason} ({ENV_REQUIRE_SERVERS}=1 makes this a failure)", pytrace=False)
+    pytest.skip(reason)
+
+
+def _docker_ping_unix(path: str, timeout: float) -> str | None:
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(path)
+            sock.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+            status = sock.recv(256).split(b"\r\n", 1)[0].decode(errors="replace")
+    except OSError as exc:
+        return f"Docker at {path} does not answer ({exc.strerror or exc})"
+    if status.split(" ")[1:2] != ["200"]:
+        return f"Docker at {path} answered {status!r}"
+    return None
+
+
+def docker_unavailable_reason(
+    environ: Mapping[str, str] | None = None, timeout: float = 1.0
+) -> str | None:
+    """None when testcontainers can be used, else why not.
+
+    Cheap: testcontainers is looked up, not imported; the daemon named by
+    ``DOCKER_HOST`` (default ``/var/run/docker.sock``, as docker-py uses) gets
+    one ``/_ping``, or for ``tcp://`` one connection.
+    """
+    env = os.environ if environ is None else environ
+    if importlib.util.find_spec("testcontainers") is None:
+        return "testcontainers is not installed"
+    host = env.get("DOCKER_HOST", "").strip() or "unix:///var/run/docker.sock"
+    if host.startswith("unix://"):
+        path = host.removeprefix("unix://")
+        if not os.path.exists(path):
+            return f"no Docker socket at {path}"
+        return _docker_ping_unix(path, timeout)
+    if host.startswith("tcp://"):
+        address = host.removeprefix("tcp://").split("/", 1)[0]
+        name, _, port = address.rpartition(":")
+        try:
+            with socket.create_connection((name.strip("[]"), int(port)), timeout=timeout):
+                return None
+        except (OSError, ValueError) as exc:
+            return f"Docker at {host} does not answer ({exc})"
+    # ssh:// and other forms: no cheap check; let testcontainers try.
+    return None
+
+
+def local_unavailable_reason(kind: ServerKind) -> str | None:
+    """None when the local binaries for ``kind`` can run here, else why not."""
+    if kind == "redis":
+        return None if find_redis_server() else "no redis-server on PATH"
+    if find_postgres_binaries() is None:
+        return f"no initdb and postgres on PATH or under {_POSTGRES_GLOB}"
+    try:
+        _postgres_account()
+    except ServerStartError as exc:
+        return str(exc)
+    return None
+
+
+def choose_provider(
+    kind: ServerKind,
+    environ: Mapping[str, str],
+    docker_check: Callable[[], str | None],
+    local_check: Callable[[], str | None],
+) -> ProviderChoice:
+    """The DESIGN section 8 order: environment URL, testcontainers, local binaries, none.
+
+    The checks return None when usable, else the reason; each runs only when the
+    providers before it are not there.
+    """
+    variable = _ENV_URL[kind]
+    url = environ.get(variable, "").strip()
+    if url:
+        return ProviderChoice(kind, "env", f"${variable} is set", url=url)
+    docker_why = docker_check()
+    if docker_why is None:
+        return ProviderChoice(kind, "testcontainers", "a Docker daemon answers")
+    local_why = local_check()
+    if local_why is None:
+        return ProviderChoice(kind, "local", f"local binaries ({docker_why})")
+    return ProviderChoice(
+        kind,
+        "missing",
+        f"no {kind} server for the tests: ${variable} is not set; {docker_why}; {local_why}",
+    )
+
+
+# -- providing a server for a session ------------------------------------------------------------
+
+
+@dataclass
+class ProvidedServer:
+    """A server handed to a test session: where it is, who provided it, and its version."""
+
+    kind: ServerKind
+    url: str
+    provider: Provider
+    version: str
+    detail: str
+    _close: Callable[[], None] | None = field(default=None, repr=False)
+
+    def close(self) -> None:
+        """Stop what we started (nothing for a server from the environment)."""
+        close, self._close = self._close, None
+        if close is not None:
+            close()
+
+    def describe(self) -> str:
+        """One line for the end-of-run summary; the URL's password is masked."""
+        return (
+            f"{self.kind}: {self.version} from {self.provider} ({self.detail}) "
+            f"at {redact_dsn(self.url)}"
+        )
+
+
+@contextlib.contextmanager
+def _quiet_deprecations() -> Iterator[None]:
+    # testcontainers moves its modules between releases and warns about it;
+    # under a test suite's "warnings are errors" that would fail every test.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        yield
+
+
+def _container_class(module: str, name: str) -> Any:
+    for path in (f"testcontainers.community.{module}", f"testcontainers.{module}"):
+        with _quiet_deprecations():
+            try:
+                return getattr(importlib.import_module(path), name)
+            except (ImportError, AttributeError):
+                continue
+    raise ServerStartError(f"testcontainers has no {name}")
+
+
+def _container_redis() -> ProvidedServer:
+    container = _container_class("redis", "RedisContainer")(REDIS_IMAGE)
+    container.with_command("redis-server --appendonly yes")
+    with _quiet_deprecations():
+        container.start()
+    try:
+        host, port = container.get_container_host_ip(), container.get_exposed_port(6379)
+        url = f"redis://{host}:{port}/0"
+        version, appendonly = redis_server_version(url)
+    except BaseException:
+        container.stop()
+        raise
+    return ProvidedServer(
+        "redis",
+        url,
+        "testcontainers",
+        version,
+        f"image {REDIS_IMAGE}, appendonly {appendonly}",
+        container.stop,
+    )
+
+
+def _container_postgres() -> ProvidedServer:
+    container = _container_class("postgres", "PostgresContainer")(
+        POSTGRES_IMAGE,
+        username="postgres",
+        password="postgres",  # noqa: S106 - a throwaway container on this machine
+        dbname="postgres",
+        driver="asyncpg",
+    )
+    with _quiet_deprecations():
+        container.start()
+    try:
+        url = as_asyncpg_url(container.get_connection_url())
+        version = postgres_server_version(url)
+    except BaseException:
+        container.stop()
+        raise
+    return ProvidedServer(
+        "postgres", url, "testcontainers", version, f"image {POSTGRES_IMAGE}", container.stop
+    )
+
+
+def _local_redis() -> ProvidedServer:
+    server = RedisServer(["--appendonly", "yes"])
+    try:
+        server.start()
+    except BaseException:
+        server.close()
+        raise
+    return ProvidedServer(
+        "redis",
+        server.url,
+        "local",
+        server.version or "unknown",
+        f"{server.binary}, appendonly yes",
+        server.close,
+    )
+
+
+def _local_postgres() -> ProvidedServer:
+    server = PostgresServer()
+    try:
+        server.start()
+    except BaseException:
+        server.close()
+        raise
+    return ProvidedServer(
+        "postgres",
+        server.url,
+        "local",
+        server.version or "unknown",
+        f"{server.binaries.postgres}, fsync off",
+        server.close,
+    )
+
+
+def _from_env(kind: ServerKind, url: str) -> ProvidedServer:
+    variable = _ENV_URL[kind]
+    if kind == "postgres":
+        url = as_asyncpg_url(url)
+    try:
+        if kind == "redis":
+            version, appendonly = redis_server_version(url)
+            detail = f"${variable}, appendonly {appendonly}"
+        else:
+            version, detail = postgres_server_version(url), f"${variable}"
+    except Exception as exc:
+        raise ServerStartError(
+            f"${variable} ({redact_dsn(url)}) does not answer: {type(exc).__name__}: {exc}"
+        ) from exc
+    return ProvidedServer(kind, url, "env", version, detail)
+
+
+def provide_server(
+    kind: ServerKind,
+    environ: Mapping[str, str] | None = None,
+    *,
+    docker_check: Callable[[], str | None] | None = None,
+) -> ProvidedServer:
+    """A running server of ``kind`` for a test session; close it when done.
+
+    The Redis is durable (``appendonly yes``) where we start it; the PostgreSQL
+    URL is SQLAlchemy asyncpg, for the superuser, database ``postgres``. Raises
+    :class:`ServerUnavailableError` when no provider has one, and
+    :class:`ServerStartError` when the chosen one fails (an environment URL that
+    does not answer is an error, not a skip).
+    """
+    env = os.environ if environ is None else environ
+    choice = choose_provider(
+        kind,
+        env,
+        docker_check or (lambda: docker_unavailable_reason(env)),
+        lambda: local_unavailable_reason(kind),
+    )
+    if choice.provider == "env":
+        assert choice.url is not None
+        return _from_env(kind, choice.url)
+    if choice.provider == "missing":
+        raise ServerUnavailableError(choice.reason)
+    note = ""
+    if choice.provider == "testcontainers":
+        try:
+            return _container_redis() if kind == "redis" else _container_postgres()
+        except Exception as exc:
+            # A daemon that answers may still fail to pull or run an image
+            # (offline, no permission); local binaries are the next provider.
+            failure = f"testcontainers could not start {kind}: {type(exc).__name__}: {exc}"
+            local_why = local_unavailable_reason(kind)
+            if local_why is not None:
+                raise ServerStartError(f"{failure}; and {local_why}") from exc
+            note = f"; {failure}"
+    server = _local_redis() if kind == "redis" else _local_postgres()
+    server.detail += note
+    return server
