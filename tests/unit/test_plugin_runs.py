@@ -24,7 +24,8 @@ def test_clock_is_there(clock):
 
 
 def _run_inner(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    (tmp_path / "pytest.ini").write_text("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    ini = "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
+    (tmp_path / "pytest.ini").write_text(ini)
     (tmp_path / "test_inner.py").write_text(INNER_TESTS)
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("STATEPACT_", "PYTEST_"))}
     empty_bin = tmp_path / "bin"
