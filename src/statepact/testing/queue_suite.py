@@ -12,8 +12,9 @@ Subclass it in a test module and provide these fixtures:
 backoff 10 s doubling, capped at 40 s, no jitter), so a backing fixture only has
 to *take* it: ``def my_work_queue(clock, queue_policy)``. A test that needs
 another policy overrides it with ``@pytest.mark.parametrize("queue_policy", [...])``,
-which reaches the backing fixture too. The statepact pytest plugin provides a
-default ``queue_policy`` (``QueuePolicy()``) for fixtures used outside the suite.
+which reaches the backing fixture too. Outside the suite, this repository's
+``tests/fixtures/memory.py`` provides a default ``queue_policy`` (``QueuePolicy()``)
+for every backing's fixture.
 
 ::
 
