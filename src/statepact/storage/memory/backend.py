@@ -224,12 +224,27 @@ def find_serialization_cycle(window: Iterable[Footprint], candidate: Footprint) 
 # -- the backend ------------------------------------------------------------------------
 
 
+_CURRENT = 2**63  # "not superseded yet"
+
+
 @dataclass
 class _Chain:
-    """A key's retained versions, oldest first; ``dropped`` is the newest version GC removed."""
+    """A key's retained versions, oldest first.
 
+    ``until[i]`` is the version that superseded ``versions[i]`` (``_CURRENT``
+    for the latest), so a read can tell a version GC removed from one that
+    never existed; ``first`` is the key's first version ever.
+    """
+
+    first: int
     versions: list[StoredVersion] = field(default_factory=list)
-    dropped: int = 0
+    until: list[int] = field(default_factory=list)
+
+    def append(self, version: StoredVersion) -> None:
+        if self.until:
+            self.until[-1] = version.version
+        self.versions.append(version)
+        self.until.append(_CURRENT)
 
 
 class MemoryBackend:
@@ -315,16 +330,16 @@ class MemoryBackend:
         if at is None:
             newest = chain.versions[-1]
             return StoredValue(newest.data, newest.version)
-        index = bisect.bisect_right(chain.versions, at, key=lambda v: v.version) - 1
-        if index < 0:
-            if chain.dropped and at >= chain.dropped:
-                raise ConflictError(
-                    f"{resource!r}/{key!r}: the version snapshot {at} needs was garbage-collected "
-                    "(snapshot too old); retry the transaction",
-                    resource=resource,
-                    key=key,
-                )
+        if at < chain.first:
             return StoredValue(None, 0)
+        index = bisect.bisect_right(chain.versions, at, key=lambda v: v.version) - 1
+        if index < 0 or chain.until[index] <= at:
+            raise ConflictError(
+                f"{resource!r}/{key!r}: the version snapshot {at} needs was garbage-collected "
+                "(snapshot too old); retry the transaction",
+                resource=resource,
+                key=key,
+            )
         found = chain.versions[index]
         return StoredValue(found.data, found.version)
 
@@ -405,8 +420,10 @@ class MemoryBackend:
         written: list[Slot] = []
         for write in request.writes:
             slot = (write.resource, write.key)
-            chain = self._chains.setdefault(slot, _Chain())
-            chain.versions.append(StoredVersion(seq, write.data, request.now))
+            chain = self._chains.get(slot)
+            if chain is None:
+                chain = self._chains[slot] = _Chain(first=seq)
+            chain.append(StoredVersion(seq, write.data, request.now))
             written.append(slot)
             entry = self._resources.get(write.resource)
             self._resources[write.resource] = StoredResource(
@@ -441,8 +458,9 @@ class MemoryBackend:
                 if index >= 0:
                     keep.add(index)
             if len(keep) < len(versions):
-                chain.dropped = max(v.version for i, v in enumerate(versions) if i not in keep)
-                chain.versions = [v for i, v in enumerate(versions) if i in keep]
+                kept = sorted(keep)
+                chain.versions = [versions[i] for i in kept]
+                chain.until = [chain.until[i] for i in kept]
             if len(chain.versions) > floor:
                 self._prunable.add(slot)  # a live snapshot still pins an old version
             else:

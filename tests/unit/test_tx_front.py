@@ -1,0 +1,171 @@
+"""The TransactionManager front: argument checks, the transaction life cycle, the fingerprint,
+and what it decides without asking the backing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import statepact
+from statepact.clock import ManualClock
+from statepact.errors import ConflictError
+from statepact.storage.memory import MemoryBackend
+from statepact.tx import (
+    CommitRequest,
+    CommitResult,
+    Isolation,
+    Lease,
+    TransactionManager,
+    WriteRecord,
+    fingerprint,
+)
+
+
+class CountingBackend(MemoryBackend):
+    """The memory backend, counting the commit requests it receives."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.requests: list[CommitRequest] = []
+
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        self.requests.append(request)
+        return await super().commit(request)
+
+
+@pytest.fixture
+def backend(clock: ManualClock) -> CountingBackend:
+    return CountingBackend(clock=clock)
+
+
+@pytest.fixture
+def manager(backend: CountingBackend) -> TransactionManager:
+    return TransactionManager(backend)
+
+
+def test_public_names() -> None:
+    for name in (
+        "TransactionManager",
+        "Transaction",
+        "Isolation",
+        "CommitResult",
+        "StorageBackend",
+    ):
+        assert name in statepact.__all__
+    assert statepact.Lease is not Lease  # the top-level Lease is the work queue's
+    assert statepact.__all__ == sorted(statepact.__all__)
+
+
+def test_isolation_accepts_names_and_members() -> None:
+    assert Isolation("snapshot") is Isolation.SNAPSHOT
+    manager = TransactionManager(MemoryBackend())
+    assert manager.transaction(Isolation.SERIALIZABLE).isolation is Isolation.SERIALIZABLE
+    assert manager.transaction("read_committed").isolation is Isolation.READ_COMMITTED
+    with pytest.raises(TypeError, match="isolation"):
+        manager.transaction(3)  # type: ignore[arg-type]
+
+
+def test_fingerprint_is_canonical() -> None:
+    writes = (WriteRecord("r", "a", '{"x":1,"y":2}'), WriteRecord("r", "b", None))
+    assert fingerprint(writes) == fingerprint(tuple(writes))
+    assert fingerprint(writes) != fingerprint(writes[:1])
+    assert fingerprint(writes) != fingerprint((writes[0], WriteRecord("r", "b", "null")))
+
+
+async def test_commit_request_is_sorted_and_complete(
+    manager: TransactionManager, backend: CountingBackend, clock: ManualClock
+) -> None:
+    lease = await manager.acquire_lease("job", "w1", 10)
+    assert lease is not None
+    async with manager.transaction("serializable", idempotency_key="k1", fencing=lease) as tx:
+        await tx.read("r", "z")
+        await tx.read("r", "a")
+        tx.write("r", "m", {"b": 1, "a": 2})
+        tx.delete("q", "x")
+        await tx.read("r", "m")  # own write: not a backing read
+    (request,) = backend.requests
+    assert [(r.resource, r.key, r.version) for r in request.reads] == [("r", "a", 0), ("r", "z", 0)]
+    assert request.writes == (WriteRecord("q", "x", None), WriteRecord("r", "m", '{"a":2,"b":1}'))
+    assert request.fingerprint == fingerprint(request.writes)
+    assert (request.isolation, request.taken_at, request.fencing) == ("serializable", 0, lease)
+    assert request.now == clock.now()
+    assert request.txn_id == tx.txn_id
+
+
+async def test_plain_read_only_commit_skips_the_backing(
+    manager: TransactionManager, backend: CountingBackend
+) -> None:
+    async with manager.transaction("snapshot") as tx:
+        await tx.read("r", "k")
+    assert tx.result == CommitResult(0)
+    assert backend.requests == []
+    async with manager.transaction("serializable") as tx:
+        await tx.read("r", "k")
+    assert len(backend.requests) == 1
+
+
+async def test_snapshot_reads_are_repeatable_without_asking_again(
+    manager: TransactionManager,
+) -> None:
+    tx = await manager.begin()
+    assert await tx.read("r", "k") is None
+    async with manager.transaction() as other:
+        other.write("r", "k", 1)
+    assert await tx.read("r", "k") is None
+    await tx.rollback()
+
+
+async def test_a_finished_transaction_refuses_use(manager: TransactionManager) -> None:
+    tx = await manager.begin()
+    tx.write("r", "k", 1)
+    await tx.commit()
+    with pytest.raises(RuntimeError, match="committed"):
+        tx.write("r", "k", 2)
+    with pytest.raises(RuntimeError, match="committed"):
+        await tx.read("r", "k")
+    with pytest.raises(RuntimeError):
+        await tx.commit()
+    await tx.rollback()  # a no-op after commit
+    assert tx.result.version == 1
+    never = manager.transaction()
+    with pytest.raises(RuntimeError, match="not started"):
+        _ = never.taken_at
+    with pytest.raises(RuntimeError, match="new"):
+        await never.read("r", "k")
+
+
+async def test_failed_commit_ends_the_transaction(
+    manager: TransactionManager, backend: CountingBackend
+) -> None:
+    tx = await manager.begin()
+    await tx.lock("r", "k")
+    tx.write("r", "k", 1)
+    async with manager.transaction() as rival:
+        rival.write("r", "k", 2)
+    with pytest.raises(ConflictError):
+        await tx.commit()
+    assert backend.locks.holders(("r", "k")) == {}
+    with pytest.raises(RuntimeError, match="failed"):
+        _ = tx.result
+
+
+async def test_run_validates_retries(manager: TransactionManager) -> None:
+    async def noop(tx: object) -> None:
+        return None
+
+    with pytest.raises(ValueError, match="retries"):
+        await manager.run(noop, retries=-1)
+    with pytest.raises(TypeError, match="retries"):
+        await manager.run(noop, retries=1.5)  # type: ignore[arg-type]
+    assert await manager.run(noop, retries=0) is None
+
+
+def test_manager_refuses_a_bad_size_limit() -> None:
+    with pytest.raises(ValueError, match="max_value_bytes"):
+        TransactionManager(MemoryBackend(), max_value_bytes=0)
+
+
+async def test_renew_refuses_something_that_is_not_a_lease(manager: TransactionManager) -> None:
+    with pytest.raises(TypeError, match="lease"):
+        await manager.renew_lease("job")  # type: ignore[arg-type]
