@@ -1,0 +1,19 @@
+"""The Redis backings: ``RedisStateStore`` and ``RedisWorkQueue`` (redis-py asyncio).
+
+Both take a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster`` the
+caller owns. ``await RedisStateStore.open(redis, clock=, settings=)`` and
+``await RedisWorkQueue.open(redis, clock=, settings=, policy=)`` run
+:func:`preflight` first, which refuses a server that could evict or forget
+data; the plain constructors skip it (tests do that). Keys come from one codec
+(``_keys``), every multi-key change is one Lua script (``lua/``), and every
+redis-py error is translated at this package's boundary (``_client``).
+
+Importing this package imports redis-py; ``import statepact`` never does.
+"""
+
+from statepact.settings import RedisStoreSettings
+from statepact.storage.redis.preflight import preflight
+from statepact.storage.redis.queue import RedisWorkQueue
+from statepact.storage.redis.state import RedisStateStore
+
+__all__ = ["RedisStateStore", "RedisStoreSettings", "RedisWorkQueue", "preflight"]

@@ -1,0 +1,139 @@
+"""The Redis boundary: every call to the server goes through :class:`Failover`.
+
+It waits out a failover with the one retry policy (``statepact._retry``), for
+connection errors only, and translates every redis-py exception into the
+public error tree before a caller can see it:
+
+- a dropped or refused connection, a timeout, a server still loading its data
+  set, ``READONLY`` (a primary demoted under us), ``MASTERDOWN``, ``TRYAGAIN``
+  and ``CLUSTERDOWN`` are transient: retried within the budget, then
+  ``StatePersistenceError(reason="unavailable")`` for state or
+  ``QueueUnavailableError`` for the queue (both retryable);
+- an exhausted connection pool (``ConnectionPool`` at ``max_connections``, or a
+  ``BlockingConnectionPool`` that timed out waiting) is ``PoolExhaustedError``
+  at once: the endpoint is fine and retrying would only add to the queue;
+- anything else redis-py raises (refused credentials, out of memory, a
+  script error) is the same unavailable error at once, with what Redis said.
+
+Retrying a write is safe because every script that changes something takes a
+call id and recognises its own retry (see ``lua/_common.lua``). Note that
+redis-py clients retry connection errors themselves too (``retry=`` on the
+client); the budget here comes on top of theirs.
+
+Messages name the call and the error type, never the server URL or a password.
+This module must never retry anything but the transient errors above.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from redis import exceptions as rex
+
+from statepact._retry import RetryPolicy, call_with_failover
+from statepact.errors import PoolExhaustedError, StatepactError
+
+__all__ = ["Failover", "as_text", "is_pool_exhausted", "is_transient", "new_op_id"]
+
+T = TypeVar("T")
+
+
+def new_op_id() -> str:
+    """A call id for the scripts' retry detection: 12 characters of [A-Za-z0-9_-], 72 bits."""
+    return secrets.token_urlsafe(9)
+
+
+def is_pool_exhausted(exc: BaseException) -> bool:
+    """Whether redis-py failed to hand out a pooled connection (not a server problem)."""
+    if isinstance(exc, rex.MaxConnectionsError):
+        return True
+    # BlockingConnectionPool raises a plain ConnectionError from the timeout of its wait.
+    return (
+        type(exc) is rex.ConnectionError
+        and isinstance(exc.__cause__, asyncio.TimeoutError | TimeoutError)
+        and "No connection available" in str(exc)
+    )
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether waiting and calling again can help: the server is (re)starting or moving."""
+    if is_pool_exhausted(exc):
+        return False
+    if isinstance(exc, rex.AuthenticationError | rex.AuthorizationError):
+        return False
+    # BusyLoadingError (LOADING) is a ConnectionError; ClusterError covers CLUSTERDOWN,
+    # MASTERDOWN and redis-py giving up on a moving cluster.
+    if isinstance(
+        exc,
+        rex.ConnectionError
+        | rex.TimeoutError
+        | rex.ReadOnlyError
+        | rex.TryAgainError
+        | rex.ClusterError
+        | rex.SlotNotCoveredError,
+    ):
+        return True
+    # A socket error redis-py did not wrap.
+    return isinstance(exc, ConnectionError | asyncio.TimeoutError | TimeoutError)
+
+
+def as_text(value: Any) -> str:
+    """A reply element as ``str``, whether the client decodes responses or not."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    return str(value)
+
+
+class Failover:
+    """Runs operations against Redis within a retry budget, translating its errors.
+
+    ``unavailable(message)`` builds the public error of this backing for a
+    server that cannot serve the call (``StatePersistenceError`` or
+    ``QueueUnavailableError``).
+    """
+
+    def __init__(self, policy: RetryPolicy, unavailable: Callable[[str], StatepactError]) -> None:
+        self._policy = policy
+        self._unavailable = unavailable
+
+    @property
+    def policy(self) -> RetryPolicy:
+        return self._policy
+
+    async def run(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
+        """Run ``operation`` (one call to Redis; ``what`` names it in messages)."""
+
+        def give_up(exc: BaseException) -> StatepactError:
+            return self._unavailable(
+                f"Redis did not answer {what} after {self._policy.attempts} attempts "
+                f"({type(exc).__name__}); the server is down or failing over, retry later"
+            )
+
+        def translate(exc: BaseException) -> StatepactError | None:
+            if is_pool_exhausted(exc):
+                return PoolExhaustedError(
+                    f"no free Redis connection for {what}: every connection of the pool is "
+                    "in use; size the pool to the number of concurrent calls"
+                )
+            if isinstance(exc, rex.AuthenticationError | rex.AuthorizationError):
+                return self._unavailable(
+                    f"Redis refused the connection's credentials for {what} ({type(exc).__name__})"
+                )
+            if isinstance(exc, rex.OutOfMemoryError):
+                return self._unavailable(
+                    f"Redis is out of memory (maxmemory reached) and refused {what}"
+                )
+            if isinstance(exc, rex.RedisError):
+                return self._unavailable(f"Redis failed {what}: {type(exc).__name__}: {exc}")
+            return None
+
+        return await call_with_failover(
+            operation,
+            policy=self._policy,
+            is_transient=is_transient,
+            give_up=give_up,
+            translate=translate,
+        )

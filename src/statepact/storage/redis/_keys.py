@@ -1,0 +1,311 @@
+"""The one Redis key codec of statepact's state store and work queue.
+
+Every key the Redis backings touch is built here (or, for keys that depend on
+what a script reads, by the two-line ``seg``/``ref`` helpers in
+``lua/_prelude.lua``, which follow exactly the grammar below). Nothing else
+formats a key; a call site asks this module.
+
+Grammar (``seg(s)`` is ``<UTF-8 byte length of s>:<s>``)::
+
+    state   <ns>:state:{<seg(tenant)>}:<kind>[:<seg(id)>[:<seg(id2)>]]
+    queue   {<ns>:queue}:<seg(queue)>:<kind>[:<seg(tenant)>[:<seg(item_id)>]]
+    tx      {<prefix>}:<kind>[:<seg(resource or idempotency key)>[:<seg(key)>]]
+
+Segments are length-prefixed rather than escaped: a reader that knows where a
+segment starts reads its length and then exactly that many bytes, so no choice
+of tenant or id can make two different ``(tenant, kind, id)`` build the same
+key (``a`` holding ``b:c`` and ``a:b`` holding ``c`` differ in the prefix).
+Kinds are fixed words without ``:``.
+
+Cluster slots: a state key's hash tag is ``{<seg(tenant)>}``, so a run's blob,
+its counters hash, the tenant's sequence and every index of that tenant share a
+slot and one Lua script can change them atomically. (A tenant containing ``}``
+ends the tag early, but at the same place in every key of that tenant, so the
+slot is still one per tenant.) The queue tags its whole namespace
+(``{adk:queue}``): a claim reads several tenants' ready sets in one script, so
+a queue lives in one slot; shard by running several namespaces. ``namespace``
+cannot contain braces (``RedisStoreSettings`` refuses them), so the tag is
+always the first ``{...}`` of the key.
+
+This module must never do I/O, and keys must never be built anywhere else by
+string formatting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from statepact.models import RunStatus
+
+__all__ = ["QueueKeys", "StateKeys", "TxKeys", "glob_escape", "parse_ref", "ref", "seg"]
+
+
+def seg(value: str) -> str:
+    """One length-prefixed segment: ``acme`` becomes ``4:acme`` (length in UTF-8 bytes)."""
+    return f"{len(value.encode('utf-8'))}:{value}"
+
+
+def ref(tenant: str, item_id: str) -> str:
+    """An item's queue-wide reference, ``seg(tenant):seg(item_id)``; members of queue-wide sets."""
+    return f"{seg(tenant)}:{seg(item_id)}"
+
+
+def _take(text: bytes, start: int) -> tuple[str, int]:
+    """Read one segment of ``text`` at ``start``; return it and where the next one begins."""
+    colon = text.index(b":", start)
+    length = int(text[start:colon])
+    end = colon + 1 + length
+    if end > len(text):
+        raise ValueError(f"segment at {start} runs past the end")
+    return text[colon + 1 : end].decode("utf-8"), end
+
+
+def parse_ref(value: str | bytes) -> tuple[str, str]:
+    """The inverse of :func:`ref`: ``(tenant, item_id)``."""
+    raw = value.encode("utf-8") if isinstance(value, str) else value
+    tenant, end = _take(raw, 0)
+    if raw[end : end + 1] != b":":
+        raise ValueError(f"{value!r} is not an item reference")
+    item_id, end = _take(raw, end + 1)
+    if end != len(raw):
+        raise ValueError(f"{value!r} is not an item reference")
+    return tenant, item_id
+
+
+@dataclass(frozen=True, slots=True)
+class StateKeys:
+    """Keys of ``RedisStateStore``; ``namespace`` comes from ``RedisStoreSettings``.
+
+    Per tenant ``T`` (prefix ``P = <ns>:state:{seg(T)}:``):
+
+    ============================  ======  ==============================================
+    ``P run:<seg(run)>``          string  the run's JSON blob
+    ``P runh:<seg(run)>``         hash    version, seq, times, status, session, counters
+    ``P session:<seg(s)>``        string  the session's JSON blob
+    ``P sessionh:<seg(s)>``       hash    version, seq, times
+    ``P seq``                     string  the tenant's INCR sequence (runs and sessions)
+    ``P runs``                    zset    every run, scored by seq
+    ``P runs-status:<seg(st)>``   zset    runs with that status
+    ``P runs-session:<seg(s)>``   zset    runs of that session
+    ``P runs-ss:<seg(s)>:<seg(st)>``  zset  runs of that session with that status
+    ``P sessions``                zset    every session, scored by seq
+    ============================  ======  ==============================================
+    """
+
+    namespace: str = "adk"
+
+    def prefix(self, tenant: str) -> str:
+        """Everything before the kind; scripts append kinds to it for data-dependent keys."""
+        return f"{self.namespace}:state:{{{seg(tenant)}}}:"
+
+    def run(self, tenant: str, run_id: str) -> str:
+        return f"{self.prefix(tenant)}run:{seg(run_id)}"
+
+    def run_meta(self, tenant: str, run_id: str) -> str:
+        return f"{self.prefix(tenant)}runh:{seg(run_id)}"
+
+    def session(self, tenant: str, session_id: str) -> str:
+        return f"{self.prefix(tenant)}session:{seg(session_id)}"
+
+    def session_meta(self, tenant: str, session_id: str) -> str:
+        return f"{self.prefix(tenant)}sessionh:{seg(session_id)}"
+
+    def seq(self, tenant: str) -> str:
+        return f"{self.prefix(tenant)}seq"
+
+    def runs(self, tenant: str) -> str:
+        return f"{self.prefix(tenant)}runs"
+
+    def runs_by_status(self, tenant: str, status: RunStatus) -> str:
+        return f"{self.prefix(tenant)}runs-status:{seg(status.value)}"
+
+    def runs_by_session(self, tenant: str, session_id: str) -> str:
+        return f"{self.prefix(tenant)}runs-session:{seg(session_id)}"
+
+    def runs_by_session_status(self, tenant: str, session_id: str, status: RunStatus) -> str:
+        return f"{self.prefix(tenant)}runs-ss:{seg(session_id)}:{seg(status.value)}"
+
+    def sessions(self, tenant: str) -> str:
+        return f"{self.prefix(tenant)}sessions"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueKeys:
+    """Keys of one ``RedisWorkQueue``: all under the tag ``{<ns>:queue}``, one cluster slot.
+
+    With ``Q = {<ns>:queue}:seg(queue):`` and ``R = seg(tenant):seg(item_id)``:
+
+    ==========================  ======  ====================================================
+    ``Q item:R``                hash    the item's record (tenant, id, payload, status, ...)
+    ``Q ready:<seg(T)>``        zset    T's due queued items; member item_id, score
+                                        ``(1000 - priority) * 2**42 + enqueue order``
+    ``Q delayed``               zset    queued items not yet due; member R, score available_at µs
+    ``Q rotation``              zset    tenants with ready work; member T, score T's last turn
+    ``Q turns``                 hash    T -> the turn T was last served at (kept when idle)
+    ``Q turn``                  string  INCR: the rotation's turn counter
+    ``Q order``                 string  INCR: enqueue order
+    ``Q token``                 string  INCR: lease tokens (fencing)
+    ``Q leases``                zset    leased items; member R, score expires_at µs
+    ``Q lease-tokens``          hash    R -> the token of its live lease
+    ``Q pending``               zset    claimed items whose record is not written yet
+    ``Q dead:<seg(T)>``         zset    T's dead items; member item_id, score death µs
+    ``Q count:<status>``        hash    T -> how many items of T are queued/leased/dead
+    ``Q op:<seg(op)>``          list    a claim's result, kept briefly so a retried claim
+                                        replays it instead of claiming again
+    ==========================  ======  ====================================================
+    """
+
+    namespace: str = "adk"
+    queue: str = "default"
+
+    @property
+    def prefix(self) -> str:
+        return f"{{{self.namespace}:queue}}:{seg(self.queue)}:"
+
+    def item(self, tenant: str, item_id: str) -> str:
+        return f"{self.prefix}item:{ref(tenant, item_id)}"
+
+    def ready(self, tenant: str) -> str:
+        return f"{self.prefix}ready:{seg(tenant)}"
+
+    def dead(self, tenant: str) -> str:
+        return f"{self.prefix}dead:{seg(tenant)}"
+
+    def count(self, status: str) -> str:
+        return f"{self.prefix}count:{status}"
+
+    def op(self, op_id: str) -> str:
+        return f"{self.prefix}op:{seg(op_id)}"
+
+    def fixed(self) -> tuple[str, ...]:
+        """The KEYS every queue script gets, in the order ``lua/_queue.lua`` names them."""
+        return (
+            self.delayed,
+            self.rotation,
+            self.turns,
+            self.turn,
+            self.order,
+            self.token,
+            self.leases,
+            self.lease_tokens,
+            self.pending,
+            self.count("queued"),
+            self.count("leased"),
+            self.count("dead"),
+        )
+
+    @property
+    def delayed(self) -> str:
+        return f"{self.prefix}delayed"
+
+    @property
+    def rotation(self) -> str:
+        return f"{self.prefix}rotation"
+
+    @property
+    def turns(self) -> str:
+        return f"{self.prefix}turns"
+
+    @property
+    def turn(self) -> str:
+        return f"{self.prefix}turn"
+
+    @property
+    def order(self) -> str:
+        return f"{self.prefix}order"
+
+    @property
+    def token(self) -> str:
+        return f"{self.prefix}token"
+
+    @property
+    def leases(self) -> str:
+        return f"{self.prefix}leases"
+
+    @property
+    def lease_tokens(self) -> str:
+        return f"{self.prefix}lease-tokens"
+
+    @property
+    def pending(self) -> str:
+        return f"{self.prefix}pending"
+
+
+def glob_escape(value: str) -> str:
+    """``value`` as a literal in a SCAN ``MATCH`` pattern.
+
+    Redis glob treats ``* ? [ ] \\`` as special; braces are not, but a backslash
+    before any character matches it literally, so they are escaped too (a hash
+    tag's braces then never depend on the glob dialect).
+    """
+    return "".join("\\" + ch if ch in "*?[]\\{}" else ch for ch in value)
+
+
+@dataclass(frozen=True, slots=True)
+class TxKeys:
+    """Keys of one ``RedisBackend`` (the transaction backing): all under the tag ``{<prefix>}``.
+
+    The prefix is the cluster hash tag, so every key of one backend is in one
+    slot and each ``tx_*.lua`` script is atomic on a cluster too. With
+    ``P = {<prefix>}``, ``R = seg(resource)``, ``K = seg(key)``:
+
+    ======================  ======  =====================================================
+    ``P:seq``               string  the global commit sequence (INCR per writing commit)
+    ``P:res``               set     resource names ever registered or written
+    ``P:meta:R``            hash    ``version``, ``at`` (µs), ``metadata`` (JSON text)
+    ``P:data:R``            hash    key -> its latest entry (see ``lua/_tx.lua``)
+    ``P:hist:R:K``          list    the key's entries, newest first, capped
+    ``P:trim:R``            hash    key -> the newest version trimmed from its history
+    ``P:idem:<seg(idem)>``  string  ``fingerprint:version:µs:txn_id`` (TTL)
+    ``P:fence:R``           string  the highest fencing token ever issued (INCR)
+    ``P:lease:R``           hash    ``owner``, ``token``, ``expires`` (µs), ``ttl``
+    ``P:lock:R:K``          set     ``txn_id|shared`` / ``txn_id|exclusive`` (TTL)
+    ======================  ======  =====================================================
+    """
+
+    prefix: str = "statepact"
+
+    def __post_init__(self) -> None:
+        if not self.prefix or any(ch in self.prefix for ch in "{}\x00"):
+            raise ValueError("prefix: must be non-empty and must not contain '{', '}' or NUL")
+
+    @property
+    def tag(self) -> str:
+        return f"{{{self.prefix}}}"
+
+    @property
+    def seq(self) -> str:
+        return f"{self.tag}:seq"
+
+    @property
+    def resources(self) -> str:
+        return f"{self.tag}:res"
+
+    def meta(self, resource: str) -> str:
+        return f"{self.tag}:meta:{seg(resource)}"
+
+    def data(self, resource: str) -> str:
+        return f"{self.tag}:data:{seg(resource)}"
+
+    def history(self, resource: str, key: str) -> str:
+        return f"{self.tag}:hist:{seg(resource)}:{seg(key)}"
+
+    def trimmed(self, resource: str) -> str:
+        return f"{self.tag}:trim:{seg(resource)}"
+
+    def idempotency(self, idempotency_key: str) -> str:
+        return f"{self.tag}:idem:{seg(idempotency_key)}"
+
+    def fence(self, resource: str) -> str:
+        return f"{self.tag}:fence:{seg(resource)}"
+
+    def lease(self, resource: str) -> str:
+        return f"{self.tag}:lease:{seg(resource)}"
+
+    def lock(self, resource: str, key: str) -> str:
+        return f"{self.tag}:lock:{seg(resource)}:{seg(key)}"
+
+    @property
+    def match_all(self) -> str:
+        """A SCAN ``MATCH`` pattern for every key of this backend and no other."""
+        return f"{glob_escape(self.tag)}:*"

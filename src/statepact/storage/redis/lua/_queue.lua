@@ -1,0 +1,89 @@
+-- _queue.lua: prepended (after _common.lua) to every queue script.
+--
+-- Layout (Q = "{<ns>:queue}:<seg(queue)>:", R = ref(tenant, item_id); all one slot):
+--   Q item:R          hash   tenant, id, payload, priority, available, attempts,
+--                            status, error (absent: none), created, updated (µs),
+--                            order (enqueue order), ctok (token whose claim the
+--                            record shows), op (id of the last call that settled
+--                            or heartbeat it)
+--   Q ready:<seg(T)>  zset   T's due queued items: member id,
+--                            score (1000 - priority) * 2^42 + order
+--   Q delayed         zset   queued items not yet due: member R, score available
+--   Q rotation        zset   tenants with ready work: member T, score T's last turn
+--                            (0: never served); lowest score, then lowest T in
+--                            byte order, is served next
+--   Q turns           hash   T -> last turn (kept while T is idle)
+--   Q turn/order/token string INCR counters
+--   Q leases          zset   leased items: member R, score expires_at
+--   Q lease-tokens    hash   R -> token of the live lease (the fencing truth)
+--   Q pending         zset   R claimed but record not yet written: score claim time
+--   Q dead:<seg(T)>   zset   T's dead items: member id, score time of death
+--   Q count:<status>  hash   T -> number of T's items queued / leased / dead
+--
+-- Every queue script gets the same KEYS (QueueKeys.fixed() in _keys.py) and
+-- ARGV[1] = Q, ARGV[2] = now in µs (the caller's injected clock, never TIME).
+-- Invariants: a queued item is in exactly one of ready/delayed; a leased one
+-- is in leases and lease-tokens; T is in rotation iff ready:T is not empty.
+
+local DELAYED, ROTATION, TURNS, TURN, ORDER, TOKEN = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local LEASES, LEASE_TOKENS, PENDING = KEYS[7], KEYS[8], KEYS[9]
+local N_QUEUED, N_LEASED, N_DEAD = KEYS[10], KEYS[11], KEYS[12]
+local Q, NOW = ARGV[1], ARGV[2]
+
+-- Priorities run from -1000 to 1000, so the score stays below 2001 * 2^42 < 2^53.
+local PRIORITY_SPAN = 4398046511104
+
+local function item_key(r)
+  return Q .. 'item:' .. r
+end
+
+local function ready_key(tenant)
+  return Q .. 'ready:' .. seg(tenant)
+end
+
+local function dead_key(tenant)
+  return Q .. 'dead:' .. seg(tenant)
+end
+
+local function count(key, tenant, delta)
+  if redis.call('HINCRBY', key, tenant, delta) <= 0 then
+    redis.call('HDEL', key, tenant)
+  end
+end
+
+local function make_ready(tenant, id, ikey)
+  local f = redis.call('HMGET', ikey, 'priority', 'order')
+  local score = (1000 - tonumber(f[1])) * PRIORITY_SPAN + tonumber(f[2])
+  redis.call('ZADD', ready_key(tenant), score, id)
+  if not redis.call('ZSCORE', ROTATION, tenant) then
+    redis.call('ZADD', ROTATION, redis.call('HGET', TURNS, tenant) or 0, tenant)
+  end
+end
+
+-- A queued item goes where a claim finds it: ready when due, else delayed.
+local function schedule(tenant, id, ikey, available)
+  if tonumber(available) <= tonumber(NOW) then
+    make_ready(tenant, id, ikey)
+  else
+    redis.call('ZADD', DELAYED, available, ref(tenant, id))
+  end
+end
+
+-- The record write of a claim (step 2), also done by reap for a claim whose
+-- step 2 never came. Idempotent: a record already showing this token is left alone.
+local function write_claim(r, token, at)
+  local ikey = item_key(r)
+  if redis.call('HGET', ikey, 'ctok') ~= token then
+    redis.call('HINCRBY', ikey, 'attempts', 1)
+    redis.call('HSET', ikey, 'status', 'leased', 'updated', at, 'ctok', token)
+  end
+  redis.call('ZREM', PENDING, r)
+end
+
+-- A lease ends (settled or reaped): off the lease set, the token forgotten.
+local function end_lease(r, tenant)
+  redis.call('ZREM', LEASES, r)
+  redis.call('HDEL', LEASE_TOKENS, r)
+  redis.call('ZREM', PENDING, r)
+  count(N_LEASED, tenant, -1)
+end

@@ -1,0 +1,86 @@
+--[[ claim (step 1 of 2): lease up to `limit` due items, tenants served in rotation.
+
+KEYS     QueueKeys.fixed(): delayed, rotation, turns, turn, order, token,
+         leases, lease-tokens, pending, count:queued, count:leased, count:dead
+ARGV[1]  Q, the queue prefix        ARGV[2]  now, µs
+ARGV[3]  call id (12 chars)         ARGV[4]  expires_at of the new leases, µs
+ARGV[5]  limit                      ARGV[6]  most delayed items to promote in one call
+ARGV[7]  how long to keep this claim's result for a retry of the same call, ms
+
+Returns  {1} when more than ARGV[6] delayed items came due: they were promoted,
+         nothing was claimed, call again (a claim must see every due item to
+         honour priorities, and one script must not block the server for long);
+         otherwise {0, R, token, R, token, ...} in the order claimed.
+
+Step 1 moves each item from its tenant's ready set to the lease set, records
+its token in lease-tokens and marks it pending; the item's record (status,
+attempts, updated) is written by claimed.lua right after. A crash in between
+leaves an item leased whose record still says queued; reap.lua finishes the
+write. Cost per claimed item: O(log n) in the tenant's ready set and
+O(log t) in the rotation; idle tenants and the backlog are never scanned.
+Delayed items are promoted lazily here, each once.
+]]
+local op_key = Q .. 'op:' .. seg(ARGV[3])
+local done = redis.call('LRANGE', op_key, 0, -1)
+if #done > 0 then
+  local out = { 0 }
+  for i = 1, #done do
+    out[i + 1] = done[i]
+  end
+  return out
+end
+
+local cap = tonumber(ARGV[6])
+local due = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', NOW, 'LIMIT', 0, cap)
+for _, r in ipairs(due) do
+  redis.call('ZREM', DELAYED, r)
+  local ikey = item_key(r)
+  local f = redis.call('HMGET', ikey, 'tenant', 'id')
+  make_ready(f[1], f[2], ikey)
+end
+if #due >= cap then
+  return { 1 }
+end
+
+local limit, expires = tonumber(ARGV[5]), ARGV[4]
+local out = { 0 }
+local claimed = 0
+while claimed < limit do
+  local head = redis.call('ZRANGE', ROTATION, 0, 0)
+  if #head == 0 then
+    break
+  end
+  local tenant = head[1]
+  local rkey = ready_key(tenant)
+  local popped = redis.call('ZPOPMIN', rkey)
+  if #popped == 0 then
+    -- Cannot happen while the invariant holds; never loop on it.
+    redis.call('ZREM', ROTATION, tenant)
+  else
+    local id = popped[1]
+    local turn = redis.call('INCR', TURN)
+    redis.call('HSET', TURNS, tenant, str(turn))
+    if redis.call('EXISTS', rkey) == 1 then
+      redis.call('ZADD', ROTATION, turn, tenant)
+    else
+      redis.call('ZREM', ROTATION, tenant)
+    end
+    local r = ref(tenant, id)
+    local token = str(redis.call('INCR', TOKEN))
+    redis.call('ZADD', LEASES, expires, r)
+    redis.call('HSET', LEASE_TOKENS, r, token)
+    redis.call('ZADD', PENDING, NOW, r)
+    count(N_QUEUED, tenant, -1)
+    count(N_LEASED, tenant, 1)
+    out[#out + 1] = r
+    out[#out + 1] = token
+    claimed = claimed + 1
+  end
+end
+if claimed > 0 then
+  for i = 2, #out, 100 do
+    redis.call('RPUSH', op_key, unpack(out, i, math.min(i + 99, #out)))
+  end
+  redis.call('PEXPIRE', op_key, ARGV[7])
+end
+return out

@@ -1,0 +1,58 @@
+--[[ reap: finish half-written claims, then move expired leases on.
+
+KEYS     QueueKeys.fixed()
+ARGV[1]  Q                 ARGV[2]  now, µs
+ARGV[3]  max_attempts: an expired item with attempts >= this goes dead
+         (QueuePolicy.lapse_is_dead), otherwise back to ready, due now
+ARGV[4]  most entries to handle per step in one call
+ARGV[5]  the error recorded on a lapsed item ("lease expired")
+
+Returns  {more, item, item, ...}: the moved items (HGETALL) and more = 1 when
+         a cap was reached and another call may find more.
+First every pending claim (step 1 done, record not written) gets its record
+written as claimed.lua would (status leased, attempts + 1, updated = claim
+time), so a claimer that died in between leaves an ordinary leased item. Then
+each lease with expires_at <= now ends: error and available_at set, updated = now.
+]]
+local cap = tonumber(ARGV[4])
+local max_attempts = tonumber(ARGV[3])
+local more = 0
+
+local half = redis.call('ZRANGE', PENDING, 0, cap - 1, 'WITHSCORES')
+for i = 1, #half, 2 do
+  local r = half[i]
+  local token = redis.call('HGET', LEASE_TOKENS, r)
+  if token then
+    write_claim(r, token, str(tonumber(half[i + 1])))
+  else
+    redis.call('ZREM', PENDING, r)
+  end
+end
+if #half >= 2 * cap then
+  more = 1
+end
+
+local out = { 0 }
+local expired = redis.call('ZRANGEBYSCORE', LEASES, '-inf', NOW, 'LIMIT', 0, cap)
+for _, r in ipairs(expired) do
+  local ikey = item_key(r)
+  local f = redis.call('HMGET', ikey, 'tenant', 'id', 'attempts')
+  local tenant, id = f[1], f[2]
+  end_lease(r, tenant)
+  redis.call('HSET', ikey, 'error', ARGV[5], 'available', NOW, 'updated', NOW)
+  if tonumber(f[3]) >= max_attempts then
+    redis.call('HSET', ikey, 'status', 'dead')
+    redis.call('ZADD', dead_key(tenant), NOW, id)
+    count(N_DEAD, tenant, 1)
+  else
+    redis.call('HSET', ikey, 'status', 'queued')
+    count(N_QUEUED, tenant, 1)
+    make_ready(tenant, id, ikey)
+  end
+  out[#out + 1] = redis.call('HGETALL', ikey)
+end
+if #expired >= cap then
+  more = 1
+end
+out[1] = more
+return out

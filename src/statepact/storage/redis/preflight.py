@@ -1,0 +1,193 @@
+"""``preflight()``: refuse a Redis server that would lose runs, leases or queued work.
+
+It reads the server's configuration and refuses, listing every reason at once:
+
+- ``maxmemory-policy`` ``allkeys-*`` or ``volatile-ttl``: under memory pressure
+  the server evicts keys, and an evicted run or lease reads as one that never
+  existed. (``noeviction`` is right; the other ``volatile-*`` policies only
+  evict keys with a TTL, and statepact's records have none.)
+- with ``durable=True``, ``appendonly no`` together with ``save ""``: nothing
+  reaches disk, so a restart looks like every run finishing at once.
+
+``CONFIG GET`` is the source. Managed services often disable ``CONFIG``; then
+``INFO memory`` gives ``maxmemory_policy`` and ``INFO persistence`` gives
+``aof_enabled``, but RDB save points are not shown there, so RDB persistence is
+only believed when the server has evidently snapshotted (``rdb_saves`` > 0,
+``rdb_last_bgsave_time_sec`` set, or a snapshot in progress). Anything short of
+that is refused with a reason saying so: pass ``durable=False`` for data that
+can be recreated. On a cluster every primary is checked.
+
+This module reads and refuses; it must never set a configuration value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from redis import exceptions as rex
+
+from statepact._retry import RetryPolicy
+from statepact.errors import PreflightError, StatePersistenceError
+from statepact.storage.redis._client import Failover, as_text
+
+__all__ = ["ServerConfig", "preflight", "refusals"]
+
+_EVICTING = ("allkeys-", "volatile-ttl")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """What preflight learned about one server; ``None`` where it could not tell.
+
+    ``source`` is ``"CONFIG"`` or ``"INFO"``. From INFO, ``save`` is unknown and
+    ``rdb_evidence`` says whether the server has been seen taking a snapshot.
+    """
+
+    server: str
+    source: str
+    maxmemory_policy: str | None
+    appendonly: bool | None
+    save: str | None
+    rdb_evidence: bool = False
+
+
+def refusals(config: ServerConfig, *, durable: bool = True) -> list[str]:
+    """Every reason ``config`` is unfit to hold statepact's data (empty: fit)."""
+    reasons: list[str] = []
+    policy = config.maxmemory_policy
+    if policy is None:
+        reasons.append(
+            "maxmemory-policy could not be read (neither CONFIG GET nor INFO memory shows "
+            "it), so eviction cannot be ruled out"
+        )
+    elif policy.startswith(_EVICTING):
+        reasons.append(
+            f"maxmemory-policy is {policy!r}: the server evicts keys under memory pressure, "
+            "and an evicted run or lease reads as one that never existed; use noeviction"
+        )
+    if not durable:
+        return reasons
+    if config.source == "CONFIG":
+        if config.appendonly is not True and not config.save:
+            if config.appendonly is False and config.save == "":
+                reasons.append(
+                    "appendonly is 'no' and save is '': the server keeps nothing on disk, so "
+                    "a restart loses every run and lease; enable AOF or RDB snapshots, or "
+                    "pass durable=False for data that can be recreated"
+                )
+            else:
+                reasons.append(
+                    "appendonly/save could not be read with CONFIG GET, so persistence "
+                    "cannot be confirmed; pass durable=False for data that can be recreated"
+                )
+    elif not config.appendonly and not config.rdb_evidence:
+        reasons.append(
+            "CONFIG is not available and INFO persistence shows aof_enabled:0 and no RDB "
+            "snapshot taken since the server started, so persistence cannot be confirmed; "
+            "enable AOF, or pass durable=False for data that can be recreated"
+        )
+    return reasons
+
+
+def _flat(reply: Any) -> dict[str, str]:
+    """A CONFIG GET reply as ``{name: value}``; a cluster may wrap it as ``{node: reply}``."""
+    if isinstance(reply, Mapping):
+        items = {as_text(key): value for key, value in reply.items()}
+        if len(items) == 1:
+            (only,) = items.values()
+            if isinstance(only, Mapping):
+                return _flat(only)
+        return {key: as_text(value) for key, value in items.items() if value is not None}
+    if isinstance(reply, list | tuple):
+        return {as_text(reply[i]): as_text(reply[i + 1]) for i in range(0, len(reply) - 1, 2)}
+    return {}
+
+
+def _info_section(reply: Any) -> dict[str, Any]:
+    if isinstance(reply, Mapping):
+        items = {as_text(key): value for key, value in reply.items()}
+        if len(items) == 1:
+            (only,) = items.values()
+            if isinstance(only, Mapping):
+                return _info_section(only)
+        return items
+    return {}
+
+
+def _int(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+async def _read_config(redis: Any, server: str, **target: Any) -> ServerConfig:
+    try:
+        reply = await redis.config_get("maxmemory-policy", "appendonly", "save", **target)
+    except rex.ResponseError:
+        # CONFIG renamed away or not permitted (managed Redis): read INFO instead.
+        reply = None
+    config = _flat(reply) if reply is not None else {}
+    if reply is not None and "maxmemory-policy" in config and "appendonly" in config:
+        return ServerConfig(
+            server=server,
+            source="CONFIG",
+            maxmemory_policy=config["maxmemory-policy"],
+            appendonly=config["appendonly"].strip().lower() == "yes",
+            save=config.get("save", "").strip() if "save" in config else None,
+        )
+    memory = _info_section(await redis.info("memory", **target))
+    persistence = _info_section(await redis.info("persistence", **target))
+    policy = memory.get("maxmemory_policy")
+    aof = persistence.get("aof_enabled")
+    evidence = (
+        _int(persistence.get("rdb_saves"), 0) > 0
+        or _int(persistence.get("rdb_last_bgsave_time_sec"), -1) >= 0
+        or _int(persistence.get("rdb_bgsave_in_progress"), 0) == 1
+    )
+    return ServerConfig(
+        server=server,
+        source="INFO",
+        maxmemory_policy=None if policy is None else as_text(policy),
+        appendonly=None if aof is None else _int(aof, 0) == 1,
+        save=None,
+        rdb_evidence=evidence,
+    )
+
+
+async def read_server_configs(redis: Any) -> list[ServerConfig]:
+    """The configuration of the server, or of every primary of a cluster."""
+    get_primaries = getattr(redis, "get_primaries", None)
+    if get_primaries is None:
+        return [await _read_config(redis, "Redis")]
+    configs = []
+    for node in get_primaries():
+        configs.append(await _read_config(redis, f"Redis node {node.name}", target_nodes=node))
+    return configs
+
+
+async def check(redis: Any, *, durable: bool, failover: Failover) -> None:
+    """Preflight through a store's own failover (so a down server raises its error)."""
+    configs = await failover.run("preflight", lambda: read_server_configs(redis))
+    reasons: list[str] = []
+    for config in configs:
+        prefix = "" if len(configs) == 1 else f"{config.server}: "
+        reasons.extend(prefix + reason for reason in refusals(config, durable=durable))
+    if reasons:
+        raise PreflightError(reasons, server="Redis")
+
+
+async def preflight(redis: Any, *, durable: bool = True) -> None:
+    """Refuse a server (or any cluster primary) that could lose data; read-only.
+
+    Raises ``PreflightError`` listing every reason. A server that stays
+    unreachable past the default failover budget raises
+    ``StatePersistenceError(reason="unavailable")``.
+    """
+
+    def unavailable(message: str) -> StatePersistenceError:
+        return StatePersistenceError(message, reason="unavailable")
+
+    await check(redis, durable=durable, failover=Failover(RetryPolicy(), unavailable))

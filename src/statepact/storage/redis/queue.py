@@ -1,0 +1,361 @@
+"""``RedisWorkQueue``: fair, fenced work queues on Redis (standalone or cluster).
+
+It implements only the ``_``-methods of :class:`~statepact.queue.BaseWorkQueue`;
+the front has validated and encoded everything, read the clock and asked
+``QueuePolicy`` what a failure means. Semantics are the memory reference's
+(``statepact.storage.memory.queue``) exactly; the conformance suite checks it.
+
+Layout (``_keys.QueueKeys``, written out in ``lua/_queue.lua``): the whole
+queue lives under one hash tag ``{<ns>:queue}``, one cluster slot, because a
+claim chooses between tenants in one script. Per item a hash; per tenant a
+ready sorted set scored ``(1000 - priority) * 2**42 + enqueue order`` (highest
+priority first, then enqueue order, kept across retries); one delayed set
+scored by ``available_at`` and promoted lazily by claims; a rotation set of
+the tenants that have ready work, scored by the turn each was last served at
+(0 for never), with a hash remembering turns while a tenant is idle; a lease
+set scored by expiry with a hash of live lease tokens, which is what every
+heartbeat and settle is fenced on; per-tenant dead sets; per-status counts.
+
+A claim is two scripts, as the seed prescribes: ``claim.lua`` moves items from
+their tenants' ready sets to the lease set and records their tokens;
+``claimed.lua`` then writes the items' records (status, attempts, updated). A
+claimer that dies in between leaves items leased whose records still say
+queued; the next ``reap`` finishes those writes first. Claim cost is O(log n)
+per item claimed plus the items that came due since the last claim; the
+backlog and idle tenants are never scanned.
+
+Times are the injected clock's, passed to every script as µs; the server's
+TIME is never read. Writes carry a call id, so a call retried after a lost
+reply (a failover, redis-py's own retry) returns what it did the first time
+instead of claiming twice or reporting its own settle as a lost lease.
+
+This module must never format a key (``_keys``), never decide retries or the
+dead letter (``QueuePolicy`` through the front), and never let a redis-py
+exception out (``_client``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any, Self
+
+from statepact._codec import decode_json
+from statepact.clock import Clock, from_micros, to_micros
+from statepact.errors import LeaseLostError, QueueUnavailableError
+from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem
+from statepact.queue import BaseWorkQueue, FailOutcome, QueuePolicy
+from statepact.settings import RedisStoreSettings
+from statepact.storage.redis._client import Failover, as_text, new_op_id
+from statepact.storage.redis._keys import QueueKeys, ref
+from statepact.storage.redis._scripts import QUEUE_SCRIPTS, ScriptRunner
+from statepact.storage.redis.preflight import check
+
+__all__ = ["LEASE_EXPIRED", "RedisWorkQueue"]
+
+LEASE_EXPIRED = "lease expired"
+# Most delayed items promoted, half-claims finished or leases reaped by one script
+# call: bounds how long one call can hold the server.
+_STEP = 1000
+# How long a claim's result is kept for a retry of the same call.
+_REPLAY_MS = 60_000
+
+
+def _unavailable(message: str) -> QueueUnavailableError:
+    return QueueUnavailableError(message)
+
+
+class RedisWorkQueue(BaseWorkQueue):
+    """A work queue in Redis named ``settings.queue_name``; see the module docstring.
+
+    ``redis`` is a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster``
+    the caller owns. The constructor does not check the server; :meth:`open`
+    runs :func:`~statepact.storage.redis.preflight` first.
+    """
+
+    def __init__(
+        self,
+        redis: Any,
+        *,
+        clock: Clock | None = None,
+        settings: RedisStoreSettings | None = None,
+        policy: QueuePolicy | None = None,
+    ) -> None:
+        settings = settings or RedisStoreSettings()
+        super().__init__(
+            clock=clock,
+            policy=policy,
+            name=settings.queue_name,
+            max_value_bytes=settings.max_value_bytes,
+        )
+        self._redis = redis
+        self._settings = settings
+        self._keys = QueueKeys(settings.namespace, settings.queue_name)
+        self._fixed = self._keys.fixed()
+        self._scripts = ScriptRunner(redis, QUEUE_SCRIPTS)
+        self._failover = Failover(settings.retry_policy, _unavailable)
+
+    @classmethod
+    async def open(
+        cls,
+        redis: Any,
+        *,
+        clock: Clock | None = None,
+        settings: RedisStoreSettings | None = None,
+        policy: QueuePolicy | None = None,
+    ) -> Self:
+        """A queue on ``redis`` after ``preflight`` (durability as ``settings.durable``)."""
+        queue = cls(redis, clock=clock, settings=settings, policy=policy)
+        await check(redis, durable=queue._settings.durable, failover=queue._failover)
+        return queue
+
+    @property
+    def settings(self) -> RedisStoreSettings:
+        return self._settings
+
+    def __repr__(self) -> str:
+        return f"RedisWorkQueue(namespace={self._settings.namespace!r}, name={self.name!r})"
+
+    async def _run(
+        self, what: str, script: str, now: datetime | None, *args: str | int | bytes
+    ) -> Any:
+        # Scripts that only read take no time: this backing never reads a clock itself.
+        argv = (self._keys.prefix, 0 if now is None else to_micros(now), *args)
+        return await self._failover.run(
+            f"{what} (queue {self.name!r})", lambda: self._scripts(script, self._fixed, argv)
+        )
+
+    # -- enqueue and claim --------------------------------------------------
+
+    async def _enqueue(self, item: WorkItem, payload: bytes) -> WorkItem:
+        assert item.available_at is not None and item.created_at is not None  # set by the front
+        reply = await self._run(
+            f"enqueue of item {item.item_id!r} (tenant {item.tenant!r})",
+            "enqueue",
+            item.created_at,
+            ref(item.tenant, item.item_id),
+            item.tenant,
+            item.item_id,
+            payload,
+            item.priority,
+            to_micros(item.available_at),
+            to_micros(item.created_at),
+        )
+        return self._item(reply[1])
+
+    async def _claim(
+        self, worker_id: str, now: datetime, seconds: float, limit: int
+    ) -> list[Lease]:
+        op = new_op_id()
+        expires_at = now + timedelta(seconds=seconds)
+        while True:
+            reply = await self._run(
+                f"claim by worker {worker_id!r}",
+                "claim",
+                now,
+                op,
+                to_micros(expires_at),
+                limit,
+                _STEP,
+                _REPLAY_MS,
+            )
+            # 1: a large batch of delayed items came due and was promoted; claim again.
+            if int(reply[0]) == 0:
+                break
+        pairs = [as_text(value) for value in reply[1:]]
+        if not pairs:
+            return []
+        written = await self._run(f"claim by worker {worker_id!r}", "claimed", now, *pairs)
+        records = {
+            as_text(written[i]): self._item(written[i + 1]) for i in range(0, len(written), 2)
+        }
+        leases = []
+        for i in range(0, len(pairs), 2):
+            record = records.get(pairs[i])
+            if record is not None:
+                leases.append(
+                    Lease(
+                        item=record,
+                        worker_id=worker_id,
+                        token=int(pairs[i + 1]),
+                        expires_at=expires_at,
+                        lease_seconds=seconds,
+                    )
+                )
+        return leases
+
+    # -- settle -------------------------------------------------------------
+
+    async def _heartbeat(self, lease: Lease, now: datetime, expires_at: datetime) -> Lease:
+        item = self._held(lease, "heartbeat")
+        reply = await self._run(
+            f"heartbeat of item {item.item_id!r} (tenant {item.tenant!r})",
+            "heartbeat",
+            now,
+            ref(item.tenant, item.item_id),
+            lease.token,
+            new_op_id(),
+            to_micros(expires_at),
+        )
+        if int(reply[0]) == 0:
+            raise self._lost(lease, "heartbeat")
+        return Lease(
+            item=self._item(reply[2]),
+            worker_id=lease.worker_id,
+            token=int(reply[1]),
+            expires_at=expires_at,
+            lease_seconds=lease.lease_seconds,
+        )
+
+    async def _ack(self, lease: Lease, now: datetime) -> WorkItem:
+        return await self._settle(lease, now, "ack", ItemStatus.DONE)
+
+    async def _fail(
+        self, lease: Lease, now: datetime, error: str, outcome: FailOutcome
+    ) -> WorkItem:
+        status = ItemStatus.DEAD if outcome.dead else ItemStatus.QUEUED
+        return await self._settle(
+            lease, now, "fail", status, available_at=outcome.available_at, error=error
+        )
+
+    async def _release(self, lease: Lease, now: datetime) -> WorkItem:
+        return await self._settle(
+            lease, now, "release", ItemStatus.QUEUED, available_at=now, attempts_change=-1
+        )
+
+    async def _settle(
+        self,
+        lease: Lease,
+        now: datetime,
+        action: str,
+        status: ItemStatus,
+        *,
+        available_at: datetime | None = None,
+        error: str | None = None,
+        attempts_change: int = 0,
+    ) -> WorkItem:
+        item = self._held(lease, action)
+        reply = await self._run(
+            f"{action} of item {item.item_id!r} (tenant {item.tenant!r})",
+            "settle",
+            now,
+            ref(item.tenant, item.item_id),
+            lease.token,
+            new_op_id(),
+            status.value,
+            "" if available_at is None else to_micros(available_at),
+            "0" if error is None else "1",
+            error or "",
+            attempts_change,
+        )
+        if int(reply[0]) == 0:
+            raise self._lost(lease, action)
+        return self._item(reply[1])
+
+    async def _reap(self, now: datetime) -> list[WorkItem]:
+        moved: list[WorkItem] = []
+        while True:
+            reply = await self._run(
+                "reap", "reap", now, self.policy.max_attempts, _STEP, LEASE_EXPIRED
+            )
+            moved.extend(self._item(fields) for fields in reply[1:])
+            if int(reply[0]) == 0:
+                return moved
+
+    # -- inspect and recover ------------------------------------------------
+
+    async def _dead_letters(self, tenant: str, limit: int) -> list[WorkItem]:
+        reply = await self._run(
+            f"dead_letters of tenant {tenant!r}",
+            "dead_letters",
+            None,
+            tenant,
+            limit,
+        )
+        return [self._item(fields) for fields in reply]
+
+    async def _requeue(self, tenant: str, item_id: str, now: datetime) -> WorkItem:
+        reply = await self._run(
+            f"requeue of item {item_id!r} (tenant {tenant!r})",
+            "requeue",
+            now,
+            ref(tenant, item_id),
+            new_op_id(),
+        )
+        if int(reply[0]) == 0:
+            state = "does not exist" if len(reply) == 1 else f"is {as_text(reply[1])}, not dead"
+            raise ValueError(
+                f"item_id: {item_id!r} of tenant {tenant!r} in queue {self.name!r} {state}; "
+                "only a dead item can be requeued"
+            )
+        return self._item(reply[1])
+
+    async def _get_item(self, tenant: str, item_id: str) -> WorkItem | None:
+        key = self._keys.item(tenant, item_id).encode("utf-8")
+        fields = await self._failover.run(
+            f"get_item of item {item_id!r} (tenant {tenant!r}) (queue {self.name!r})",
+            lambda: self._redis.hgetall(key),
+        )
+        return self._item(fields) if fields else None
+
+    async def _stats(self) -> QueueStats:
+        reply = await self._run("stats", "stats", None)
+        queued, leased, dead = (_counts(part) for part in reply)
+        tenants = sorted(set(queued) | set(leased) | set(dead))
+        return QueueStats(
+            queue=self.name,
+            tenants={
+                tenant: TenantQueueStats(
+                    queued=queued.get(tenant, 0),
+                    leased=leased.get(tenant, 0),
+                    dead=dead.get(tenant, 0),
+                )
+                for tenant in tenants
+            },
+        )
+
+    # -- helpers ------------------------------------------------------------
+
+    def _item(self, fields: Any) -> WorkItem:
+        """A ``WorkItem`` from an item hash (a flat HGETALL list or a dict)."""
+        record = _as_dict(fields)
+        error = record.get("error")
+        return WorkItem(
+            queue=self.name,
+            tenant=record["tenant"],
+            item_id=record["id"],
+            payload=decode_json(record["payload"]),
+            priority=int(record["priority"]),
+            available_at=from_micros(int(record["available"])),
+            attempts=int(record["attempts"]),
+            status=ItemStatus(record["status"]),
+            last_error=error,
+            created_at=from_micros(int(record["created"])),
+            updated_at=from_micros(int(record["updated"])),
+        )
+
+    def _held(self, lease: Lease, action: str) -> WorkItem:
+        """The lease's item, refusing at once a lease from another queue."""
+        if lease.item.queue != self.name:
+            raise self._lost(lease, action)
+        return lease.item
+
+    def _lost(self, lease: Lease, action: str) -> LeaseLostError:
+        item = lease.item
+        return LeaseLostError(
+            f"{action} of item {item.item_id!r} of tenant {item.tenant!r} in queue "
+            f"{self.name!r}: lease token {lease.token} no longer holds it; it lapsed and "
+            "was moved on, or was settled already",
+            item_id=item.item_id,
+        )
+
+
+def _as_dict(fields: Any) -> dict[str, str]:
+    if isinstance(fields, dict):
+        return {as_text(key): as_text(value) for key, value in fields.items()}
+    values: Sequence[Any] = fields
+    return {as_text(values[i]): as_text(values[i + 1]) for i in range(0, len(values), 2)}
+
+
+def _counts(flat: Sequence[Any]) -> dict[str, int]:
+    return {as_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2) if int(flat[i + 1])}

@@ -1,0 +1,294 @@
+"""``RedisStateStore``: agent runs and sessions on Redis (standalone or cluster).
+
+It implements only the ``_``-methods of :class:`~statepact.state.BaseStateStore`;
+the front has validated, encoded and size-checked everything (an oversized blob
+never reaches this module) and read the clock.
+
+Layout (keys from ``_keys.StateKeys``; all of one tenant in one cluster slot):
+a run is its JSON blob (a string) plus a small hash holding the version, the
+five counters (cost as integer nano-units, so ``HINCRBY`` is exact), ``seq``,
+created/updated (µs), status and session. ``seq`` comes from a per-tenant
+``INCR`` at creation and is never rewritten; sorted sets per tenant, per
+status, per session and per session-and-status, scored by ``seq``, make
+``list_runs`` a range read. Sessions are a blob plus a hash and a per-tenant
+sorted set.
+
+Round trips: every call is one ``EVALSHA`` (``lua/*.lua``): a put checks the
+version, writes blob and hash, moves index entries and returns the stored
+record; a patch is ``HINCRBY`` per counter plus the version bump; a page
+reads its index and every record on it. Each write script is atomic; a retry
+of the same call after a lost reply is recognised by its call id and not
+applied twice.
+
+This module must never format a key (ask ``_keys``), never read a clock (the
+front passes ``now``), and never let a redis-py exception out (``_client``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Self
+
+from statepact._codec import decode_json, nanos_to_decimal
+from statepact.clock import Clock, from_micros, to_micros
+from statepact.errors import RunNotFoundError, StateConflictError, StatePersistenceError
+from statepact.models import RunRecord, RunStatus, SessionRecord
+from statepact.settings import RedisStoreSettings
+from statepact.state import BaseStateStore, CounterDelta, ListQuery, RunWrite, SessionWrite
+from statepact.storage.redis._client import Failover, as_text, new_op_id
+from statepact.storage.redis._keys import StateKeys
+from statepact.storage.redis._scripts import STATE_SCRIPTS, ScriptRunner
+from statepact.storage.redis.preflight import check
+
+__all__ = ["RedisStateStore"]
+
+# The order of the fields in a record reply (lua/_state.lua RUN_FIELDS, SESSION_FIELDS).
+_VERSION, _SEQ, _CREATED, _UPDATED = 0, 1, 2, 3
+_STATUS, _SESSION, _INPUT, _OUTPUT, _COST, _ITERATIONS, _CURSOR, _RUN_BLOB = range(4, 12)
+_SESSION_BLOB = 4
+_MAX_COUNTER = 2**63 - 1
+
+
+def _unavailable(message: str) -> StatePersistenceError:
+    return StatePersistenceError(message, reason="unavailable")
+
+
+class RedisStateStore(BaseStateStore):
+    """Runs and sessions in Redis; see the module docstring for the layout.
+
+    ``redis`` is a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster``
+    the caller owns (and closes). The constructor does not check the server;
+    :meth:`open` runs :func:`~statepact.storage.redis.preflight` first.
+    """
+
+    def __init__(
+        self,
+        redis: Any,
+        *,
+        clock: Clock | None = None,
+        settings: RedisStoreSettings | None = None,
+    ) -> None:
+        settings = settings or RedisStoreSettings()
+        super().__init__(clock=clock, max_value_bytes=settings.max_value_bytes)
+        self._redis = redis
+        self._settings = settings
+        self._keys = StateKeys(settings.namespace)
+        self._scripts = ScriptRunner(redis, STATE_SCRIPTS)
+        self._failover = Failover(settings.retry_policy, _unavailable)
+
+    @classmethod
+    async def open(
+        cls,
+        redis: Any,
+        *,
+        clock: Clock | None = None,
+        settings: RedisStoreSettings | None = None,
+    ) -> Self:
+        """A store on ``redis`` after ``preflight`` (durability as ``settings.durable``)."""
+        store = cls(redis, clock=clock, settings=settings)
+        await check(redis, durable=store._settings.durable, failover=store._failover)
+        return store
+
+    @property
+    def settings(self) -> RedisStoreSettings:
+        return self._settings
+
+    def __repr__(self) -> str:
+        return f"RedisStateStore(namespace={self._settings.namespace!r})"
+
+    async def _run(
+        self, what: str, script: str, keys: Sequence[str], args: Sequence[str | int | bytes]
+    ) -> Any:
+        return await self._failover.run(what, lambda: self._scripts(script, keys, args))
+
+    # -- runs ---------------------------------------------------------------
+
+    async def _get_run(self, tenant: str, run_id: str) -> RunRecord | None:
+        reply = await self._run(
+            f"get_run of run {run_id!r} (tenant {tenant!r})",
+            "get_run",
+            [self._keys.run_meta(tenant, run_id)],
+            [self._keys.prefix(tenant), run_id],
+        )
+        return None if reply is None else _run_record(tenant, run_id, reply)
+
+    async def _put_run(self, write: RunWrite) -> RunRecord:
+        keys = self._keys
+        tenant, run_id = write.tenant, write.run_id
+        reply = await self._run(
+            f"put_run of run {run_id!r} (tenant {tenant!r})",
+            "put_run",
+            [
+                keys.run(tenant, run_id),
+                keys.run_meta(tenant, run_id),
+                keys.seq(tenant),
+                keys.runs(tenant),
+            ],
+            [
+                keys.prefix(tenant),
+                run_id,
+                write.expected_version,
+                write.data,
+                write.status.value,
+                write.session_id or "",
+                to_micros(write.now),
+                new_op_id(),
+            ],
+        )
+        if int(reply[0]) == 0:
+            raise StateConflictError(
+                tenant=tenant,
+                record_id=run_id,
+                expected=write.expected_version,
+                actual=int(reply[1]),
+                kind="run",
+            )
+        return _run_record(tenant, run_id, reply[1:])
+
+    async def _patch_run(
+        self, tenant: str, run_id: str, delta: CounterDelta, now: datetime
+    ) -> RunRecord:
+        reply = await self._run(
+            f"patch_run of run {run_id!r} (tenant {tenant!r})",
+            "patch_run",
+            [self._keys.run_meta(tenant, run_id), self._keys.run(tenant, run_id)],
+            [
+                self._keys.prefix(tenant),
+                run_id,
+                to_micros(now),
+                new_op_id(),
+                str(delta.input_tokens),
+                str(delta.output_tokens),
+                str(delta.cost_nanos),
+                str(delta.iterations),
+                str(delta.cursor),
+            ],
+        )
+        code = int(reply[0])
+        if code == 0:
+            raise RunNotFoundError(tenant=tenant, run_id=run_id)
+        if code == 2:
+            field = as_text(reply[1])
+            unit = " nano-units" if field == "cost" else ""
+            raise ValueError(
+                f"{field}: run {run_id!r} of tenant {tenant!r} would pass the counter's "
+                f"limit of {_MAX_COUNTER}{unit}"
+            )
+        return _run_record(tenant, run_id, reply[1:])
+
+    async def _list_runs(self, query: ListQuery) -> list[RunRecord]:
+        keys, tenant = self._keys, query.tenant
+        if query.session_id is not None and query.status is not None:
+            index = keys.runs_by_session_status(tenant, query.session_id, query.status)
+        elif query.session_id is not None:
+            index = keys.runs_by_session(tenant, query.session_id)
+        elif query.status is not None:
+            index = keys.runs_by_status(tenant, query.status)
+        else:
+            index = keys.runs(tenant)
+        reply = await self._run(
+            f"list_runs of tenant {tenant!r}",
+            "list_runs",
+            [index],
+            [keys.prefix(tenant), query.after_seq, query.limit + 1],
+        )
+        return [
+            _run_record(tenant, as_text(reply[i]), reply[i + 1]) for i in range(0, len(reply), 2)
+        ]
+
+    async def _delete_run(self, tenant: str, run_id: str) -> bool:
+        keys = self._keys
+        reply = await self._run(
+            f"delete_run of run {run_id!r} (tenant {tenant!r})",
+            "delete_run",
+            [keys.run(tenant, run_id), keys.run_meta(tenant, run_id), keys.runs(tenant)],
+            [keys.prefix(tenant), run_id],
+        )
+        return int(reply) == 1
+
+    # -- sessions -----------------------------------------------------------
+
+    async def _put_session(self, write: SessionWrite) -> SessionRecord:
+        keys = self._keys
+        tenant, session_id = write.tenant, write.session_id
+        reply = await self._run(
+            f"put_session of session {session_id!r} (tenant {tenant!r})",
+            "put_session",
+            [
+                keys.session(tenant, session_id),
+                keys.session_meta(tenant, session_id),
+                keys.seq(tenant),
+                keys.sessions(tenant),
+            ],
+            [
+                keys.prefix(tenant),
+                session_id,
+                write.expected_version,
+                write.data,
+                to_micros(write.now),
+                new_op_id(),
+            ],
+        )
+        if int(reply[0]) == 0:
+            raise StateConflictError(
+                tenant=tenant,
+                record_id=session_id,
+                expected=write.expected_version,
+                actual=int(reply[1]),
+                kind="session",
+            )
+        return _session_record(tenant, session_id, reply[1:])
+
+    async def _get_session(self, tenant: str, session_id: str) -> SessionRecord | None:
+        reply = await self._run(
+            f"get_session of session {session_id!r} (tenant {tenant!r})",
+            "get_session",
+            [self._keys.session_meta(tenant, session_id)],
+            [self._keys.prefix(tenant), session_id],
+        )
+        return None if reply is None else _session_record(tenant, session_id, reply)
+
+    async def _list_sessions(self, tenant: str, limit: int, after_seq: int) -> list[SessionRecord]:
+        reply = await self._run(
+            f"list_sessions of tenant {tenant!r}",
+            "list_sessions",
+            [self._keys.sessions(tenant)],
+            [self._keys.prefix(tenant), after_seq, limit + 1],
+        )
+        return [
+            _session_record(tenant, as_text(reply[i]), reply[i + 1])
+            for i in range(0, len(reply), 2)
+        ]
+
+
+def _run_record(tenant: str, run_id: str, fields: Sequence[Any]) -> RunRecord:
+    session = fields[_SESSION]
+    return RunRecord(
+        tenant=tenant,
+        run_id=run_id,
+        session_id=None if session is None else as_text(session),
+        status=RunStatus(as_text(fields[_STATUS])),
+        data=decode_json(fields[_RUN_BLOB]),
+        version=int(fields[_VERSION]),
+        input_tokens=int(fields[_INPUT]),
+        output_tokens=int(fields[_OUTPUT]),
+        cost=nanos_to_decimal(int(fields[_COST])),
+        iterations=int(fields[_ITERATIONS]),
+        cursor=int(fields[_CURSOR]),
+        created_at=from_micros(int(fields[_CREATED])),
+        updated_at=from_micros(int(fields[_UPDATED])),
+        seq=int(fields[_SEQ]),
+    )
+
+
+def _session_record(tenant: str, session_id: str, fields: Sequence[Any]) -> SessionRecord:
+    return SessionRecord(
+        tenant=tenant,
+        session_id=session_id,
+        data=decode_json(fields[_SESSION_BLOB]),
+        version=int(fields[_VERSION]),
+        created_at=from_micros(int(fields[_CREATED])),
+        updated_at=from_micros(int(fields[_UPDATED])),
+        seq=int(fields[_SEQ]),
+    )
