@@ -76,20 +76,20 @@ class _Item:
     status: ItemStatus = ItemStatus.QUEUED
     last_error: str | None = None
     token: int = 0
-    # Bumped whenever the item is (re)scheduled; a heap entry with an older
-    # stamp is stale and skipped when it surfaces.
-    stamp: int = 0
 
 
 class MemoryWorkQueue(BaseWorkQueue):
     """Heaps all the way down: claim, promote and reap cost O(log n) per item moved.
 
-    - ``_ready[tenant]``: due queued items, ``(-priority, order, item_id, stamp)``.
-    - ``_delayed``: queued items not yet due, ``(available_at, order, tenant, item_id, stamp)``.
+    - ``_ready[tenant]``: due queued items, ``(-priority, order, item_id)``.
+    - ``_delayed``: queued items not yet due, ``(available_at, order, tenant, item_id)``.
+      Every queued item has exactly one entry in one of the two: only a claim
+      takes an item out of ``queued``, and it pops that entry.
     - ``_rotation``: one ``(turn, tenant)`` per tenant in ``_active`` (tenants with
       entries in ``_ready``).
-    - ``_expiry``: ``(expires_at, token, tenant, item_id)`` per lease given; stale
-      once the item's token moved on.
+    - ``_expiry``: ``(expires_at, token, tenant, item_id)`` per lease given; an
+      entry is stale once the item was settled or its token moved on, and is
+      dropped when ``reap`` reaches it (a queue never reaped keeps them).
     """
 
     def __init__(
@@ -102,8 +102,8 @@ class MemoryWorkQueue(BaseWorkQueue):
     ) -> None:
         super().__init__(clock=clock, policy=policy, name=name, max_value_bytes=max_value_bytes)
         self._items: dict[tuple[str, str], _Item] = {}
-        self._ready: dict[str, list[tuple[int, int, str, int]]] = {}
-        self._delayed: list[tuple[datetime, int, str, str, int]] = []
+        self._ready: dict[str, list[tuple[int, int, str]]] = {}
+        self._delayed: list[tuple[datetime, int, str, str]] = []
         self._rotation: list[tuple[int, str]] = []
         self._active: set[str] = set()
         self._turns: dict[str, int] = {}
@@ -290,18 +290,16 @@ class MemoryWorkQueue(BaseWorkQueue):
 
     def _schedule(self, entry: _Item, now: datetime) -> None:
         """Put a queued item where a claim will find it: ready if due, else delayed."""
-        entry.stamp += 1
         if entry.available_at <= now:
             self._push_ready(entry)
         else:
             heapq.heappush(
-                self._delayed,
-                (entry.available_at, entry.order, entry.tenant, entry.item_id, entry.stamp),
+                self._delayed, (entry.available_at, entry.order, entry.tenant, entry.item_id)
             )
 
     def _push_ready(self, entry: _Item) -> None:
         ready = self._ready.setdefault(entry.tenant, [])
-        heapq.heappush(ready, (-entry.priority, entry.order, entry.item_id, entry.stamp))
+        heapq.heappush(ready, (-entry.priority, entry.order, entry.item_id))
         if entry.tenant not in self._active:
             self._active.add(entry.tenant)
             heapq.heappush(self._rotation, (self._turns.get(entry.tenant, 0), entry.tenant))
@@ -309,21 +307,17 @@ class MemoryWorkQueue(BaseWorkQueue):
     def _promote(self, now: datetime) -> None:
         """Move delayed items that have come due into their tenants' ready heaps."""
         while self._delayed and self._delayed[0][0] <= now:
-            _at, _order, tenant, item_id, stamp = heapq.heappop(self._delayed)
-            entry = self._items.get((tenant, item_id))
-            if entry is not None and entry.status is ItemStatus.QUEUED and entry.stamp == stamp:
-                self._push_ready(entry)
+            _at, _order, tenant, item_id = heapq.heappop(self._delayed)
+            self._push_ready(self._items[(tenant, item_id)])
 
     def _pop_ready(self, tenant: str) -> _Item | None:
-        """The tenant's next due item, skipping stale heap entries; ``None`` if it has none."""
+        """The tenant's next due item, or ``None`` if it has none."""
         ready = self._ready.get(tenant)
-        while ready:
-            _priority, _order, item_id, stamp = heapq.heappop(ready)
-            entry = self._items.get((tenant, item_id))
-            if entry is not None and entry.status is ItemStatus.QUEUED and entry.stamp == stamp:
-                return entry
-        self._ready.pop(tenant, None)
-        return None
+        if not ready:
+            self._ready.pop(tenant, None)
+            return None
+        _priority, _order, item_id = heapq.heappop(ready)
+        return self._items[(tenant, item_id)]
 
     def _grant(self, entry: _Item, worker_id: str, now: datetime, seconds: float) -> Lease:
         """A new token and expiry for a leased item; every earlier token is now stale."""

@@ -1,0 +1,274 @@
+"""The shared codec: ids, JSON, sizes, money and durations are refused once, naming the field."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from statepact._codec import (
+    COST_SCALE,
+    MAX_DEPTH,
+    MAX_ID_BYTES,
+    check_size,
+    decode_json,
+    encode_json,
+    encode_json_value,
+    nanos_to_decimal,
+    require_count,
+    require_id,
+    require_seconds,
+    to_nanos,
+)
+from statepact.errors import StatePersistenceError
+
+# -- ids -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["a", "run_1", "ténant:{x}/ü 🦜", "x" * MAX_ID_BYTES])
+def test_require_id_accepts_and_returns(value: str) -> None:
+    assert require_id("run_id", value) == value
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "says"),
+    [
+        (7, TypeError, "must be a str"),
+        (None, TypeError, "must be a str"),
+        (b"bytes", TypeError, "must be a str"),
+        ("", ValueError, "must not be empty"),
+        ("a\x00b", ValueError, "NUL"),
+        ("lone \ud800 surrogate", ValueError, "not valid Unicode"),
+        ("x" * (MAX_ID_BYTES + 1), ValueError, "bytes"),
+        ("é" * (MAX_ID_BYTES // 2 + 1), ValueError, "bytes"),
+    ],
+)
+def test_require_id_refuses_naming_the_field(
+    value: object, error: type[Exception], says: str
+) -> None:
+    with pytest.raises(error, match=f"^tenant: .*{says}"):
+        require_id("tenant", value)
+
+
+# -- JSON ----------------------------------------------------------------------
+
+
+def test_encode_json_is_compact_utf8() -> None:
+    encoded = encode_json("data", {"a": [1, 2.5, None, True], "ü": "日本"})
+    assert encoded == '{"a":[1,2.5,null,true],"ü":"日本"}'.encode()
+
+
+def test_encode_json_sorts_keys_on_request() -> None:
+    assert encode_json("data", {"b": 1, "a": 2}, sort_keys=True) == b'{"a":2,"b":1}'
+    assert encode_json("data", {"b": 1, "a": 2}) == b'{"b":1,"a":2}'
+
+
+def test_encode_json_turns_tuples_into_lists() -> None:
+    assert decode_json(encode_json("data", {"t": (1, (2, 3))})) == {"t": [1, [2, 3]]}
+
+
+@pytest.mark.parametrize("value", [[1], "text", 3, None, (("a", 1),)])
+def test_encode_json_wants_an_object(value: object) -> None:
+    with pytest.raises(ValueError, match=r"^payload: must be a JSON object"):
+        encode_json("payload", value)
+
+
+@pytest.mark.parametrize(
+    ("value", "where"),
+    [
+        ({"x": float("nan")}, r"data\['x'\]"),
+        ({"x": [0, float("inf")]}, r"data\['x'\]\[1\]"),
+        ({"x": {"y": float("-inf")}}, r"data\['x'\]\['y'\]"),
+        ({"x": {1, 2}}, r"data\['x'\]: a set"),
+        ({"x": b"raw"}, r"data\['x'\]: a bytes"),
+        ({"x": Decimal("1.5")}, r"data\['x'\]: a Decimal"),
+        ({"x": object()}, r"data\['x'\]: a object"),
+        ({1: "int key"}, r"data: key 1 is a int"),
+        ({"x": {None: 1}}, r"data\['x'\]: key None"),
+        ({"x": "nul\x00"}, r"data\['x'\]: NUL"),
+        ({"nul\x00key": 1}, r"data\['nul\\x00key'\]: NUL"),
+        ({"x": "\udcff"}, r"data\['x'\]: is not valid Unicode"),
+        ({"x": 2**128}, r"data\['x'\]: integer is too large"),
+        ({"x": -(2**128)}, r"data\['x'\]: integer is too large"),
+    ],
+)
+def test_encode_json_refuses_naming_where(value: dict[Any, Any], where: str) -> None:
+    with pytest.raises(ValueError, match=f"^{where}"):
+        encode_json("data", value)
+
+
+def test_encode_json_accepts_the_largest_integers() -> None:
+    value = {"big": 2**128 - 1, "small": -(2**128) + 1}
+    assert decode_json(encode_json("data", value)) == value
+
+
+def test_nesting_is_bounded() -> None:
+    # A value may sit inside at most MAX_DEPTH containers, the outer object included.
+    shallow: Any = "leaf"
+    for _ in range(MAX_DEPTH - 1):
+        shallow = [shallow]
+    assert decode_json(encode_json("data", {"x": shallow})) == {"x": shallow}
+    deep: Any = "leaf"
+    for _ in range(MAX_DEPTH):
+        deep = [deep]
+    with pytest.raises(ValueError, match="nested deeper than"):
+        encode_json("data", {"x": deep})
+
+
+def test_a_very_deep_value_is_refused_without_recursion_error() -> None:
+    deep: Any = {}
+    for _ in range(50_000):
+        deep = {"d": deep}
+    with pytest.raises(ValueError, match="nested deeper than"):
+        encode_json("data", deep)
+
+
+def test_encode_json_value_takes_any_json_value() -> None:
+    assert encode_json_value("value", [1, "ü"]) == '[1,"ü"]'.encode()
+    assert encode_json_value("value", {"b": 1, "a": 2}, sort_keys=True) == b'{"a":2,"b":1}'
+    with pytest.raises(ValueError, match=r"^value"):
+        encode_json_value("value", float("nan"))
+
+
+_json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**127), max_value=2**127)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"))
+)
+_keys = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"))
+_json_values = st.recursive(
+    _json_scalars,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(_keys, children, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(_keys, _json_values, max_size=5))
+def test_json_round_trips_exactly(value: dict[str, Any]) -> None:
+    decoded = decode_json(encode_json("data", value))
+    assert decoded == value
+    # Equality alone would let 1 == 1.0 through; the text must match too.
+    assert json.dumps(decoded, sort_keys=True) == json.dumps(value, sort_keys=True)
+
+
+# -- size ----------------------------------------------------------------------
+
+
+def test_check_size_allows_the_limit_itself() -> None:
+    check_size("data", 100, 100, where="run 'r1'")
+
+
+def test_check_size_refuses_over_the_limit() -> None:
+    with pytest.raises(StatePersistenceError, match="data of run 'r1' is 101 bytes") as caught:
+        check_size("data", 101, 100, where="run 'r1'")
+    assert caught.value.reason == "too_large"
+    assert caught.value.retryable is False
+    assert "max_value_bytes=100" in str(caught.value)
+
+
+# -- money ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "nanos"),
+    [
+        (0, 0),
+        (3, 3 * COST_SCALE),
+        ("0.000000001", 1),
+        (Decimal("1E-9"), 1),
+        (Decimal("1234.567890123"), 1_234_567_890_123),
+        (Decimal("2.500000000000"), 2_500_000_000),
+        ("-0", 0),
+    ],
+)
+def test_to_nanos_is_exact(value: object, nanos: int) -> None:
+    assert to_nanos("cost", value) == nanos
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "says"),
+    [
+        (0.1, TypeError, "floats are inexact"),
+        (True, TypeError, "must be a Decimal"),
+        (None, TypeError, "must be a Decimal"),
+        ("abc", ValueError, "not a decimal number"),
+        ("NaN", ValueError, "not a finite number"),
+        (Decimal("Infinity"), ValueError, "not a finite number"),
+        (-1, ValueError, "must not be negative"),
+        ("-0.000000001", ValueError, "must not be negative"),
+        ("0.0000000001", ValueError, "more precision than 1e-9"),
+        (Decimal(2**62) / COST_SCALE, ValueError, "too large"),
+    ],
+)
+def test_to_nanos_refuses_naming_cost(value: object, error: type[Exception], says: str) -> None:
+    with pytest.raises(error, match=f"^cost: .*{says}"):
+        to_nanos("cost", value)
+
+
+def test_nanos_to_decimal_has_nine_places() -> None:
+    assert nanos_to_decimal(1) == Decimal("0.000000001")
+    assert nanos_to_decimal(1).as_tuple().exponent == -9
+    assert nanos_to_decimal(0) == 0
+    assert str(nanos_to_decimal(1_500_000_000)) == "1.500000000"
+
+
+@given(st.integers(min_value=0, max_value=2**62 - 1))
+def test_nanos_round_trip(nanos: int) -> None:
+    assert to_nanos("cost", nanos_to_decimal(nanos)) == nanos
+
+
+# -- counts and durations ------------------------------------------------------
+
+
+def test_require_count() -> None:
+    assert require_count("iterations", 0) == 0
+    assert require_count("iterations", 2**62 - 1) == 2**62 - 1
+    with pytest.raises(TypeError, match=r"^iterations"):
+        require_count("iterations", True)
+    with pytest.raises(TypeError, match=r"^iterations"):
+        require_count("iterations", 1.0)
+    with pytest.raises(ValueError, match=r"^iterations: must not be negative"):
+        require_count("iterations", -1)
+    with pytest.raises(ValueError, match=r"^iterations: .* too large"):
+        require_count("iterations", 2**62)
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [(1, 1.0), (0.25, 0.25), (timedelta(minutes=1, milliseconds=5), 60.005)],
+)
+def test_require_seconds_accepts(value: object, seconds: float) -> None:
+    assert require_seconds("lease_for", value) == seconds
+
+
+def test_require_seconds_zero_only_when_allowed() -> None:
+    assert require_seconds("delay", 0, allow_zero=True) == 0.0
+    assert require_seconds("delay", timedelta(0), allow_zero=True) == 0.0
+    with pytest.raises(ValueError, match=r"^lease_for: must be positive"):
+        require_seconds("lease_for", 0)
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (-1, ValueError),
+        (timedelta(seconds=-1), ValueError),
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        (11 * 365 * 86_400, ValueError),
+        (True, TypeError),
+        ("5", TypeError),
+        (None, TypeError),
+    ],
+)
+def test_require_seconds_refuses(value: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match=r"^lease_for"):
+        require_seconds("lease_for", value)
