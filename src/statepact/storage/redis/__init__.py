@@ -4,7 +4,9 @@ Both take a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster`` the
 caller owns. ``await RedisStateStore.open(redis, clock=, settings=)`` and
 ``await RedisWorkQueue.open(redis, clock=, settings=, policy=)`` run
 :func:`preflight` first, which refuses a server that could evict or forget
-data; the plain constructors skip it (tests do that). Keys come from one codec
+data; the plain constructors skip it (tests do that). ``RedisBackend`` (the
+``TransactionManager`` backing) is built the same way, or with
+``await RedisBackend.connect(url, prefix=...)``. Keys come from one codec
 (``_keys``), every multi-key change is one Lua script (``lua/``), and every
 redis-py error is translated at this package's boundary (``_client``).
 
@@ -12,8 +14,9 @@ Importing this package imports redis-py; ``import statepact`` never does.
 """
 
 from statepact.settings import RedisStoreSettings
+from statepact.storage.redis.backend import RedisBackend
 from statepact.storage.redis.preflight import preflight
 from statepact.storage.redis.queue import RedisWorkQueue
 from statepact.storage.redis.state import RedisStateStore
 
-__all__ = ["RedisStateStore", "RedisStoreSettings", "RedisWorkQueue", "preflight"]
+__all__ = ["RedisBackend", "RedisStateStore", "RedisStoreSettings", "RedisWorkQueue", "preflight"]

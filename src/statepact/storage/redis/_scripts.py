@@ -2,8 +2,8 @@
 
 Each script file starts with a header listing its KEYS, ARGV, return value and
 the keys it touches. Files whose name starts with ``_`` are preludes, not
-scripts: ``_common.lua`` goes in front of every script, then ``_state.lua`` or
-``_queue.lua`` by the script's family, so shared helpers exist once.
+scripts: ``_common.lua`` goes in front of every script, then ``_state.lua``,
+``_queue.lua`` or ``_tx.lua`` by the script's family, so shared helpers exist once.
 
 Scripts run through redis-py's ``Script`` objects (``register_script``): the
 first call is an EVALSHA, and a ``NOSCRIPT`` (a restarted or failed-over
@@ -22,9 +22,9 @@ from functools import cache
 from importlib.resources import files
 from typing import Any, Literal
 
-__all__ = ["QUEUE_SCRIPTS", "STATE_SCRIPTS", "ScriptRunner", "script_source"]
+__all__ = ["QUEUE_SCRIPTS", "STATE_SCRIPTS", "TX_SCRIPTS", "ScriptRunner", "script_source"]
 
-Family = Literal["state", "queue"]
+Family = Literal["state", "queue", "tx"]
 
 STATE_SCRIPTS = (
     "delete_run",
@@ -47,9 +47,21 @@ QUEUE_SCRIPTS = (
     "settle",
     "stats",
 )
+# RedisBackend (the transaction backing); prelude lua/_tx.lua.
+TX_SCRIPTS = (
+    "tx_commit",
+    "tx_lease_acquire",
+    "tx_lease_release",
+    "tx_lease_renew",
+    "tx_lock",
+    "tx_read",
+    "tx_register",
+    "tx_unlock",
+)
 _FAMILY: dict[str, Family] = {
     **dict.fromkeys(STATE_SCRIPTS, "state"),
     **dict.fromkeys(QUEUE_SCRIPTS, "queue"),
+    **dict.fromkeys(TX_SCRIPTS, "tx"),
 }
 
 

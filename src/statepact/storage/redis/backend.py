@@ -1,0 +1,504 @@
+"""``RedisBackend``: the ``StorageBackend`` under ``TransactionManager``, on Redis.
+
+Keyed JSON values with a capped MVCC history, resource leases with fencing
+tokens, TTL'd pessimistic locks and TTL'd idempotency records, on a standalone
+Redis or a Redis Cluster (redis-py asyncio). The front (``statepact.tx``) has
+validated, encoded and size-checked everything and read the clock; this module
+stores what it is told and hands it back verbatim.
+
+Layout (keys from ``_keys.TxKeys``; ``P`` is ``{<prefix>}``, the cluster hash
+tag, so every key of one backend is in one slot and each script is atomic on a
+cluster too; ``R``/``K`` are the length-prefixed resource and key)::
+
+    P:seq               string  the global commit sequence (INCR per writing commit)
+    P:res               set     resource names ever registered or written
+    P:meta:R            hash    version, at (µs), metadata (JSON text)
+    P:data:R            hash    key -> its latest entry
+    P:hist:R:K          list    the key's entries, newest first, at most history_limit
+    P:trim:R            hash    key -> the newest version trimmed from P:hist:R:K
+    P:idem:<seg(idem)>  string  fingerprint:version:µs:txn_id, expires after
+                                idempotency_ttl_seconds
+    P:fence:R           string  the highest fencing token ever issued (INCR only)
+    P:lease:R           hash    owner, token, expires (µs), ttl
+    P:lock:R:K          set     txn_id|shared, txn_id|exclusive; expires after
+                                lock_ttl_seconds without a grant
+
+An entry is ``<version>:<µs>:<txn_id>\\0`` followed by ``=<JSON text>`` or ``-``
+for a delete (``lua/_tx.lua``). The seed's ``{"v", "ver", "d"}`` JSON wrapper is
+not used: wrapping would make the script decode and re-encode the value, which
+cjson does lossily, and the contract is to hand the text back byte for byte.
+
+Round trips: ``begin`` is one ``GET``, a latest read one ``HGET``, a snapshot
+read, a commit, a lock attempt and every lease call one ``EVALSHA`` each
+(``lua/tx_*.lua``). A commit does fencing, idempotency, validation, the writes,
+the capped history, the registry and the idempotency record in that one
+script, and advances ``P:seq`` only when it writes. Each written entry carries
+the transaction id, so a commit sent again after its reply was lost (our
+failover, or redis-py's own retry) finds itself and reports its version instead
+of applying twice or conflicting with itself.
+
+Locks are polled with backoff until the timeout (``LockTimeoutError``; no
+wait-for graph, so ``detects_deadlocks`` is ``False`` and a cycle ends as a
+timeout). A lock set expires after ``lock_ttl_seconds`` without a grant, so a
+crashed holder frees its keys by itself; a holder slower than that TTL can lose
+its lock unknowingly, so keep the TTL well above the longest critical section.
+Lease expiry uses the injected clock (times arrive as arguments); only the lock
+TTL is measured by Redis, as a real-time safety net.
+
+This module must never format a key (ask ``_keys``), never read a clock, never
+decode or re-encode a stored value, and never let a redis-py exception out
+(``_client.Failover`` translates them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, Self, TypeVar
+
+from statepact._retry import RetryPolicy
+from statepact.clock import Clock, SystemClock, from_micros, to_micros
+from statepact.errors import (
+    ConflictError,
+    FencingError,
+    IdempotencyConflictError,
+    LeaseLostError,
+    LockTimeoutError,
+    StatepactError,
+    StatePersistenceError,
+)
+from statepact.storage.redis._client import Failover
+from statepact.storage.redis._keys import TxKeys
+from statepact.storage.redis._scripts import TX_SCRIPTS, ScriptRunner
+from statepact.storage.redis.preflight import check
+from statepact.tx import (
+    CommitRequest,
+    CommitResult,
+    Isolation,
+    Lease,
+    LeaseRequest,
+    LockMode,
+    StoredResource,
+    StoredValue,
+    StoredVersion,
+)
+
+__all__ = ["RedisBackend"]
+
+T = TypeVar("T")
+
+# Replies of lua/tx_commit.lua.
+_COMMITTED, _REPLAYED, _FENCED, _IDEMPOTENCY_CONFLICT, _CONFLICT = range(5)
+_WRITE, _READ = 1, 2
+_TOO_OLD = -1  # lua/tx_read.lua: the version the snapshot needs was trimmed
+_CLEAR_BATCH = 500
+# Lock polling: the first retry comes quickly (most locks are short), then the
+# wait doubles up to a ceiling that keeps a released lock's latency small.
+_LOCK_FIRST_DELAY = 0.002
+_LOCK_MAX_DELAY = 0.05
+
+
+def _unavailable(message: str) -> StatePersistenceError:
+    return StatePersistenceError(message, reason="unavailable")
+
+
+def _bytes(value: bytes | str) -> bytes:
+    return value if isinstance(value, bytes) else value.encode("utf-8")
+
+
+def _parse_entry(raw: bytes | str) -> tuple[int, int, str | None]:
+    """``(version, committed_at µs, JSON text or None for a delete)`` of an entry."""
+    head, _, body = _bytes(raw).partition(b"\x00")
+    version, micros, _txn = head.split(b":", 2)
+    data = None if body == b"-" else body[1:].decode("utf-8")
+    return int(version), int(micros), data
+
+
+def _positive_int(field: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{field}: must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{field}: must be at least 1, got {value}")
+    return value
+
+
+class RedisBackend:
+    """Transactions' storage on Redis; see the module docstring for layout and guarantees.
+
+    ``redis`` is a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster``.
+    The constructor does not check the server and leaves the client to its
+    owner; :meth:`connect` builds its own client from a URL, runs the
+    persistence preflight first, and closes the client in :meth:`close`.
+
+    - ``prefix``: every key starts with ``{prefix}:``; the braces make it the
+      cluster hash tag, so it must not contain braces.
+    - ``history_limit``: versions kept per key (at least 1); a snapshot that
+      needs a trimmed one gets ``ConflictError`` ("snapshot too old").
+    - ``idempotency_ttl_seconds``: how long a commit's idempotency record is
+      kept; a replay after that is a new commit.
+    - ``lock_ttl_seconds``: how long a lock set lives after its last grant.
+    - ``lock_timeout``: the default lock wait in seconds.
+    - ``clock``: read by the front, never here (default ``SystemClock``).
+    - ``failover``: the retry budget for connection errors (default: the one
+      ``RedisStoreSettings`` gives, 6 attempts).
+    """
+
+    detects_deadlocks = False
+
+    def __init__(
+        self,
+        redis: Any,
+        *,
+        prefix: str = "statepact",
+        history_limit: int = 512,
+        idempotency_ttl_seconds: int = 30 * 24 * 3600,
+        lock_ttl_seconds: float = 60.0,
+        lock_timeout: float = 5.0,
+        clock: Clock | None = None,
+        failover: RetryPolicy | None = None,
+        owns_client: bool = False,
+    ) -> None:
+        self.history_limit = _positive_int("history_limit", history_limit)
+        self.idempotency_ttl_seconds = _positive_int(
+            "idempotency_ttl_seconds", idempotency_ttl_seconds
+        )
+        if not lock_ttl_seconds > 0:
+            raise ValueError(f"lock_ttl_seconds: must be positive, got {lock_ttl_seconds}")
+        if not lock_timeout >= 0:
+            raise ValueError(f"lock_timeout: must not be negative, got {lock_timeout}")
+        self.lock_ttl_seconds = float(lock_ttl_seconds)
+        self.lock_timeout = float(lock_timeout)
+        self.clock: Clock = clock or SystemClock()
+        self._keys = TxKeys(prefix)
+        self._redis = redis
+        self._owns_client = owns_client
+        self._scripts = ScriptRunner(redis, TX_SCRIPTS)
+        self._failover = Failover(failover or RetryPolicy(attempts=6), _unavailable)
+        # The lock keys each live transaction of this process asked for; end() releases them.
+        self._locks: dict[str, set[str]] = {}
+        self._closed = False
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        prefix: str = "statepact",
+        history_limit: int = 512,
+        idempotency_ttl_seconds: int = 30 * 24 * 3600,
+        lock_ttl_seconds: float = 60.0,
+        lock_timeout: float = 5.0,
+        durable: bool = True,
+        clock: Clock | None = None,
+        failover: RetryPolicy | None = None,
+        cluster: bool = False,
+        **client_options: Any,
+    ) -> Self:
+        """A backend on its own client for ``url``, after the persistence preflight.
+
+        The preflight (shared with the state store) refuses a server that
+        evicts keys or, with ``durable=True``, keeps nothing on disk: the
+        fencing counter must never go backwards. ``durable=False`` lifts the
+        persistence check only. ``cluster=True`` builds a ``RedisCluster``;
+        ``client_options`` go to ``from_url``. Raises ``PreflightError`` with
+        every reason, or ``StatePersistenceError`` if the server does not answer.
+        """
+        from redis.asyncio import Redis, RedisCluster
+
+        factory: Any = RedisCluster if cluster else Redis
+        client = factory.from_url(url, **client_options)
+        backend = cls(
+            client,
+            prefix=prefix,
+            history_limit=history_limit,
+            idempotency_ttl_seconds=idempotency_ttl_seconds,
+            lock_ttl_seconds=lock_ttl_seconds,
+            lock_timeout=lock_timeout,
+            clock=clock,
+            failover=failover,
+            owns_client=True,
+        )
+        try:
+            await check(client, durable=durable, failover=backend._failover)
+        except BaseException:
+            await backend.close()
+            raise
+        return backend
+
+    @property
+    def prefix(self) -> str:
+        return self._keys.prefix
+
+    def __repr__(self) -> str:
+        return f"RedisBackend(prefix={self._keys.prefix!r}, history_limit={self.history_limit})"
+
+    async def _call(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
+        if self._closed:
+            raise RuntimeError("RedisBackend: closed")
+        return await self._failover.run(what, operation)
+
+    async def _script(self, name: str, keys: list[str], args: list[str | int]) -> Any:
+        return await self._call(name, lambda: self._scripts(name, keys, args))
+
+    # -- snapshots and reads ------------------------------------------------------------
+
+    async def begin(self, txn_id: str) -> int:
+        # Nothing to register: history is capped by count, not by live snapshots.
+        raw = await self._call("begin", lambda: self._redis.get(_bytes(self._keys.seq)))
+        return 0 if raw is None else int(raw)
+
+    async def end(self, txn_id: str) -> None:
+        keys = self._locks.pop(txn_id, None)
+        if not keys or self._closed:
+            return
+        try:
+            await self._script("tx_unlock", sorted(keys), [txn_id])
+        except StatepactError:
+            # The server is unreachable; the locks' TTL frees them. Raising here
+            # would hide the outcome of a commit that has already happened.
+            return
+
+    async def read(self, resource: str, key: str, at: int | None) -> StoredValue:
+        data_key = self._keys.data(resource)
+        if at is None:
+            raw = await self._call("read", lambda: self._redis.hget(_bytes(data_key), _bytes(key)))
+        else:
+            raw = await self._script(
+                "tx_read",
+                [data_key, self._keys.history(resource, key), self._keys.trimmed(resource)],
+                [key, at],
+            )
+            if raw == _TOO_OLD:
+                raise ConflictError(
+                    f"{resource!r}/{key!r}: the version snapshot {at} needs was trimmed from "
+                    f"the history (history_limit={self.history_limit}; snapshot too old); "
+                    "retry the transaction",
+                    resource=resource,
+                    key=key,
+                )
+        if raw is None:
+            return StoredValue(None, 0)
+        version, _, data = _parse_entry(raw)
+        return StoredValue(data, version)
+
+    # -- commit ---------------------------------------------------------------------------
+
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        keys = self._keys
+        # Only serializable validates reads; the others need not send them.
+        reads = request.reads if request.isolation is Isolation.SERIALIZABLE else ()
+        fence = request.fencing
+        script_keys = [keys.seq, keys.resources]
+        if request.idempotency_key is not None:
+            script_keys.append(keys.idempotency(request.idempotency_key))
+        if fence is not None:
+            script_keys.append(keys.fence(fence.resource))
+        args: list[str | int] = [
+            request.isolation.value,
+            request.taken_at,
+            to_micros(request.now),
+            request.txn_id,
+            self.history_limit,
+            self.idempotency_ttl_seconds,
+            request.fingerprint or "",
+            "" if fence is None else fence.token,
+            len(request.writes),
+            len(reads),
+        ]
+        for write in request.writes:
+            script_keys += [
+                keys.meta(write.resource),
+                keys.data(write.resource),
+                keys.history(write.resource, write.key),
+                keys.trimmed(write.resource),
+            ]
+            body = "-" if write.data is None else "=" + write.data
+            args += [write.resource, write.key, body]
+        for read in reads:
+            script_keys.append(keys.data(read.resource))
+            args += [read.key, read.version]
+
+        reply = await self._script("tx_commit", script_keys, args)
+        code = int(reply[0])
+        if code == _COMMITTED:
+            return CommitResult(int(reply[1]))
+        if code == _REPLAYED:
+            return CommitResult(int(reply[1]), replayed=True)
+        if code == _FENCED:
+            assert fence is not None
+            raise FencingError(resource=fence.resource, token=fence.token, highest=int(reply[1]))
+        if code == _IDEMPOTENCY_CONFLICT:
+            assert request.idempotency_key is not None
+            raise IdempotencyConflictError(request.idempotency_key)
+        which, index, latest = int(reply[1]), int(reply[2]) - 1, int(reply[3])
+        if which == _WRITE:
+            write = request.writes[index]
+            raise ConflictError(
+                f"{write.resource!r}/{write.key!r} was committed at version {latest}, after "
+                f"this transaction's snapshot {request.taken_at}; first committer wins",
+                resource=write.resource,
+                key=write.key,
+            )
+        read = reads[index]
+        raise ConflictError(
+            f"{read.resource!r}/{read.key!r} was read at version {read.version} and is "
+            f"now at version {latest}; serializable validation failed",
+            resource=read.resource,
+            key=read.key,
+        )
+
+    # -- locks ------------------------------------------------------------------------------
+
+    async def lock(
+        self,
+        txn_id: str,
+        resource: str,
+        key: str,
+        mode: LockMode,
+        timeout: float | None,  # noqa: ASYNC109 - the wait budget is part of the request
+    ) -> None:
+        if self._closed:
+            raise RuntimeError("RedisBackend: closed")
+        wait = self.lock_timeout if timeout is None else timeout
+        lock_key = self._keys.lock(resource, key)
+        # Recorded before asking: a grant whose reply is lost is still released by end().
+        self._locks.setdefault(txn_id, set()).add(lock_key)
+        args: list[str | int] = [txn_id, mode.value, max(1, round(self.lock_ttl_seconds * 1000))]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        delay = _LOCK_FIRST_DELAY
+        while True:
+            if await self._script("tx_lock", [lock_key], args) == 1:
+                return
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise LockTimeoutError(resource=resource, key=key, timeout=wait)
+            # Jittered so that waiters released together do not ask together.
+            await asyncio.sleep(min(remaining, random.uniform(delay / 2, delay)))
+            delay = min(delay * 2, _LOCK_MAX_DELAY)
+
+    # -- leases -----------------------------------------------------------------------------
+
+    async def acquire_lease(self, request: LeaseRequest) -> Lease | None:
+        token = await self._script(
+            "tx_lease_acquire",
+            [self._keys.lease(request.resource), self._keys.fence(request.resource)],
+            [
+                request.owner,
+                to_micros(request.now),
+                to_micros(request.expires_at),
+                repr(request.ttl),
+            ],
+        )
+        if token is None:
+            return None
+        return Lease(
+            resource=request.resource,
+            owner=request.owner,
+            token=int(token),
+            expires_at=request.expires_at,
+            ttl=request.ttl,
+        )
+
+    async def renew_lease(self, lease: Lease, request: LeaseRequest) -> Lease:
+        renewed = await self._script(
+            "tx_lease_renew",
+            [self._keys.lease(lease.resource)],
+            [
+                lease.owner,
+                lease.token,
+                to_micros(request.now),
+                to_micros(request.expires_at),
+                repr(request.ttl),
+            ],
+        )
+        if renewed != 1:
+            raise LeaseLostError(
+                f"lease on {lease.resource!r} with token {lease.token} held by {lease.owner!r} "
+                "expired or was taken over; acquire a new one"
+            )
+        return Lease(
+            resource=lease.resource,
+            owner=lease.owner,
+            token=lease.token,
+            expires_at=request.expires_at,
+            ttl=request.ttl,
+        )
+
+    async def release_lease(self, lease: Lease, now: datetime) -> bool:
+        released = await self._script(
+            "tx_lease_release", [self._keys.lease(lease.resource)], [lease.token]
+        )
+        return bool(released == 1)
+
+    # -- history, registry, operations --------------------------------------------------------
+
+    async def history(self, resource: str, key: str, limit: int) -> list[StoredVersion]:
+        history_key = _bytes(self._keys.history(resource, key))
+        rows = await self._call("history", lambda: self._redis.lrange(history_key, 0, limit - 1))
+        out = []
+        for raw in rows:
+            version, micros, data = _parse_entry(raw)
+            out.append(StoredVersion(version, data, from_micros(micros)))
+        return out
+
+    async def register_resource(self, name: str, metadata: str, now: datetime) -> None:
+        await self._script(
+            "tx_register", [self._keys.meta(name), self._keys.resources], [name, metadata]
+        )
+
+    async def resource_info(self, name: str) -> StoredResource | None:
+        meta_key = _bytes(self._keys.meta(name))
+        version, at, metadata = await self._call(
+            "resource_info", lambda: self._redis.hmget(meta_key, ["version", "at", "metadata"])
+        )
+        if version is None and metadata is None:
+            return None
+        return StoredResource(
+            name=name,
+            metadata="{}" if metadata is None else _bytes(metadata).decode("utf-8"),
+            version=0 if version is None else int(version),
+            last_commit_at=None if at is None else from_micros(int(at)),
+        )
+
+    async def health_check(self) -> bool:
+        if self._closed:
+            return False
+        try:
+            return bool(await self._redis.ping())
+        except Exception:
+            return False
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._locks.clear()
+        if self._owns_client:
+            try:
+                await self._redis.aclose()
+            except Exception:
+                return  # closing a client whose server is gone: nothing left to release
+
+    async def clear(self) -> None:
+        """Delete every key under this backend's prefix (and only those); the sequence restarts.
+
+        A test and playground helper: it SCANs, so it is not atomic against
+        concurrent commits.
+        """
+        pattern = _bytes(self._keys.match_all)
+
+        async def delete_batch() -> None:
+            batch: list[bytes] = []
+            async for key in self._redis.scan_iter(match=pattern, count=_CLEAR_BATCH):
+                batch.append(_bytes(key))
+                if len(batch) >= _CLEAR_BATCH:
+                    await self._redis.unlink(*batch)
+                    batch = []
+            if batch:
+                await self._redis.unlink(*batch)
+
+        await self._call("clear", delete_batch)
+        self._locks.clear()
