@@ -1,0 +1,747 @@
+"""``statepact bench``: throughput of every protocol, measured against what Python can reach.
+
+Scenarios, on each backing asked for:
+
+- the seed's three transaction scenarios: ``--concurrency`` agents each
+  committing ``--ops`` times on its own key; the same on ONE hot key with no
+  backoff between retries; read-only commits;
+- the state store's ``get_run``, ``put_run`` and ``patch_run`` with
+  ``--concurrency`` concurrent callers;
+- the queue's ``enqueue`` and claim+ack cycles with 1 and 10 workers;
+- claim cost with the queue holding ``--queued`` items spread over
+  ``--tenants`` tenants (each size pair with tenants <= items).
+
+In the same run it measures each backing's floor, what no library call on
+that backing can beat from Python: a dict behind an ``asyncio.Lock`` for
+memory; a raw ``PING`` (reads) and a one-line ``EVALSHA`` (writes) on the same
+redis-py client; a raw ``SELECT 1`` (reads) and a one-row ``UPDATE`` (writes) on
+the same SQLAlchemy engine, at the scenario's concurrency. Each result is
+printed as ops/s and as its ratio to the floor of its kind.
+
+Timing uses ``time.perf_counter`` around the measured calls only; setup (filling
+a queue) is shown on the progress bar but not timed. This module must never
+touch data outside the namespace the bench created, and never print a DSN in
+clear.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, TextIO
+
+from statepact._demo import (
+    Backings,
+    CommandError,
+    add_debug_argument,
+    add_server_arguments,
+    open_backings,
+    run_command,
+)
+from statepact._retry import RetryPolicy
+from statepact.clock import SystemClock
+from statepact.models import RunRecord, WorkItem
+from statepact.queue import QueuePolicy
+from statepact.tx import Transaction, TransactionManager
+
+__all__ = ["BenchResult", "Progress", "add_arguments", "command", "run_bench"]
+
+DESCRIPTION = """\
+Measure statepact on the backings asked for: the seed's transaction scenarios
+(independent keys, one hot key without backoff, read-only commits), the state
+store's get/put/patch under concurrent callers, the queue's enqueue and
+claim+ack with 1 and 10 workers, and claim cost as tenants and queued items
+grow. In the same run it measures each backing's floor (a raw round trip that
+no library call can beat from Python) and prints every result as ops/s and as
+a ratio to that floor. On a server the bench works in a namespace of its own
+and removes it afterwards.
+"""
+
+BACKINGS = ("memory", "redis", "postgres")
+LEASE_SECONDS = 60.0
+FLOOR_MIN_SECONDS = 0.25
+
+
+@dataclass
+class BenchResult:
+    """One measured scenario on one backing."""
+
+    backing: str
+    scenario: str
+    label: str
+    concurrency: int
+    ops: int
+    seconds: float
+    ops_per_s: float
+    floor: str = ""
+    floor_ops_per_s: float = 0.0
+    ratio: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Progress:
+    """A one-line text progress bar on stderr: redrawn in place on a terminal, else one
+    line per finished step."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, *, width: int = 28) -> None:
+        self.total = max(total, 1)
+        self.done = 0
+        self.stream = stream or sys.stderr
+        self.width = width
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._last = 0.0
+        self._label = ""
+
+    def _draw(self, fraction: float, *, force: bool = False) -> None:
+        now = time.perf_counter()
+        if not force and now - self._last < 0.1:
+            return
+        self._last = now
+        overall = min((self.done + fraction) / self.total, 1.0)
+        filled = int(overall * self.width)
+        bar = "#" * filled + "." * (self.width - filled)
+        text = f"[{bar}] {overall * 100:5.1f}% {self._label}"
+        self.stream.write("\r" + text[:110].ljust(110))
+        self.stream.flush()
+
+    def start(self, label: str) -> None:
+        self._label = label
+        if self.tty:
+            self._draw(0.0, force=True)
+
+    def update(self, fraction: float) -> None:
+        """Progress inside the current step, 0..1."""
+        if self.tty:
+            self._draw(fraction)
+
+    def finish_step(self, note: str = "") -> None:
+        self.done += 1
+        if self.tty:
+            self._draw(0.0, force=True)
+        else:
+            self.stream.write(
+                f"[{self.done}/{self.total}] {self._label}{(' ' + note) if note else ''}\n"
+            )
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\r" + " " * 110 + "\r")
+            self.stream.flush()
+
+
+@dataclass(frozen=True)
+class BenchParams:
+    backings: tuple[str, ...]
+    concurrency: int
+    ops: int
+    tenants: tuple[int, ...]
+    queued: tuple[int, ...]
+    claims: int
+
+    @property
+    def claim_cells(self) -> list[tuple[int, int]]:
+        return [(t, q) for t in self.tenants for q in self.queued if t <= q]
+
+
+async def _spread(
+    callers: int,
+    per_caller: int,
+    op: Callable[[int, int], Awaitable[object]],
+    progress: Progress | None = None,
+) -> float:
+    """Run ``op(caller, i)`` ``per_caller`` times in each of ``callers`` tasks; seconds taken."""
+    total = callers * per_caller
+    done = 0
+
+    async def caller(c: int) -> None:
+        nonlocal done
+        for i in range(per_caller):
+            await op(c, i)
+            done += 1
+            if progress is not None and done % 16 == 0:
+                progress.update(done / total)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(caller(c) for c in range(callers)))
+    return time.perf_counter() - started
+
+
+class _Floors:
+    """The floor of one backing, measured once per (kind, concurrency) and cached."""
+
+    def __init__(self, b: Backings, ops: int, tag: str) -> None:
+        self.b = b
+        self.ops = ops
+        self.tag = tag
+        self.cache: dict[tuple[str, int], tuple[str, float]] = {}
+        self.measured: dict[tuple[str, int], tuple[int, float]] = {}
+
+    def names(self) -> dict[str, str]:
+        return {
+            "memory": {"read": "dict+asyncio.Lock", "write": "dict+asyncio.Lock"},
+            "redis": {"read": "raw PING", "write": "raw EVALSHA"},
+            "postgres": {"read": "raw SELECT 1", "write": "raw one-row UPDATE"},
+        }[self.b.kind]
+
+    async def get(self, kind: str, concurrency: int) -> tuple[str, float]:
+        name = self.names()[kind]
+        key = (name, concurrency)
+        if key not in self.cache:
+            op = await self._op(kind)
+            per_caller = max(self.ops, 10)
+            ops, seconds = 0, 0.0
+            # Repeat until the floor has run long enough for the clock to be trusted.
+            while seconds < FLOOR_MIN_SECONDS:
+                seconds += await _spread(concurrency, per_caller, op)
+                ops += concurrency * per_caller
+            self.cache[key] = (name, ops / seconds)
+            self.measured[key] = (ops, seconds)
+        return self.cache[key]
+
+    async def _op(self, kind: str) -> Callable[[int, int], Awaitable[object]]:
+        if self.b.kind == "memory":
+            lock = asyncio.Lock()
+            table: dict[int, int] = {}
+
+            async def locked_dict(c: int, _i: int) -> None:
+                async with lock:
+                    table[c] = table.get(c, 0) + 1
+
+            return locked_dict
+        if self.b.kind == "redis":
+            return await _redis_floor(self.b.raw, kind, self.tag)
+        return await _postgres_floor(self.b.raw, kind, self.tag)
+
+    async def rows(self) -> list[BenchResult]:
+        return [
+            BenchResult(
+                backing=self.b.kind,
+                scenario=f"floor.{name}",
+                label=f"floor: {name}",
+                concurrency=concurrency,
+                ops=self.measured[(name, concurrency)][0],
+                seconds=self.measured[(name, concurrency)][1],
+                ops_per_s=rate,
+                floor=name,
+                floor_ops_per_s=rate,
+                ratio=1.0,
+            )
+            for (name, concurrency), (_n, rate) in sorted(self.cache.items())
+        ]
+
+
+class _Runner:
+    def __init__(self, b: Backings, params: BenchParams, progress: Progress, tag: str) -> None:
+        self.b = b
+        self.p = params
+        self.progress = progress
+        self.floors = _Floors(b, params.ops, tag)
+        self.results: list[BenchResult] = []
+        self.tag = tag
+
+    async def record(
+        self,
+        scenario: str,
+        label: str,
+        *,
+        concurrency: int,
+        ops: int,
+        seconds: float,
+        floor_kind: str,
+        **extra: Any,
+    ) -> None:
+        floor, floor_rate = await self.floors.get(floor_kind, concurrency)
+        rate = ops / seconds if seconds > 0 else float("inf")
+        self.results.append(
+            BenchResult(
+                backing=self.b.kind,
+                scenario=scenario,
+                label=label,
+                concurrency=concurrency,
+                ops=ops,
+                seconds=seconds,
+                ops_per_s=rate,
+                floor=floor,
+                floor_ops_per_s=floor_rate,
+                ratio=rate / floor_rate if floor_rate else 0.0,
+                extra=extra,
+            )
+        )
+        self.progress.finish_step(f"{rate:,.0f} ops/s")
+
+    # -- transactions -------------------------------------------------------------------
+
+    async def tx_independent(self) -> None:
+        c, n = self.p.concurrency, self.p.ops
+        self.progress.start(f"{self.b.kind}: tx independent keys ({c} agents x {n})")
+        manager = self.b.manager
+        resource = f"bench_ind_{self.tag}"
+
+        async def commit(agent: int, i: int) -> None:
+            async def body(tx: Transaction) -> None:
+                current = await tx.read(resource, f"agent-{agent}")
+                count = 0 if current is None else int(current["n"])
+                tx.write(resource, f"agent-{agent}", {"n": count + 1})
+
+            await manager.run(body)
+
+        seconds = await _spread(c, n, commit, self.progress)
+        await self.record(
+            "tx.independent",
+            f"tx: independent keys ({c} agents x {n})",
+            concurrency=c,
+            ops=c * n,
+            seconds=seconds,
+            floor_kind="write",
+        )
+
+    async def tx_hot_key(self) -> None:
+        c, n = self.p.concurrency, self.p.ops
+        self.progress.start(f"{self.b.kind}: tx one hot key, no backoff ({c} agents x {n})")
+        # No backoff: a conflicting commit is re-run at once (the seed's scenario).
+        manager = TransactionManager(
+            self.b.manager.backend,
+            clock=self.b.manager.clock,
+            backoff=RetryPolicy(attempts=1, base_delay=0.0, max_delay=0.0),
+        )
+        resource = f"bench_hot_{self.tag}"
+        attempts = 0
+
+        async def commit(_agent: int, _i: int) -> None:
+            async def body(tx: Transaction) -> None:
+                nonlocal attempts
+                attempts += 1
+                current = await tx.read(resource, "hot")
+                count = 0 if current is None else int(current["n"])
+                tx.write(resource, "hot", {"n": count + 1})
+
+            await manager.run(body, retries=100_000)
+
+        seconds = await _spread(c, n, commit, self.progress)
+        async with manager.transaction() as tx:
+            final = await tx.read(resource, "hot")
+        if final is None or int(final["n"]) != c * n:
+            raise CommandError(
+                f"bench: the hot key ended at {final!r}, expected n={c * n}: a lost update"
+            )
+        await self.record(
+            "tx.hot_key",
+            f"tx: one hot key, no backoff ({c} agents x {n})",
+            concurrency=c,
+            ops=c * n,
+            seconds=seconds,
+            floor_kind="write",
+            retries=attempts - c * n,
+        )
+
+    async def tx_read_only(self) -> None:
+        c, n = self.p.concurrency, self.p.ops
+        self.progress.start(f"{self.b.kind}: tx read-only commits ({c} agents x {n})")
+        manager = self.b.manager
+        resource = f"bench_ro_{self.tag}"
+        async with manager.transaction() as tx:
+            for agent in range(c):
+                tx.write(resource, f"agent-{agent}", {"n": agent})
+
+        async def commit(agent: int, _i: int) -> None:
+            async with manager.transaction() as tx:
+                await tx.read(resource, f"agent-{agent}")
+
+        seconds = await _spread(c, n, commit, self.progress)
+        await self.record(
+            "tx.read_only",
+            f"tx: read-only commits ({c} agents x {n})",
+            concurrency=c,
+            ops=c * n,
+            seconds=seconds,
+            floor_kind="read",
+        )
+
+    # -- state store ----------------------------------------------------------------------
+
+    async def state_ops(self) -> None:
+        c, n = self.p.concurrency, self.p.ops
+        state = self.b.state
+        tenant = f"bench-{self.tag}"
+        # Each caller owns one run, so put_run never conflicts and measures the write path.
+        versions: dict[int, RunRecord] = {}
+        for caller in range(c):
+            versions[caller] = await state.put_run(
+                RunRecord(tenant=tenant, run_id=f"run-{caller}", data={"step": 0})
+            )
+
+        self.progress.start(f"{self.b.kind}: state get_run ({c} callers x {n})")
+
+        async def get(caller: int, _i: int) -> None:
+            await state.get_run(tenant, f"run-{caller}")
+
+        seconds = await _spread(c, n, get, self.progress)
+        await self.record(
+            "state.get",
+            f"state: get_run ({c} callers x {n})",
+            concurrency=c,
+            ops=c * n,
+            seconds=seconds,
+            floor_kind="read",
+        )
+
+        self.progress.start(f"{self.b.kind}: state put_run ({c} callers x {n})")
+
+        async def put(caller: int, i: int) -> None:
+            versions[caller] = await state.put_run(
+                versions[caller].model_copy(update={"data": {"step": i + 1}})
+            )
+
+        seconds = await _spread(c, n, put, self.progress)
+        await self.record(
+            "state.put",
+            f"state: put_run ({c} callers x {n})",
+            concurrency=c,
+            ops=c * n,
+            seconds=seconds,
+            floor_kind="write",
+        )
+
+        self.progress.start(f"{self.b.kind}: state patch_run, one run ({c} callers x {n})")
+
+        # Every caller patches the SAME run: the counters must add up exactly.
+        async def patch(_caller: int, _i: int) -> None:
+            await state.patch_run(tenant, "run-0", input_tokens=100, cost="0.0001", iterations=1)
+
+        seconds = await _spread(c, n, patch, self.progress)
+        final = await state.get_run(tenant, "run-0")
+        if final is None or final.iterations != c * n:
+            raise CommandError(f"bench: patch_run lost updates ({final!r})")
+        await self.record(
+            "state.patch",
+            f"state: patch_run, one run ({c} callers x {n})",
+            concurrency=c,
+            ops=c * n,
+            seconds=seconds,
+            floor_kind="write",
+        )
+
+    # -- queue ----------------------------------------------------------------------------
+
+    async def queue_ops(self) -> None:
+        total = self.p.concurrency * self.p.ops
+        for workers in (1, 10):
+            queue = await self.b.new_queue(f"bench-{self.tag}-w{workers}", QueuePolicy())
+            per = -(-total // workers)
+            self.progress.start(
+                f"{self.b.kind}: queue enqueue ({workers} producer(s), {total} items)"
+            )
+
+            async def enqueue(worker: int, i: int, q: Any = queue, per: int = per) -> None:
+                n = worker * per + i
+                if n < total:
+                    await q.enqueue(
+                        WorkItem(tenant=f"t{n % 10}", item_id=f"item-{n}", payload={"n": n})
+                    )
+
+            seconds = await _spread(workers, per, enqueue, self.progress)
+            await self.record(
+                f"queue.enqueue.w{workers}",
+                f"queue: enqueue ({workers} producer{'s' if workers > 1 else ''})",
+                concurrency=workers,
+                ops=total,
+                seconds=seconds,
+                floor_kind="write",
+            )
+
+            self.progress.start(
+                f"{self.b.kind}: queue claim+ack ({workers} worker(s), {total} items)"
+            )
+            settled = 0
+
+            async def work(worker: int, _i: int, q: Any = queue) -> None:
+                nonlocal settled
+                lease = await q.claim(f"w{worker}", lease_for=LEASE_SECONDS)
+                if lease is not None:
+                    await q.ack(lease)
+                    settled += 1
+
+            seconds = await _spread(workers, per, work, self.progress)
+            if settled != total:
+                raise CommandError(f"bench: {workers} workers settled {settled} of {total} items")
+            await self.record(
+                f"queue.claim_ack.w{workers}",
+                f"queue: claim+ack ({workers} worker{'s' if workers > 1 else ''})",
+                concurrency=workers,
+                ops=total,
+                seconds=seconds,
+                floor_kind="write",
+            )
+
+    async def claim_cost(self, tenants: int, queued: int) -> None:
+        queue = await self.b.new_queue(f"bench-{self.tag}-t{tenants}-q{queued}", QueuePolicy())
+        self.progress.start(f"{self.b.kind}: fill {queued} items over {tenants} tenants")
+        producers = min(self.p.concurrency, queued)
+        per = -(-queued // producers)
+
+        async def fill(producer: int, i: int) -> None:
+            n = producer * per + i
+            if n < queued:
+                await queue.enqueue(
+                    WorkItem(tenant=f"t{n % tenants}", item_id=f"item-{n}", payload={"n": n})
+                )
+
+        await _spread(producers, per, fill, self.progress)
+        claims = min(self.p.claims, queued)
+        self.progress.start(
+            f"{self.b.kind}: claim+ack x{claims} at {tenants} tenants, {queued} queued"
+        )
+
+        async def work(_worker: int, _i: int) -> None:
+            lease = await queue.claim("w0", lease_for=LEASE_SECONDS)
+            if lease is None:
+                raise CommandError("bench: a claim found nothing on a full queue")
+            await queue.ack(lease)
+
+        seconds = await _spread(1, claims, work, self.progress)
+        await self.record(
+            f"queue.claim_cost.t{tenants}.q{queued}",
+            f"queue: claim+ack, {tenants:,} tenants, {queued:,} queued",
+            concurrency=1,
+            ops=claims,
+            seconds=seconds,
+            floor_kind="write",
+            tenants=tenants,
+            queued=queued,
+            ms_per_claim_ack=round(seconds / claims * 1000, 3),
+        )
+
+    async def run_all(self) -> list[BenchResult]:
+        await self.tx_independent()
+        await self.tx_hot_key()
+        await self.tx_read_only()
+        await self.state_ops()
+        await self.queue_ops()
+        for tenants, queued in self.p.claim_cells:
+            await self.claim_cost(tenants, queued)
+        return [*await self.floors.rows(), *self.results]
+
+
+async def _redis_floor(redis: Any, kind: str, tag: str) -> Callable[[int, int], Awaitable[object]]:
+    raise CommandError("redis floors are not wired yet")
+
+
+async def _postgres_floor(
+    engine: Any, kind: str, tag: str
+) -> Callable[[int, int], Awaitable[object]]:
+    raise CommandError("postgres floors are not wired yet")
+
+
+def steps_per_backing(params: BenchParams) -> int:
+    # One step per recorded result: 3 tx + 3 state + 4 queue + 1 per claim-cost cell.
+    return 3 + 3 + 4 + len(params.claim_cells)
+
+
+async def run_bench(
+    params: BenchParams,
+    urls: dict[str, str | None],
+    *,
+    progress: Progress,
+) -> tuple[list[BenchResult], dict[str, str]]:
+    """Every scenario on every backing in ``params``; the results and where each ran."""
+    results: list[BenchResult] = []
+    where: dict[str, str] = {}
+    for kind in params.backings:
+        tag = f"bench{uuid.uuid4().hex[:8]}"
+        async with open_backings(
+            kind, urls.get(kind), clock=SystemClock(), policy=QueuePolicy(), tag=tag
+        ) as b:
+            where[kind] = b.where
+            results.extend(await _Runner(b, params, progress, tag).run_all())
+    return results, where
+
+
+def format_table(results: Sequence[BenchResult]) -> str:
+    """The results as a fixed-width text table, one row per scenario and backing."""
+    headers = ("backing", "scenario", "conc", "ops", "ops/s", "floor", "floor ops/s", "x floor")
+    rows = [
+        (
+            r.backing,
+            r.label,
+            str(r.concurrency),
+            str(r.ops),
+            f"{r.ops_per_s:,.0f}",
+            r.floor,
+            f"{r.floor_ops_per_s:,.0f}",
+            f"{r.ratio:.3f}",
+        )
+        for r in results
+    ]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
+    right = {2, 3, 4, 6, 7}
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(cells)
+        ).rstrip()
+
+    out = [line(headers), line(["-" * w for w in widths])]
+    out += [line(row) for row in rows]
+    return "\n".join(out)
+
+
+# -- command line -----------------------------------------------------------------------
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text.replace("_", "").replace(",", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    return tuple(_positive(part) for part in text.split(",") if part.strip())
+
+
+def _backings(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [n for n in names if n not in BACKINGS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown backing {', '.join(unknown) or '(none)'}; choose from {', '.join(BACKINGS)}"
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``statepact bench``."""
+    parser.add_argument(
+        "--backend",
+        type=_backings,
+        default=None,
+        metavar="LIST",
+        help="comma-separated backings to measure: memory, redis, postgres (default: memory, "
+        "plus each server given by --redis/--postgres)",
+    )
+    add_server_arguments(parser, verb="measure")
+    parser.add_argument(
+        "--concurrency",
+        type=_positive,
+        default=40,
+        metavar="N",
+        help="concurrent agents/callers in the transaction and state scenarios (default 40)",
+    )
+    parser.add_argument(
+        "--ops",
+        type=_positive,
+        default=10,
+        metavar="N",
+        help="operations per caller (default 10: the seed's 40 agents x 10 commits); the queue "
+        "scenarios move concurrency x ops items",
+    )
+    parser.add_argument(
+        "--tenants",
+        type=_sizes,
+        default=(10, 10_000),
+        metavar="LIST",
+        help="tenant counts for the claim-cost scenario, comma-separated (default 10,10000)",
+    )
+    parser.add_argument(
+        "--queued",
+        type=_sizes,
+        default=(100, 100_000),
+        metavar="LIST",
+        help="queued-item counts for the claim-cost scenario, comma-separated (default "
+        "100,100000); pairs with more tenants than items are skipped",
+    )
+    parser.add_argument(
+        "--claims",
+        type=_positive,
+        default=200,
+        metavar="N",
+        help="claim+ack cycles timed in each claim-cost cell (default 200)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the results as JSON instead of a table"
+    )
+    add_debug_argument(parser)
+
+
+def params_from(args: argparse.Namespace) -> BenchParams:
+    backings: tuple[str, ...] = args.backend or (
+        "memory",
+        *(("redis",) if args.redis else ()),
+        *(("postgres",) if args.postgres else ()),
+    )
+    for kind in backings:
+        if kind != "memory" and not getattr(args, kind):
+            raise CommandError(
+                f"--backend {kind} needs --{kind} URL (the server to measure); nothing was run"
+            )
+    return BenchParams(
+        backings=backings,
+        concurrency=args.concurrency,
+        ops=args.ops,
+        tenants=args.tenants,
+        queued=args.queued,
+        claims=args.claims,
+    )
+
+
+def command(
+    args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    """Run ``statepact bench`` with parsed ``args``; the exit code."""
+    stream = out or sys.stdout
+
+    async def body() -> int:
+        params = params_from(args)
+        urls = {"redis": args.redis, "postgres": args.postgres}
+        progress = Progress(steps_per_backing(params) * len(params.backings), err)
+        try:
+            results, where = await run_bench(params, urls, progress=progress)
+        finally:
+            progress.close()
+        if args.json:
+            payload = {
+                "params": {
+                    "concurrency": params.concurrency,
+                    "ops": params.ops,
+                    "tenants": list(params.tenants),
+                    "queued": list(params.queued),
+                    "claims": params.claims,
+                },
+                "backings": where,
+                "results": [asdict(r) for r in results],
+            }
+            print(json.dumps(payload, indent=2), file=stream)
+        else:
+            for kind, place in where.items():
+                print(f"{kind}: {place}", file=stream)
+            print(format_table(results), file=stream)
+            print(
+                "x floor = ops/s divided by the floor's ops/s at the same concurrency: the "
+                "share of a raw round trip's rate the library reaches",
+                file=stream,
+            )
+        return 0
+
+    return run_command("bench", body, debug=args.debug, err=err)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m statepact._bench``: the bench without the rest of the command line."""
+    parser = argparse.ArgumentParser(prog="statepact bench", description=DESCRIPTION)
+    add_arguments(parser)
+    return command(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
