@@ -530,7 +530,20 @@ class _Runner:
 
 
 async def _redis_floor(redis: Any, kind: str, tag: str) -> Callable[[int, int], Awaitable[object]]:
-    raise CommandError("redis floors are not wired yet")
+    """A raw PING (reads) or a one-line EVALSHA INCR (writes) on the backing's own client."""
+    if kind == "read":
+
+        async def ping(_caller: int, _i: int) -> None:
+            await redis.ping()
+
+        return ping
+    sha = await redis.script_load("return redis.call('INCR', KEYS[1])")
+
+    async def evalsha(caller: int, _i: int) -> None:
+        # Under the bench's namespace, so its cleanup deletes these keys too.
+        await redis.evalsha(sha, 1, f"{tag}:floor:{caller}")
+
+    return evalsha
 
 
 async def _postgres_floor(

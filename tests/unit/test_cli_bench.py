@@ -1,0 +1,153 @@
+"""``statepact bench`` on the memory backing, with tiny sizes: every scenario, ops/s and ratio."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import re
+
+import pytest
+
+from statepact import _bench
+
+SCENARIOS = [
+    "tx.independent",
+    "tx.hot_key",
+    "tx.read_only",
+    "state.get",
+    "state.put",
+    "state.patch",
+    "queue.enqueue.w1",
+    "queue.claim_ack.w1",
+    "queue.enqueue.w10",
+    "queue.claim_ack.w10",
+    "queue.claim_cost.t2.q20",
+    "queue.claim_cost.t2.q50",
+    "queue.claim_cost.t20.q20",
+    "queue.claim_cost.t20.q50",
+]
+TINY = ["--concurrency", "4", "--ops", "3", "--tenants", "2,20", "--queued", "20,50"]
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    _bench.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def _run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = _bench.command(_args(*argv), out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_json_has_every_scenario_with_ops_and_ratio() -> None:
+    """Each scenario is measured, with ops/s and a ratio to the floor of the same concurrency."""
+    code, out, err = _run(*TINY, "--claims", "5", "--json")
+    assert code == 0, err
+    payload = json.loads(out)
+    results = payload["results"]
+    scenarios = [r["scenario"] for r in results if not r["scenario"].startswith("floor.")]
+    assert scenarios == SCENARIOS
+    floors = {
+        (r["floor"], r["concurrency"]): r["ops_per_s"]
+        for r in results
+        if r["scenario"].startswith("floor.")
+    }
+    assert {name for name, _ in floors} == {"dict+asyncio.Lock"}
+    assert {c for _, c in floors} == {1, 4, 10}
+    for r in results:
+        assert r["backing"] == "memory"
+        assert r["ops_per_s"] > 0
+        assert r["floor_ops_per_s"] == floors[(r["floor"], r["concurrency"])]
+        assert r["ratio"] == pytest.approx(r["ops_per_s"] / r["floor_ops_per_s"])
+    by_name = {r["scenario"]: r for r in results}
+    assert by_name["tx.independent"]["ops"] == 12
+    assert by_name["queue.claim_ack.w10"]["ops"] == 12
+    assert by_name["queue.claim_cost.t20.q50"]["ops"] == 5
+    extra = by_name["queue.claim_cost.t20.q50"]["extra"]
+    assert (extra["tenants"], extra["queued"]) == (20, 50)
+    assert extra["ms_per_claim_ack"] > 0
+    assert by_name["tx.hot_key"]["extra"]["retries"] >= 0
+    assert payload["params"] == {
+        "concurrency": 4,
+        "ops": 3,
+        "tenants": [2, 20],
+        "queued": [20, 50],
+        "claims": 5,
+    }
+    # the progress goes to stderr, one line per step when stderr is not a terminal
+    assert err.count("\n") == len(SCENARIOS)
+    assert err.splitlines()[-1].startswith(f"[{len(SCENARIOS)}/{len(SCENARIOS)}]")
+
+
+def test_the_table_shows_ops_per_second_and_ratio() -> None:
+    """Without --json: a table with a row per scenario, its ops/s and its ratio to the floor."""
+    code, out, _ = _run("--concurrency", "3", "--ops", "2", "--tenants", "3", "--queued", "6")
+    assert code == 0
+    assert "ops/s" in out
+    assert "x floor" in out
+    labels = [
+        "tx: independent keys (3 agents x 2)",
+        "tx: one hot key, no backoff (3 agents x 2)",
+        "tx: read-only commits (3 agents x 2)",
+        "state: get_run (3 callers x 2)",
+        "state: put_run (3 callers x 2)",
+        "state: patch_run, one run (3 callers x 2)",
+        "queue: enqueue (1 producer)",
+        "queue: claim+ack (10 workers)",
+        "queue: claim+ack, 3 tenants, 6 queued",
+    ]
+    for label in labels:
+        row = next(line for line in out.splitlines() if label in line)
+        assert re.search(r"\s[\d,]+\s+dict\+asyncio\.Lock\s+[\d,]+\s+\d+\.\d{3}$", row), row
+
+
+def test_a_server_backing_without_its_url_is_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Asking for a server without its URL fails at once, in one line that says what to give."""
+    code = _bench.command(_args("--backend", "memory,postgres"), out=io.StringIO())
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.strip() == (
+        "statepact bench: error: --backend postgres needs --postgres URL "
+        "(the server to measure); nothing was run"
+    )
+
+
+def test_bad_sizes_and_backings_are_refused_by_the_parser(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Flags are checked before anything runs, with a message naming the bad value."""
+    for argv, message in [
+        (["--backend", "mongo"], "unknown backing mongo"),
+        (["--ops", "0"], "'0' must be at least 1"),
+        (["--tenants", "ten"], "'ten' is not a whole number"),
+    ]:
+        with pytest.raises(SystemExit) as exc:
+            _args(*argv)
+        assert exc.value.code == 2
+        assert message in capsys.readouterr().err
+
+
+def test_the_progress_bar_redraws_in_place_on_a_terminal() -> None:
+    """On a terminal the bar is one line redrawn with carriage returns, cleared at the end."""
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    progress = _bench.Progress(2, stream, width=10)
+    progress.start("first")
+    progress.finish_step()
+    progress.start("second")
+    progress.finish_step()
+    progress.close()
+    text = stream.getvalue()
+    assert "\n" not in text
+    assert "[#####.....]  50.0% first" in text
+    assert "[##########] 100.0% second" in text
+    assert text.endswith("\r")
