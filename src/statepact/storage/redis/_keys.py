@@ -53,7 +53,10 @@ def ref(tenant: str, item_id: str) -> str:
 def _take(text: bytes, start: int) -> tuple[str, int]:
     """Read one segment of ``text`` at ``start``; return it and where the next one begins."""
     colon = text.index(b":", start)
-    length = int(text[start:colon])
+    digits = text[start:colon]
+    if not digits.isdigit():
+        raise ValueError(f"no segment length at {start}")
+    length = int(digits)
     end = colon + 1 + length
     if end > len(text):
         raise ValueError(f"segment at {start} runs past the end")
