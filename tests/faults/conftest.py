@@ -1,0 +1,182 @@
+"""Fixtures of the fault lane: servers the tests own, Redis clients tuned to notice a stall,
+and the figures every fault test reports.
+
+Every server here is started by these fixtures on a free loopback port (never
+the machine's own Redis or PostgreSQL, never an environment URL: a test that
+kills, restarts or cuts off a server must own it). A missing binary skips the
+test, or fails it under ``STATEPACT_REQUIRE_SERVERS=1``.
+
+Figures: a test calls ``fault_figures.record(...)`` with what it injected and
+what it counted; at the end of the session they are written to
+``<pytest basetemp>/fault-figures.json`` and printed in the terminal summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from statepact._retry import RetryPolicy
+from statepact.testing.servers import (
+    PostgresServer,
+    RedisServer,
+    ServerStartError,
+    local_unavailable_reason,
+    missing_server,
+)
+
+# The failover budget of the fault tests: small, so a test that outlasts it is short.
+FAST_FAILOVER = RetryPolicy(attempts=3, base_delay=0.05, max_delay=0.2)
+# How long a Redis client waits for a reply before it calls the connection dead.
+SOCKET_TIMEOUT = 0.5
+
+
+@dataclass
+class FaultFigure:
+    """One fault scenario's outcome, as docs/faults.md tabulates it."""
+
+    scenario: str
+    backing: str
+    faults: int
+    acknowledged: int
+    found: int
+    lost: int
+    duplicates: int
+    ambiguous: int = 0
+    seconds: float = 0.0
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+class FaultFigures:
+    """Collects :class:`FaultFigure` rows for one session."""
+
+    def __init__(self) -> None:
+        self.rows: list[FaultFigure] = []
+
+    def record(self, figure: FaultFigure) -> FaultFigure:
+        self.rows.append(figure)
+        return figure
+
+    def as_json(self) -> str:
+        return json.dumps([asdict(row) for row in self.rows], indent=2, default=str)
+
+    def lines(self) -> list[str]:
+        head = (
+            f"{'scenario':<44} {'backing':<9} {'faults':>6} {'acked':>6} {'found':>6} "
+            f"{'lost':>4} {'dup':>3} {'ambig':>5} {'secs':>6}"
+        )
+        out = [head]
+        for r in self.rows:
+            out.append(
+                f"{r.scenario[:44]:<44} {r.backing:<9} {r.faults:>6} {r.acknowledged:>6} "
+                f"{r.found:>6} {r.lost:>4} {r.duplicates:>3} {r.ambiguous:>5} {r.seconds:>6.1f}"
+            )
+            if r.notes:
+                out.append("    " + json.dumps(r.notes, default=str, sort_keys=True))
+        return out
+
+
+_FIGURES = pytest.StashKey[FaultFigures]()
+_FIGURES_PATH = pytest.StashKey[Path]()
+
+
+@pytest.fixture(scope="session")
+def fault_figures(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> FaultFigures:
+    """The session's figures; written to JSON and printed when the session ends."""
+    figures = request.config.stash.setdefault(_FIGURES, FaultFigures())
+    request.config.stash[_FIGURES_PATH] = tmp_path_factory.getbasetemp() / "fault-figures.json"
+    return figures
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    figures = session.config.stash.get(_FIGURES, None)
+    path = session.config.stash.get(_FIGURES_PATH, None)
+    if figures and figures.rows and path is not None:
+        path.write_text(figures.as_json() + "\n")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    figures = terminalreporter.config.stash.get(_FIGURES, None)
+    if not figures or not figures.rows:
+        return
+    terminalreporter.section("statepact fault figures")
+    for line in figures.lines():
+        terminalreporter.write_line(line)
+    path = terminalreporter.config.stash.get(_FIGURES_PATH, None)
+    if path is not None:
+        terminalreporter.write_line(f"written to {path}")
+
+
+# -- servers the lane owns ----------------------------------------------------------------
+
+
+def need_local(kind: str) -> None:
+    """Skip (or fail under STATEPACT_REQUIRE_SERVERS=1) when local ``kind`` binaries are missing."""
+    why = local_unavailable_reason("redis" if kind == "redis" else "postgres")
+    if why is not None:
+        missing_server(f"the fault lane starts its own {kind} server: {why}", os.environ)
+
+
+@pytest.fixture(scope="session")
+def fault_redis_server() -> Iterator[RedisServer]:
+    """A Redis of our own for the proxy tests (no persistence: nothing here restarts it)."""
+    need_local("redis")
+    server = RedisServer(["--appendonly", "no", "--save", ""])
+    try:
+        server.start()
+    except ServerStartError:
+        server.close()
+        raise
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def fault_postgres_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL of our own for the proxy tests (fast settings: nothing here kills it)."""
+    need_local("postgres")
+    server = PostgresServer()
+    try:
+        server.start()
+    except ServerStartError:
+        server.close()
+        raise
+    yield server
+    server.close()
+
+
+def fault_redis_client(port: int, *, socket_timeout: float = SOCKET_TIMEOUT) -> Redis:
+    """A client that notices a dead or stalled connection and leaves retrying to statepact.
+
+    redis-py 8's defaults are a 5 s socket timeout and its own 10 retries of
+    every connection error or timeout, which would turn a stall into a minute
+    of silence before statepact's failover even starts counting.
+    """
+    return Redis(
+        host="127.0.0.1",
+        port=port,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=socket_timeout,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+@pytest.fixture
+async def redis_direct(fault_redis_server: RedisServer) -> AsyncIterator[Redis]:
+    """A client straight to the lane's Redis (no proxy), for checking what landed."""
+    client = fault_redis_client(fault_redis_server.port, socket_timeout=5.0)
+    try:
+        yield client
+    finally:
+        await client.aclose()
