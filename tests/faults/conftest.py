@@ -26,6 +26,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from statepact._retry import RetryPolicy
+from statepact.testing.cluster import LocalRedisCluster, cluster_unavailable_reason
 from statepact.testing.servers import (
     PostgresServer,
     RedisServer,
@@ -180,3 +181,21 @@ async def redis_direct(fault_redis_server: RedisServer) -> AsyncIterator[Redis]:
         yield client
     finally:
         await client.aclose()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalRedisCluster]:
+    """A real Redis Cluster (three masters, three replicas, AOF on), started once per session.
+
+    Startup is bounded (60 s); without redis-server and redis-cli the tests
+    that use it skip, or fail under STATEPACT_REQUIRE_SERVERS=1.
+    """
+    why = cluster_unavailable_reason()
+    if why is not None:
+        missing_server(why, os.environ)
+    cluster = LocalRedisCluster(masters=3, replicas=1, startup_timeout=60.0)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.close()
