@@ -1,0 +1,111 @@
+"""Every ```python block in docs/*.md runs: here the ones that need no server, on memory.
+
+A block that needs a server is marked on the line before its fence with
+``<!-- statepact-docs: needs redis -->`` (or ``postgres``, or ``redis, postgres``)
+and runs in ``tests/integration/test_cli_docs_examples.py`` against the test
+servers, with ``STATEPACT_REDIS_URL`` / ``STATEPACT_DATABASE_URL`` set. Each
+block is a whole program (it calls ``asyncio.run`` itself), run in a fresh
+namespace as ``__main__``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+SERVERS = frozenset({"redis", "postgres"})
+_MARKER = re.compile(r"^<!--\s*statepact-docs:\s*needs\s+(?P<needs>[a-z, ]+?)\s*-->$")
+# What makes a block need a server: importing its driver or backing, or starting one.
+_USES = {
+    "redis": re.compile(
+        r"^\s*(from|import)\s+(redis\b|statepact\.storage\.redis\b)|\bRedisServer\(", re.M
+    ),
+    "postgres": re.compile(
+        r"^\s*(from|import)\s+(sqlalchemy\b|asyncpg\b|statepact\.storage\.postgres\b)"
+        r"|\bPostgresServer\(",
+        re.M,
+    ),
+}
+_FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>```+|~~~+)\s*(?P<lang>[\w+-]*)")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One ```python block: where it is, its code, and the servers it needs."""
+
+    page: str
+    line: int
+    code: str
+    needs: frozenset[str]
+
+    @property
+    def id(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def examples(docs: Path = DOCS) -> list[Example]:
+    """Every ```python block of ``docs/*.md``, in page and line order."""
+    found: list[Example] = []
+    for page in sorted(docs.glob("*.md")):
+        lines = page.read_text(encoding="utf-8").splitlines()
+        i = 0
+        while i < len(lines):
+            opened = _FENCE.match(lines[i])
+            if opened is None:
+                i += 1
+                continue
+            fence, lang, start = opened.group("fence"), opened.group("lang"), i
+            body: list[str] = []
+            i += 1
+            while i < len(lines) and not lines[i].strip().startswith(fence):
+                body.append(lines[i])
+                i += 1
+            i += 1
+            if lang not in ("python", "py"):
+                continue
+            previous = next((lines[j] for j in range(start - 1, -1, -1) if lines[j].strip()), "")
+            marker = _MARKER.match(previous.strip())
+            needs = (
+                frozenset(n.strip() for n in marker.group("needs").split(",") if n.strip())
+                if marker
+                else frozenset()
+            )
+            found.append(Example(page.name, start + 1, "\n".join(body) + "\n", needs))
+    return found
+
+
+def run_example(example: Example) -> None:
+    """Run the block as a program of its own."""
+    code = compile(example.code, f"docs/{example.id}", "exec")
+    exec(code, {"__name__": "__main__"})
+
+
+ALL = examples()
+LOCAL = [e for e in ALL if not e.needs]
+
+
+def test_the_docs_have_examples_and_every_marker_is_known() -> None:
+    """Markers name only redis and postgres, and most examples need no server."""
+    assert len(ALL) >= 10
+    for example in ALL:
+        assert example.needs <= SERVERS, example.id
+    assert len(LOCAL) > len(ALL) // 2
+
+
+@pytest.mark.parametrize("example", ALL, ids=[e.id for e in ALL])
+def test_every_example_compiles_and_server_ones_are_marked(example: Example) -> None:
+    """A block that touches a server's backing says so; nothing else may import its driver."""
+    compile(example.code, f"docs/{example.id}", "exec")
+    for server, pattern in _USES.items():
+        if pattern.search(example.code):
+            assert server in example.needs, f"{example.id} uses {server} but is not marked"
+
+
+@pytest.mark.parametrize("example", LOCAL, ids=[e.id for e in LOCAL])
+def test_memory_example_runs(example: Example) -> None:
+    """The example runs to the end on the memory backings, its own asserts included."""
+    run_example(example)
