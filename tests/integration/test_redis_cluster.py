@@ -115,6 +115,21 @@ async def test_preflight_reads_every_primary(
     assert isinstance(await RedisStateStore.open(cluster_client), RedisStateStore)
 
 
+async def test_preflight_is_a_fresh_cluster_clients_first_call(
+    local_cluster: LocalRedisCluster,
+) -> None:
+    """A cluster client that has not met its nodes yet is still checked node by node."""
+    fresh = RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in local_cluster.startup_nodes]
+    )
+    try:
+        configs = await read_server_configs(fresh)
+        assert len(configs) == 3
+        await preflight(fresh)
+    finally:
+        await fresh.aclose()
+
+
 async def test_preflight_names_the_node_that_would_lose_data(
     cluster_client: RedisCluster, local_cluster: LocalRedisCluster
 ) -> None:

@@ -162,6 +162,8 @@ async def read_server_configs(redis: Any) -> list[ServerConfig]:
     get_primaries = getattr(redis, "get_primaries", None)
     if get_primaries is None:
         return [await _read_config(redis, "Redis")]
+    # A cluster client learns its nodes on first use; preflight may be that use.
+    await redis.initialize()
     configs = []
     for node in get_primaries():
         configs.append(await _read_config(redis, f"Redis node {node.name}", target_nodes=node))
@@ -171,7 +173,7 @@ async def read_server_configs(redis: Any) -> list[ServerConfig]:
 async def check(redis: Any, *, durable: bool, failover: Failover) -> None:
     """Preflight through a store's own failover (so a down server raises its error)."""
     configs = await failover.run("preflight", lambda: read_server_configs(redis))
-    reasons: list[str] = []
+    reasons: list[str] = [] if configs else ["the cluster client knows no primary node to check"]
     for config in configs:
         prefix = "" if len(configs) == 1 else f"{config.server}: "
         reasons.extend(prefix + reason for reason in refusals(config, durable=durable))
