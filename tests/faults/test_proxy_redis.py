@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -311,3 +312,76 @@ async def test_blackhole_then_heal_recovers_without_a_new_client(
     found = await store.get_run("acme", "r1")
     assert found is not None
     assert found.version == 1
+
+
+# -- a retry that waited while others wrote --------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "redis lua/_common.lua remembers only the last OP_RING=4 call ids per record: a patch "
+        "whose reply was lost, retried by the failover after more than four other calls "
+        "changed the same run, is applied a second time"
+    ),
+)
+async def test_patch_retried_after_others_wrote_is_applied_once(
+    proxy: FaultProxy,
+    proxied: Redis,
+    redis_direct: Redis,
+    clock: ManualClock,
+) -> None:
+    """A patch cut after it applied, whose failover retry comes after five other patches of the
+    same run landed, is still counted once."""
+    settings = RedisStoreSettings(
+        namespace=_prefix(), failover_attempts=10, failover_base_delay=0.05, failover_max_delay=0.2
+    )
+    store = RedisStateStore(proxied, clock=clock, settings=settings)
+    other = RedisStateStore(redis_direct, clock=clock, settings=settings)
+    await store.put_run(RunRecord(tenant="acme", run_id="r1"))
+    await store.patch_run("acme", "r1")  # loads the script: the cut meets the patch itself
+    # Cut after the patch applied, and keep the failover's retries out until healed.
+    armed = proxy.cut_after_reply(b"$1\r\n7\r\n" + b"$1\r\n0\r\n" * 4, then="refuse")
+    patch = asyncio.create_task(store.patch_run("acme", "r1", input_tokens=7))
+    await armed.wait(2.0)
+    for _ in range(5):
+        await other.patch_run("acme", "r1", output_tokens=1)
+    proxy.heal()
+    await asyncio.wait_for(patch, 10.0)
+    found = await other.get_run("acme", "r1")
+    assert found is not None
+    assert found.output_tokens == 5
+    assert found.input_tokens == 7
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "redis lua/_common.lua OP_RING=4: a create (put_run at version 0) whose reply was lost, "
+        "retried after more than four other calls changed the run, is reported to its caller "
+        "as StateConflictError(expected=0) although it was applied"
+    ),
+)
+async def test_create_retried_after_others_wrote_reports_success(
+    proxy: FaultProxy,
+    proxied: Redis,
+    redis_direct: Redis,
+    clock: ManualClock,
+) -> None:
+    """A create cut after it applied, retried after five patches of the run, returns the run."""
+    settings = RedisStoreSettings(
+        namespace=_prefix(), failover_attempts=10, failover_base_delay=0.05, failover_max_delay=0.2
+    )
+    store = RedisStateStore(proxied, clock=clock, settings=settings)
+    other = RedisStateStore(redis_direct, clock=clock, settings=settings)
+    await store.put_run(RunRecord(tenant="acme", run_id="warm-up"))  # loads the script
+    armed = proxy.cut_after_reply(b"created-by-me", then="refuse")
+    put = asyncio.create_task(
+        store.put_run(RunRecord(tenant="acme", run_id="r1", data={"who": "created-by-me"}))
+    )
+    await armed.wait(2.0)
+    for _ in range(5):
+        await other.patch_run("acme", "r1", iterations=1)
+    proxy.heal()
+    stored = await asyncio.wait_for(put, 10.0)
+    assert stored.data == {"who": "created-by-me"}

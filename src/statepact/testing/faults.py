@@ -93,6 +93,7 @@ class ArmedCut:
     """
 
     markers: tuple[bytes, ...]
+    then: ProxyMode | None = None
     fired: asyncio.Event = field(default_factory=asyncio.Event)
     swallowed: bytes = b""
     connection: int | None = None
@@ -278,16 +279,19 @@ class FaultProxy:
             self._cut_link(link)
         return len(links)
 
-    def cut_after_reply(self, *markers: bytes) -> ArmedCut:
+    def cut_after_reply(self, *markers: bytes, then: ProxyMode | None = None) -> ArmedCut:
         """Arm a one-shot ambiguous-commit cut.
 
         The first connection whose client bytes contain every marker, in
         order, has the request carrying the last marker forwarded; the
         server's next bytes on that connection (its reply) are swallowed and
         the connection is cut. With no markers, the next request on any
-        connection is the one. Replaces a cut that is armed and has not fired.
+        connection is the one. ``then`` switches the proxy to that mode in the
+        same instant (``"refuse"`` keeps a client's retry out until
+        :meth:`heal`, so a test can change the server in between). Replaces a
+        cut that is armed and has not fired.
         """
-        armed = ArmedCut(tuple(markers))
+        armed = ArmedCut(tuple(markers), then=then)
         for link in self._links.values():
             link.matched, link.tail = 0, b""
         self._armed = armed
@@ -432,6 +436,8 @@ class FaultProxy:
                     armed.swallowed = data
                     self.stats.bytes_dropped += len(data)
                     self._cut_link(link)
+                    if armed.then is not None:
+                        self._set_mode(armed.then)
                     armed.fired.set()
                     return
                 if not await self._hold():
