@@ -549,7 +549,43 @@ async def _redis_floor(redis: Any, kind: str, tag: str) -> Callable[[int, int], 
 async def _postgres_floor(
     engine: Any, kind: str, tag: str
 ) -> Callable[[int, int], Awaitable[object]]:
-    raise CommandError("postgres floors are not wired yet")
+    """A raw ``SELECT 1`` (reads) or a one-row ``UPDATE`` (writes) on the backing's own engine.
+
+    Both run in AUTOCOMMIT, so each is one round trip (no BEGIN, no COMMIT), and
+    each caller updates its own row, so the writes never wait on each other. The
+    table lives in the bench's own schema (first on ``search_path``), which is
+    dropped with everything else at the end.
+    """
+    from sqlalchemy import text
+
+    del tag
+    if kind == "read":
+        statement = text("SELECT 1")
+
+        async def select_one(_caller: int, _i: int) -> None:
+            async with engine.connect() as conn:
+                auto = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                await auto.execute(statement)
+
+        return select_one
+    async with engine.begin() as conn:
+        await conn.execute(
+            text("CREATE TABLE IF NOT EXISTS bench_floor (id integer PRIMARY KEY, n bigint)")
+        )
+        await conn.execute(
+            text(
+                "INSERT INTO bench_floor (id, n) SELECT g, 0 FROM generate_series(0, 999) g "
+                "ON CONFLICT DO NOTHING"
+            )
+        )
+    update = text("UPDATE bench_floor SET n = n + 1 WHERE id = :id")
+
+    async def update_row(caller: int, _i: int) -> None:
+        async with engine.connect() as conn:
+            auto = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            await auto.execute(update, {"id": caller % 1000})
+
+    return update_row
 
 
 def steps_per_backing(params: BenchParams) -> int:

@@ -280,12 +280,101 @@ async def _redis_backings(
         await client.aclose()
 
 
+#: The statement timeout the CLI's own connections carry (verify() refuses none).
+CLI_STATEMENT_TIMEOUT_MS = 30_000
+
+
 @asynccontextmanager
 async def _postgres_backings(
     url: str, *, clock: Clock, policy: QueuePolicy, tag: str, notes: TextIO
 ) -> AsyncIterator[Backings]:
-    raise CommandError("the PostgreSQL backing is not wired into the CLI yet")
-    yield  # pragma: no cover
+    """Everything in a PostgreSQL schema of its own, built by the packaged migrations.
+
+    The schema is first on the connections' ``search_path``, so the tables, the
+    commit functions and Alembic's version table all land there, and dropping it
+    (``CASCADE``) removes every trace of the run.
+    """
+    from sqlalchemy import exc as sa_exc
+    from sqlalchemy import pool, text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from statepact.settings import PostgresStoreSettings
+    from statepact.storage.postgres import (
+        PostgresStateStore,
+        PostgresWorkQueue,
+        create_engine,
+        migrate,
+    )
+    from statepact.storage.postgres.backend import PostgresBackend
+
+    where = redact_dsn(url)
+    try:
+        parsed = make_url(url)
+    except sa_exc.ArgumentError as exc:
+        raise CommandError(
+            f"--postgres {where!r} is not a database URL; use "
+            "postgresql://user[:password]@host:port/database"
+        ) from exc
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+asyncpg")
+    plain = parsed.render_as_string(hide_password=False)
+    admin = create_async_engine(plain, poolclass=pool.NullPool)
+    quoted = f'"{tag}"'  # tag is [a-z0-9_] only: safe to quote as an identifier
+    try:
+        try:
+            async with admin.begin() as conn:
+                await conn.execute(text(f"CREATE SCHEMA {quoted}"))
+        except (sa_exc.SQLAlchemyError, OSError) as exc:
+            raise CommandError(
+                f"cannot create a scratch schema on PostgreSQL at {where}: "
+                f"{type(exc).__name__}: {_first_line(exc)}; check the URL, that the server is "
+                "running, and that the user may CREATE SCHEMA in that database"
+            ) from exc
+        settings = PostgresStoreSettings(dsn=plain, pool_size=50, pool_timeout=30.0)
+        engine = create_engine(
+            settings,
+            connect_args={
+                "server_settings": {
+                    "search_path": tag,
+                    "statement_timeout": str(CLI_STATEMENT_TIMEOUT_MS),
+                }
+            },
+        )
+        try:
+            await migrate.upgrade(engine)
+            backend = PostgresBackend(engine, clock=clock)
+            manager = TransactionManager(backend, clock=clock)
+
+            async def new_queue(name: str, queue_policy: QueuePolicy) -> WorkQueue:
+                return await PostgresWorkQueue.open(
+                    engine,
+                    clock=clock,
+                    settings=settings.model_copy(update={"queue_name": name}),
+                    policy=queue_policy,
+                )
+
+            yield Backings(
+                kind="postgres",
+                where=f"PostgreSQL at {where}, schema {tag!r}",
+                state=await PostgresStateStore.open(engine, clock=clock, settings=settings),
+                queue=await new_queue("default", policy),
+                manager=manager,
+                clock=clock,
+                new_queue=new_queue,
+                raw=engine,
+            )
+        finally:
+            await engine.dispose()
+            async with admin.begin() as conn:
+                await conn.execute(text(f"DROP SCHEMA IF EXISTS {quoted} CASCADE"))
+    finally:
+        await admin.dispose()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc)
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
 
 
 async def _delete_redis_namespace(client: Any, tag: str) -> None:
