@@ -1,0 +1,34 @@
+"""The PostgreSQL backings: SQLAlchemy Core (async, asyncpg) with Alembic migrations.
+
+- :class:`PostgresStateStore` and :class:`PostgresWorkQueue` (the ``StateStore``
+  and ``WorkQueue`` protocols); ``bound(session)`` runs either inside a
+  transaction the caller opened, so a state change and the work it queued
+  commit together or not at all.
+- :data:`metadata` (one ``MetaData`` with every table), :data:`EXPECTED_SCHEMA`
+  derived from it, and :class:`StateTables` (table names, plain identifiers only).
+- :func:`verify` (what ``open()`` runs) and ``statepact.storage.postgres.migrate``
+  (``upgrade``/``downgrade``/``current``/``check``, the same revisions as
+  ``statepact db``).
+
+Importing this package imports SQLAlchemy (and asyncpg when a connection is
+made), never Alembic: that is loaded only by the migration helpers. Nothing
+here creates or alters a table at import or at ``open()``.
+"""
+
+from statepact.settings import PostgresStoreSettings
+from statepact.storage.postgres._client import create_engine
+from statepact.storage.postgres.queue import PostgresWorkQueue
+from statepact.storage.postgres.schema import EXPECTED_SCHEMA, StateTables, metadata
+from statepact.storage.postgres.state import PostgresStateStore
+from statepact.storage.postgres.verify import verify
+
+__all__ = [
+    "EXPECTED_SCHEMA",
+    "PostgresStateStore",
+    "PostgresStoreSettings",
+    "PostgresWorkQueue",
+    "StateTables",
+    "create_engine",
+    "metadata",
+    "verify",
+]

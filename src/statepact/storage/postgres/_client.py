@@ -1,0 +1,351 @@
+"""The PostgreSQL boundary: every statement the stores run goes through an executor here.
+
+Two executors, one contract (``await executor.run(work, ...)`` where ``work``
+takes something with SQLAlchemy's async ``execute``):
+
+- :class:`EngineExecutor` owns its connections: it checks one out of an
+  ``AsyncEngine`` (in AUTOCOMMIT, so a one-statement call is one round trip:
+  no BEGIN, no COMMIT) or serialises calls on an ``AsyncConnection`` it was
+  given (each call in its own transaction there), and waits out a failover with
+  the one retry policy (``statepact._retry.call_with_failover``).
+- :class:`BoundExecutor` runs inside a transaction the caller opened (an
+  ``AsyncSession`` or ``AsyncConnection``): it never begins, commits, rolls back
+  or retries anything: a failed statement has poisoned the caller's
+  transaction, and retrying inside it would only fail again.
+
+Error translation (driver exceptions never get past this module):
+
+- connection errors (refused, reset, closed, admin shutdown, ``08xxx``,
+  ``57P01-03``, too many connections) are transient. A call is retried only if
+  it is safe: it is idempotent (a read, an enqueue), or the error came before
+  its statement could reach the server (while checking out a connection).
+  Past the budget, or when retrying is not safe, ``StatePersistenceError(
+  reason="unavailable")`` for state, ``QueueUnavailableError`` for the queue;
+- deadlock (``40P01``) and serialization failure (``40001``) abort the statement
+  without applying anything, so an owned single-statement call retries them
+  too; bound, they are ``DeadlockError`` / ``ConflictError`` for the caller's
+  transaction to retry;
+- SQLAlchemy's pool ``TimeoutError`` is ``PoolExhaustedError`` at once;
+- a missing table or column is ``SchemaVersionError`` (run the migrations);
+- anything else is the unavailable error at once, with the SQLSTATE.
+
+Messages name the error type and the SQLSTATE, never the URL or a password.
+This module must never retry a call whose statement may have reached the
+server unless the call is idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Result, make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.sql import Executable
+
+from statepact._retry import RetryPolicy, call_with_failover
+from statepact.errors import (
+    ConflictError,
+    DeadlockError,
+    PoolExhaustedError,
+    SchemaVersionError,
+    StatepactError,
+)
+from statepact.settings import PostgresStoreSettings
+
+__all__ = [
+    "BoundExecutor",
+    "EngineExecutor",
+    "Executor",
+    "Runner",
+    "create_engine",
+    "is_connection_error",
+    "sqlstate_of",
+]
+
+T = TypeVar("T")
+
+# Connection exceptions (class 08), and operator intervention that ends sessions.
+_CONNECTION_STATES = frozenset({"57P01", "57P02", "57P03", "53300", "08000", "08001", "08003"})
+_ROLLED_BACK_STATES = frozenset({"40001", "40P01"})
+_SCHEMA_STATES = frozenset({"42P01", "42703", "42883", "3F000"})
+
+
+class Runner(Protocol):
+    """What a statement function runs against: an ``AsyncConnection`` or an ``AsyncSession``."""
+
+    async def execute(self, statement: Executable, parameters: Any = None) -> Result[Any]: ...
+
+
+Work = Callable[[Runner], Awaitable[T]]
+
+
+def sqlstate_of(exc: BaseException) -> str | None:
+    """The SQLSTATE of a driver error, looking through SQLAlchemy's and the adapter's wrappers."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        state = getattr(current, "sqlstate", None) or getattr(current, "pgcode", None)
+        if isinstance(state, str) and state:
+            return state
+        nested = getattr(current, "orig", None)
+        current = nested if isinstance(nested, BaseException) else current.__cause__
+    return None
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in out:
+        out.append(current)
+        nested = getattr(current, "orig", None)
+        current = nested if isinstance(nested, BaseException) else current.__cause__
+    return out
+
+
+def is_pool_exhausted(exc: BaseException) -> bool:
+    return isinstance(exc, sa_exc.TimeoutError)
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """Whether the error says the server could not be reached or the session was lost."""
+    if is_pool_exhausted(exc):
+        return False
+    if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    state = sqlstate_of(exc)
+    if state is not None:
+        return state in _CONNECTION_STATES or state.startswith("08")
+    for link in _chain(exc):
+        if isinstance(link, ConnectionError | OSError | asyncio.TimeoutError | TimeoutError):
+            return True
+        name = type(link).__name__
+        # asyncpg's client-side "connection is closed" / "connection was closed in
+        # the middle of operation" carry no SQLSTATE.
+        if name in ("ConnectionDoesNotExistError", "InterfaceError") and "closed" in str(link):
+            return True
+    return False
+
+
+def is_rolled_back(exc: BaseException) -> bool:
+    """A deadlock or serialization failure: the server aborted the statement, nothing applied."""
+    return sqlstate_of(exc) in _ROLLED_BACK_STATES
+
+
+def _describe(exc: BaseException) -> str:
+    state = sqlstate_of(exc)
+    root = _chain(exc)[-1]
+    return f"{type(root).__name__}" + (f", SQLSTATE {state}" if state else "")
+
+
+class _Failures:
+    """How one store names its failures: state and queue raise different public errors."""
+
+    def __init__(self, unavailable: Callable[[str], StatepactError], what: str) -> None:
+        self.unavailable = unavailable
+        self.what = what
+
+    def give_up(self, exc: BaseException, attempts: int) -> StatepactError:
+        return self.unavailable(
+            f"PostgreSQL {self.what}: the server stayed unreachable after {attempts} "
+            f"attempt(s) ({_describe(exc)}); retry later"
+        )
+
+    def unknown_outcome(self, exc: BaseException) -> StatepactError:
+        return self.unavailable(
+            f"PostgreSQL {self.what}: the connection was lost while the statement was in "
+            f"flight ({_describe(exc)}); it may or may not have been applied, so it was "
+            "not retried"
+        )
+
+    def translate(self, exc: BaseException, *, bound: bool) -> StatepactError | None:
+        if isinstance(exc, StatepactError):
+            return None
+        if is_pool_exhausted(exc):
+            return PoolExhaustedError(
+                f"PostgreSQL {self.what}: no pooled connection was free within the pool "
+                "timeout; the server is fine, this process is over-subscribed: size the pool "
+                "to the worker count"
+            )
+        state = sqlstate_of(exc)
+        if state == "40P01":
+            return DeadlockError(resource=self.what, key="(statement)")
+        if state == "40001":
+            return ConflictError(
+                f"PostgreSQL {self.what}: the transaction could not be serialized "
+                "(SQLSTATE 40001); retry it"
+            )
+        if state in _SCHEMA_STATES:
+            return SchemaVersionError(
+                f"PostgreSQL {self.what}: a table, column or function statepact reads is "
+                f"missing (SQLSTATE {state}); run `statepact db upgrade`"
+            )
+        if state == "57014":
+            return self.unavailable(
+                f"PostgreSQL {self.what}: the statement was cancelled (statement_timeout or "
+                "an operator); nothing was applied"
+            )
+        if is_connection_error(exc):
+            return (
+                self.unavailable(
+                    f"PostgreSQL {self.what}: the connection failed inside the caller's "
+                    f"transaction ({_describe(exc)}); roll it back and retry it"
+                )
+                if bound
+                else self.unknown_outcome(exc)
+            )
+        if isinstance(exc, sa_exc.SQLAlchemyError) or state is not None:
+            return self.unavailable(
+                f"PostgreSQL {self.what}: the server refused ({_describe(exc)})"
+            )
+        return None
+
+
+class Executor(Protocol):
+    @property
+    def bound(self) -> bool: ...
+
+    async def run(self, work: Work[T], *, idempotent: bool) -> T: ...
+
+
+class EngineExecutor:
+    """Owns its connections: AUTOCOMMIT checkouts from an engine, with failover."""
+
+    bound = False
+
+    def __init__(
+        self,
+        target: AsyncEngine | AsyncConnection,
+        *,
+        policy: RetryPolicy,
+        unavailable: Callable[[str], StatepactError],
+        what: str,
+    ) -> None:
+        self._policy = policy
+        self._failures = _Failures(unavailable, what)
+        self._lock: asyncio.Lock | None = None
+        if isinstance(target, AsyncEngine):
+            # One statement per call runs in its own implicit transaction: one round
+            # trip instead of BEGIN + statement + COMMIT.
+            self._engine: AsyncEngine | None = target.execution_options(
+                isolation_level="AUTOCOMMIT"
+            )
+            self._connection: AsyncConnection | None = None
+        elif isinstance(target, AsyncConnection):
+            self._engine = None
+            self._connection = target
+            # One connection runs one statement at a time.
+            self._lock = asyncio.Lock()
+        else:
+            raise TypeError(
+                "engine: must be an SQLAlchemy AsyncEngine or AsyncConnection, "
+                f"got {type(target).__name__}"
+            )
+
+    @property
+    def engine(self) -> AsyncEngine | AsyncConnection:
+        target = self._engine if self._engine is not None else self._connection
+        assert target is not None
+        return target
+
+    async def run(self, work: Work[T], *, idempotent: bool) -> T:
+        sent = False
+
+        async def attempt() -> T:
+            nonlocal sent
+            sent = False
+            if self._engine is not None:
+                async with self._engine.connect() as conn:
+                    sent = True
+                    return await work(conn)
+            assert self._connection is not None and self._lock is not None
+            async with self._lock:
+                conn = self._connection
+                if conn.in_transaction():
+                    raise ValueError(
+                        "engine: the AsyncConnection is inside a transaction; commit it "
+                        "first, or use bound(connection) to run inside that transaction"
+                    )
+                async with conn.begin():
+                    sent = True
+                    return await work(conn)
+
+        def transient(exc: BaseException) -> bool:
+            if is_rolled_back(exc):
+                return True
+            return is_connection_error(exc) and (idempotent or not sent)
+
+        def translate(exc: BaseException) -> StatepactError | None:
+            return self._failures.translate(exc, bound=False)
+
+        def give_up(exc: BaseException) -> StatepactError:
+            if is_rolled_back(exc):
+                public = self._failures.translate(exc, bound=False)
+                assert public is not None
+                return public
+            return self._failures.give_up(exc, self._policy.attempts)
+
+        return await call_with_failover(
+            attempt,
+            policy=self._policy,
+            is_transient=transient,
+            give_up=give_up,
+            translate=translate,
+        )
+
+
+class BoundExecutor:
+    """Runs inside the caller's open transaction; translates errors, retries nothing."""
+
+    bound = True
+
+    def __init__(
+        self,
+        target: AsyncSession | AsyncConnection,
+        *,
+        unavailable: Callable[[str], StatepactError],
+        what: str,
+    ) -> None:
+        if not isinstance(target, AsyncSession | AsyncConnection):
+            raise TypeError(
+                "session: must be an SQLAlchemy AsyncSession or AsyncConnection whose "
+                f"transaction the caller opened, got {type(target).__name__}"
+            )
+        self._target = target
+        self._failures = _Failures(unavailable, what)
+
+    async def run(self, work: Work[T], *, idempotent: bool) -> T:
+        try:
+            return await work(self._target)
+        except StatepactError:
+            raise
+        except Exception as exc:
+            public = self._failures.translate(exc, bound=True)
+            if public is None:
+                raise
+            raise public from exc
+
+
+def create_engine(settings: PostgresStoreSettings, **engine_kwargs: Any) -> AsyncEngine:
+    """An ``AsyncEngine`` sized by ``settings``: pool, overflow and the pool timeout.
+
+    ``pool_pre_ping`` is on, so a connection the server dropped is replaced at
+    checkout instead of failing the first statement (which, for a write, could
+    not be retried safely). Extra keyword arguments go to ``create_async_engine``.
+    """
+    if settings.dsn is None:
+        raise ValueError("dsn: PostgresStoreSettings.dsn is needed to create an engine")
+    url = make_url(settings.dsn.get_secret_value())
+    if url.drivername in ("postgresql", "postgres"):
+        url = url.set(drivername="postgresql+asyncpg")
+    options: dict[str, Any] = {
+        "pool_size": settings.pool_size,
+        "max_overflow": settings.max_overflow,
+        "pool_timeout": settings.pool_timeout,
+        "pool_pre_ping": True,
+    }
+    options.update(engine_kwargs)
+    return create_async_engine(url, **options)

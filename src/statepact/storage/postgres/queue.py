@@ -1,0 +1,823 @@
+"""``PostgresWorkQueue``: work items in ``adk_work``, the tenant rotation in ``adk_queue_turns``.
+
+It implements only the ``_``-methods of :class:`~statepact.queue.BaseWorkQueue`
+(the front validated, encoded, read the clock and asked ``QueuePolicy``), with
+the semantics of the memory reference (``storage/memory/queue.py``). Every
+statement is a small function of Core expressions built once per table naming.
+
+The claim is ONE statement (one round trip on an engine):
+
+1. ``rotation``: the tenants that may have due work, in turn order
+   ``(last_turn, tenant)``, walked lazily by a recursive CTE: each step is one
+   LIMIT-1 probe of the ``ready`` index (queued work that was due when last
+   written) and one of the ``waking`` index (all work was delayed, and the
+   earliest delay has passed since). Tenants with nothing queued are in
+   neither index, so the claim never looks at idle tenants; and it stops at the
+   first tenant that yields an item, so it does not read the tenants behind it.
+2. ``picked``: for each tenant in that order, a LATERAL probe of its best due
+   item (``priority DESC, id``: the claim index) ``FOR UPDATE SKIP LOCKED``;
+   the first tenant that yields one wins, and only that row is locked. Every
+   predicate (queue, tenant, status, due) is on the locked relation itself, as
+   in River's ``JobGetAvailable``: under READ COMMITTED, PostgreSQL re-checks
+   them against the newest row version when the row was claimed and committed
+   underneath us, so two workers can never take one item. No window function,
+   no scan of the backlog.
+3. ``claimed``: the item becomes ``leased``, ``attempts + 1``, a new token from
+   the sequence.
+4. ``turn``: the tenant goes to the back (``last_turn`` = the claim's token),
+   ``queued - 1``, and ``next_due_at`` becomes the earliest queued item but
+   this one in our snapshot. That may count items other workers are claiming
+   right now (too early: harmless, the next claim of the tenant corrects it);
+   it misses items put back in the queue after our snapshot, but their writers
+   bumped ``additions``, and when it moved the old bound is kept (``LEAST``).
+   So ``next_due_at`` is never later than the truth: no item is stranded.
+   (Locking the rows read here would hide them from concurrent claims.)
+
+Claims lock one ``adk_work`` row, then one ``adk_queue_turns`` row; every
+settle and enqueue writes in the same order (item, then turn), and the
+multi-row writes (reap) take turns rows in ``(queue, tenant)`` order, so claims
+and settles cannot deadlock each other.
+
+Round trips on an engine: ``enqueue`` 1 (2 when the item already exists),
+``claim`` 1, ``claim_batch`` one per item plus one that finds nothing (at
+most ``limit``), ``heartbeat``/``ack``/``fail``/``release`` 1, ``requeue`` 1
+(2 when refused), ``reap`` 1 per 500 expired leases plus one, ``get_item``,
+``dead_letters``, ``stats`` 1.
+
+This module must never read the server's clock, never use a window function
+or a scan of the backlog in a claim, and never retry inside a caller's
+transaction (``bound``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Self
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Integer,
+    Select,
+    Table,
+    Text,
+    Update,
+    bindparam,
+    case,
+    cast,
+    func,
+    literal_column,
+    null,
+    select,
+    true,
+    tuple_,
+    union_all,
+    update,
+)
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.selectable import CTE
+
+from statepact._codec import decode_json
+from statepact.clock import Clock
+from statepact.errors import LeaseLostError, QueueUnavailableError
+from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem
+from statepact.queue import BaseWorkQueue, FailOutcome, QueuePolicy
+from statepact.settings import PostgresStoreSettings
+from statepact.storage.postgres._client import BoundExecutor, EngineExecutor, Executor, Runner
+from statepact.storage.postgres.schema import StateTables, Tables, tables_for
+
+__all__ = ["PostgresWorkQueue"]
+
+LEASE_EXPIRED = "lease expired"
+REAP_BATCH = 500
+_TZ = DateTime(timezone=True)
+
+# Status constants are rendered as SQL literals, not bound: the planner matches
+# a partial index (WHERE status = 'queued') only against a constant.
+QUEUED: ColumnElement[str] = literal_column("'queued'")
+LEASED: ColumnElement[str] = literal_column("'leased'")
+DONE: ColumnElement[str] = literal_column("'done'")
+DEAD: ColumnElement[str] = literal_column("'dead'")
+# A constant LIMIT, so a generic plan of the prepared claim knows it is one row.
+_ONE = literal_column("1", Integer)
+
+
+def _p(name: str, type_: Any = None) -> Any:
+    return bindparam(f"p_{name}", type_=type_)
+
+
+def _item_columns(work: Table, source: Any = None) -> list[ColumnElement[Any]]:
+    """The columns a ``WorkItem`` and a ``Lease`` need, the payload as its exact text."""
+    source = work if source is None else source
+    names = (
+        "queue",
+        "tenant",
+        "item_id",
+        "priority",
+        "available_at",
+        "attempts",
+        "status",
+        "last_error",
+        "created_at",
+        "updated_at",
+        "token",
+        "expires_at",
+    )
+    return [cast(source.c.payload, Text).label("payload"), *(source.c[name] for name in names)]
+
+
+def _item_key(work: Table) -> list[ColumnElement[bool]]:
+    return [
+        work.c.queue == _p("queue"),
+        work.c.tenant == _p("tenant"),
+        work.c.item_id == _p("item_id"),
+    ]
+
+
+def _fenced(work: Table) -> list[ColumnElement[bool]]:
+    """The item is leased under exactly the lease's token."""
+    return [*_item_key(work), work.c.status == LEASED, work.c.token == _p("token", BigInteger())]
+
+
+def _turn_added(turns: Table, source: CTE, *, grouped: bool) -> Any:
+    """Upsert the turns rows of the items ``source`` put (back) in the queue.
+
+    ``queued`` grows by their number, ``next_due_at`` can only move earlier
+    (``LEAST``), ``checked_at`` only later, and ``additions`` counts the change
+    so a concurrent claim can tell its snapshot missed it. Rows are written in
+    ``(queue, tenant)`` order.
+    """
+    added = source.c.status == QUEUED
+    if grouped:
+        rows = (
+            select(
+                source.c.queue,
+                source.c.tenant,
+                literal_column("0", BigInteger),
+                func.count().cast(BigInteger),
+                func.min(source.c.available_at),
+                _p("now", _TZ),
+                func.count().cast(BigInteger),
+            )
+            .where(added)
+            .group_by(source.c.queue, source.c.tenant)
+            .order_by(source.c.queue, source.c.tenant)
+        )
+    else:
+        rows = select(
+            source.c.queue,
+            source.c.tenant,
+            literal_column("0", BigInteger),
+            literal_column("1", BigInteger),
+            source.c.available_at,
+            _p("now", _TZ),
+            literal_column("1", BigInteger),
+        ).where(added)
+    statement = pg_insert(turns).from_select(
+        ["queue", "tenant", "last_turn", "queued", "next_due_at", "checked_at", "additions"], rows
+    )
+    return statement.on_conflict_do_update(
+        index_elements=[turns.c.queue, turns.c.tenant],
+        set_={
+            "queued": turns.c.queued + statement.excluded.queued,
+            "next_due_at": func.least(turns.c.next_due_at, statement.excluded.next_due_at),
+            "checked_at": func.greatest(turns.c.checked_at, statement.excluded.checked_at),
+            "additions": turns.c.additions + statement.excluded.additions,
+        },
+    )
+
+
+# -- statements --------------------------------------------------------------
+
+
+def enqueue(tables: Tables) -> Select[Any]:
+    """Insert the item unless ``(queue, tenant, item_id)`` exists, and wake its tenant."""
+    work, turns = tables.work, tables.queue_turns
+    inserted = (
+        pg_insert(work)
+        .values(
+            queue=_p("queue"),
+            tenant=_p("tenant"),
+            item_id=_p("item_id"),
+            payload=cast(_p("payload", Text()), JSON),
+            priority=_p("priority", Integer()),
+            status=QUEUED,
+            attempts=0,
+            available_at=_p("available_at", _TZ),
+            created_at=_p("now", _TZ),
+            updated_at=_p("now", _TZ),
+        )
+        .on_conflict_do_nothing(index_elements=[work.c.queue, work.c.tenant, work.c.item_id])
+        .returning(work.c.queue, work.c.tenant, work.c.available_at, work.c.status)
+        .cte("inserted")
+    )
+    woken = _turn_added(turns, inserted, grouped=False).cte("woken")
+    return select(func.count()).select_from(inserted).add_cte(woken)
+
+
+def _next_turn(turns: Table, after: Any = None) -> Select[Any]:
+    """The first tenant in turn order ``(last_turn, tenant)`` after ``after`` that may have work.
+
+    Two index probes, each LIMIT 1: the ``ready`` index in order, and the
+    ``waking`` tenants whose delayed work has come due (few: any write to the
+    tenant moves it to ``ready``), the earlier of the two winning.
+    """
+    columns = (turns.c.tenant, turns.c.last_turn, turns.c.additions)
+    past: list[ColumnElement[bool]] = []
+    if after is not None:
+        past.append(
+            tuple_(turns.c.last_turn, turns.c.tenant) > tuple_(after.c.last_turn, after.c.tenant)
+        )
+    ready = (
+        select(*columns)
+        .where(
+            turns.c.queue == _p("queue"),
+            turns.c.queued > 0,
+            turns.c.next_due_at <= turns.c.checked_at,
+            *past,
+        )
+        .order_by(turns.c.last_turn, turns.c.tenant)
+        .limit(_ONE)
+    )
+    waking = (
+        select(*columns)
+        .where(
+            turns.c.queue == _p("queue"),
+            turns.c.queued > 0,
+            turns.c.next_due_at > turns.c.checked_at,
+            turns.c.next_due_at <= _p("now", _TZ),
+            *past,
+        )
+        .order_by(turns.c.last_turn, turns.c.tenant)
+        .limit(_ONE)
+    )
+    if after is not None:
+        # The previous tenant comes from the enclosing walk, not a FROM of its own.
+        ready, waking = ready.correlate(after), waking.correlate(after)
+    both = union_all(ready, waking).subquery("candidates")
+    return (
+        select(both.c.tenant, both.c.last_turn, both.c.additions)
+        .order_by(both.c.last_turn, both.c.tenant)
+        .limit(_ONE)
+    )
+
+
+def rotation(turns: Table) -> CTE:
+    """Tenants that may have due work, served longest ago first (ties: tenant, byte order).
+
+    A recursive walk, one index probe per tenant, read lazily: the claim pulls
+    tenants only until one yields an item, so its cost does not grow with the
+    number of tenants waiting behind that one.
+    """
+    walk = _next_turn(turns).cte("rotation", recursive=True)
+    previous = walk.alias("previous")
+    step = _next_turn(turns, after=previous).lateral("step")
+    return walk.union_all(
+        select(step.c.tenant, step.c.last_turn, step.c.additions).select_from(
+            previous.join(step, true())
+        )
+    )
+
+
+def claim(tables: Tables) -> Select[Any]:
+    """Lease the best due item of the tenant served longest ago, and send that tenant back."""
+    work, turns = tables.work, tables.queue_turns
+    order = rotation(turns)
+    candidate = work.alias("candidate")
+    best = (
+        select(candidate.c.id)
+        .where(
+            candidate.c.queue == _p("queue"),
+            candidate.c.tenant == order.c.tenant,
+            candidate.c.status == QUEUED,
+            candidate.c.available_at <= _p("now", _TZ),
+        )
+        .order_by(candidate.c.priority.desc(), candidate.c.id)
+        .limit(_ONE)
+        .with_for_update(skip_locked=True)
+        .lateral("best")
+    )
+    # No ORDER BY here: the rotation's order drives the nested loop, and LIMIT 1
+    # stops it at the first tenant whose probe locked an item.
+    picked = (
+        select(best.c.id, order.c.additions)
+        .select_from(order.join(best, true()))
+        .limit(_ONE)
+        .cte("picked")
+    )
+    claimed = (
+        update(work)
+        .where(work.c.id == picked.c.id, work.c.status == QUEUED)
+        .values(
+            status=LEASED,
+            attempts=work.c.attempts + 1,
+            token=tables.token_seq.next_value(),
+            worker_id=_p("worker"),
+            expires_at=_p("expires_at", _TZ),
+            updated_at=_p("now", _TZ),
+        )
+        .returning(*_item_columns(work), work.c.id, picked.c.additions.label("seen_additions"))
+        .cte("claimed")
+    )
+    rest = work.alias("rest")
+    next_due = (
+        select(rest.c.available_at)
+        .where(
+            rest.c.queue == turns.c.queue,
+            rest.c.tenant == turns.c.tenant,
+            rest.c.status == QUEUED,
+            rest.c.id != claimed.c.id,
+        )
+        .order_by(rest.c.available_at)
+        .limit(_ONE)
+        .scalar_subquery()
+    )
+    turn = (
+        update(turns)
+        .where(turns.c.queue == claimed.c.queue, turns.c.tenant == claimed.c.tenant)
+        .values(
+            last_turn=claimed.c.token,
+            queued=turns.c.queued - 1,
+            # LEAST ignores NULL: keep the old bound only when an addition raced us.
+            next_due_at=func.least(
+                next_due,
+                case(
+                    (turns.c.additions == claimed.c.seen_additions, null()),
+                    else_=turns.c.next_due_at,
+                ),
+            ),
+            checked_at=func.greatest(turns.c.checked_at, _p("now", _TZ)),
+        )
+        .cte("turn")
+    )
+    return select(*(claimed.c[c.name] for c in _item_columns(work))).add_cte(turn)
+
+
+def get_item(work: Table) -> Select[Any]:
+    return select(*_item_columns(work)).where(*_item_key(work))
+
+
+def heartbeat(tables: Tables) -> Update:
+    work = tables.work
+    return (
+        update(work)
+        .where(*_fenced(work))
+        .values(token=tables.token_seq.next_value(), expires_at=_p("expires_at", _TZ))
+        .returning(*_item_columns(work))
+    )
+
+
+def ack(work: Table) -> Update:
+    return (
+        update(work)
+        .where(*_fenced(work))
+        .values(
+            status=DONE,
+            token=null(),
+            worker_id=null(),
+            expires_at=null(),
+            updated_at=_p("now", _TZ),
+        )
+        .returning(*_item_columns(work))
+    )
+
+
+def _settled(tables: Tables, settle: Update) -> Select[Any]:
+    """Run a fenced settle that may put the item back in the queue, and wake its tenant."""
+    settled = settle.returning(*_item_columns(tables.work)).cte("settled")
+    woken = _turn_added(tables.queue_turns, settled, grouped=False).cte("woken")
+    return select(*(settled.c[c.name] for c in _item_columns(tables.work))).add_cte(woken)
+
+
+def fail(tables: Tables) -> Select[Any]:
+    work = tables.work
+    return _settled(
+        tables,
+        update(work)
+        .where(*_fenced(work))
+        .values(
+            status=_p("status"),
+            last_error=_p("error", Text()),
+            available_at=_p("available_at", _TZ),
+            token=null(),
+            worker_id=null(),
+            expires_at=null(),
+            updated_at=_p("now", _TZ),
+        ),
+    )
+
+
+def release(tables: Tables) -> Select[Any]:
+    work = tables.work
+    return _settled(
+        tables,
+        update(work)
+        .where(*_fenced(work))
+        .values(
+            status=QUEUED,
+            attempts=work.c.attempts - 1,
+            available_at=_p("now", _TZ),
+            token=null(),
+            worker_id=null(),
+            expires_at=null(),
+            updated_at=_p("now", _TZ),
+        ),
+    )
+
+
+def requeue(tables: Tables) -> Select[Any]:
+    work = tables.work
+    return _settled(
+        tables,
+        update(work)
+        .where(*_item_key(work), work.c.status == DEAD)
+        .values(status=QUEUED, attempts=0, available_at=_p("now", _TZ), updated_at=_p("now", _TZ)),
+    )
+
+
+def reap(tables: Tables) -> Select[Any]:
+    """Up to ``p_batch`` lapsed leases back to the queue, or dead per the policy's limit."""
+    work = tables.work
+    expired = (
+        select(work.c.id, work.c.expires_at, work.c.token)
+        .where(
+            work.c.queue == _p("queue"),
+            work.c.status == LEASED,
+            work.c.expires_at <= _p("now", _TZ),
+        )
+        .order_by(work.c.expires_at, work.c.token)
+        .limit(_p("batch", BigInteger()))
+        .with_for_update(skip_locked=True)
+        .cte("expired")
+    )
+    moved = (
+        update(work)
+        .where(
+            work.c.id == expired.c.id,
+            work.c.status == LEASED,
+            work.c.expires_at <= _p("now", _TZ),
+        )
+        .values(
+            # QueuePolicy.lapse_is_dead(attempts) is attempts >= max_attempts.
+            status=case((work.c.attempts >= _p("max_attempts", Integer()), DEAD), else_=QUEUED),
+            last_error=LEASE_EXPIRED,
+            available_at=_p("now", _TZ),
+            token=null(),
+            worker_id=null(),
+            expires_at=null(),
+            updated_at=_p("now", _TZ),
+        )
+        .returning(
+            *_item_columns(work),
+            expired.c.expires_at.label("lapsed_at"),
+            expired.c.token.label("lapsed_token"),
+        )
+        .cte("moved")
+    )
+    woken = _turn_added(tables.queue_turns, moved, grouped=True).cte("woken")
+    names = [c.name for c in _item_columns(work)] + ["lapsed_at", "lapsed_token"]
+    return select(*(moved.c[name] for name in names)).add_cte(woken)
+
+
+def dead_letters(work: Table) -> Select[Any]:
+    return (
+        select(*_item_columns(work))
+        .where(work.c.queue == _p("queue"), work.c.tenant == _p("tenant"), work.c.status == DEAD)
+        .order_by(work.c.updated_at, work.c.item_id)
+        .limit(_p("limit", BigInteger()))
+    )
+
+
+def stats(work: Table) -> Select[Any]:
+    return (
+        select(work.c.tenant, work.c.status, func.count())
+        .where(work.c.queue == _p("queue"), work.c.status.in_([QUEUED, LEASED, DEAD]))
+        .group_by(work.c.tenant, work.c.status)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Statements:
+    enqueue: Select[Any]
+    claim: Select[Any]
+    get_item: Select[Any]
+    heartbeat: Update
+    ack: Update
+    fail: Select[Any]
+    release: Select[Any]
+    requeue: Select[Any]
+    reap: Select[Any]
+    dead_letters: Select[Any]
+    stats: Select[Any]
+
+    @classmethod
+    def build(cls, tables: Tables) -> _Statements:
+        return cls(
+            enqueue=enqueue(tables),
+            claim=claim(tables),
+            get_item=get_item(tables.work),
+            heartbeat=heartbeat(tables),
+            ack=ack(tables.work),
+            fail=fail(tables),
+            release=release(tables),
+            requeue=requeue(tables),
+            reap=reap(tables),
+            dead_letters=dead_letters(tables.work),
+            stats=stats(tables.work),
+        )
+
+
+_STATEMENTS: dict[Tables, _Statements] = {}
+
+
+def _statements(tables: Tables) -> _Statements:
+    built = _STATEMENTS.get(tables)
+    if built is None:
+        built = _STATEMENTS[tables] = _Statements.build(tables)
+    return built
+
+
+def _item(row: RowMapping) -> WorkItem:
+    return WorkItem(
+        queue=row["queue"],
+        tenant=row["tenant"],
+        item_id=row["item_id"],
+        payload=decode_json(row["payload"]),
+        priority=row["priority"],
+        available_at=row["available_at"],
+        attempts=row["attempts"],
+        status=ItemStatus(row["status"]),
+        last_error=row["last_error"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+class PostgresWorkQueue(BaseWorkQueue):
+    """The ``WorkQueue`` on PostgreSQL, through SQLAlchemy Core (asyncpg).
+
+    ``PostgresWorkQueue(engine, clock=, settings=, policy=, tables=)`` skips the
+    schema check; ``await PostgresWorkQueue.open(engine, ...)`` runs ``verify()``
+    first. The queue's name is ``settings.queue_name``. ``bound(session)`` runs
+    inside a transaction the caller opened (enqueue beside the state change it
+    belongs to). Size the engine's pool to the worker count: a worker holds a
+    connection only for the statement, but every in-flight call needs one.
+    """
+
+    def __init__(
+        self,
+        engine: AsyncEngine | AsyncConnection,
+        *,
+        clock: Clock | None = None,
+        settings: PostgresStoreSettings | None = None,
+        policy: QueuePolicy | None = None,
+        tables: StateTables | None = None,
+    ) -> None:
+        self._settings = settings or PostgresStoreSettings()
+        super().__init__(
+            clock=clock,
+            policy=policy,
+            name=self._settings.queue_name,
+            max_value_bytes=self._settings.max_value_bytes,
+        )
+        self._tables = tables_for(tables, self._settings.db_schema)
+        self._sql = _statements(self._tables)
+        self._executor: Executor = EngineExecutor(
+            engine, policy=self._settings.retry_policy, unavailable=_unavailable, what="queue"
+        )
+
+    @classmethod
+    async def open(
+        cls,
+        engine: AsyncEngine | AsyncConnection,
+        *,
+        clock: Clock | None = None,
+        settings: PostgresStoreSettings | None = None,
+        policy: QueuePolicy | None = None,
+        tables: StateTables | None = None,
+    ) -> Self:
+        """Run ``verify()`` (schema version, ``statement_timeout``), then build the queue."""
+        from statepact.storage.postgres.verify import verify
+
+        settings = settings or PostgresStoreSettings()
+        await verify(engine, tables=tables, db_schema=settings.db_schema)
+        return cls(engine, clock=clock, settings=settings, policy=policy, tables=tables)
+
+    def bound(self, session: AsyncSession | AsyncConnection) -> Self:
+        """This queue, inside the transaction ``session`` already opened; it retries nothing."""
+        clone = copy.copy(self)
+        clone._executor = BoundExecutor(session, unavailable=_unavailable, what="queue")
+        return clone
+
+    @property
+    def tables(self) -> Tables:
+        return self._tables
+
+    def __repr__(self) -> str:
+        mode = "bound" if self._executor.bound else "engine"
+        return f"PostgresWorkQueue(name={self.name!r}, work={self._tables.work.name!r}, {mode})"
+
+    def _key(self, tenant: str, item_id: str) -> dict[str, Any]:
+        return {"p_queue": self.name, "p_tenant": tenant, "p_item_id": item_id}
+
+    # -- enqueue and claim ------------------------------------------------
+
+    async def _enqueue(self, item: WorkItem, payload: bytes) -> WorkItem:
+        params = {
+            **self._key(item.tenant, item.item_id),
+            "p_payload": payload.decode("utf-8"),
+            "p_priority": item.priority,
+            "p_available_at": item.available_at,
+            "p_now": item.created_at,
+        }
+
+        async def work(conn: Runner) -> WorkItem:
+            inserted = (await conn.execute(self._sql.enqueue, params)).scalar()
+            if inserted:
+                return item.model_copy(update={"payload": decode_json(payload)})
+            row = (await conn.execute(self._sql.get_item, params)).mappings().first()
+            if row is None:  # pragma: no cover - the conflicting row cannot vanish: no deletes
+                raise QueueUnavailableError(
+                    f"enqueue of item {item.item_id!r}: it existed, then could not be read"
+                )
+            return _item(row)
+
+        return await self._executor.run(work, idempotent=True)
+
+    async def _claim(
+        self, worker_id: str, now: datetime, seconds: float, limit: int
+    ) -> list[Lease]:
+        expires_at = now + timedelta(seconds=seconds)
+        params = {
+            "p_queue": self.name,
+            "p_now": now,
+            "p_worker": worker_id,
+            "p_expires_at": expires_at,
+        }
+
+        async def work(conn: Runner) -> list[Lease]:
+            leases: list[Lease] = []
+            while len(leases) < limit:
+                row = (await conn.execute(self._sql.claim, params)).mappings().first()
+                if row is None:
+                    break
+                leases.append(
+                    Lease(
+                        item=_item(row),
+                        worker_id=worker_id,
+                        token=row["token"],
+                        expires_at=expires_at,
+                        lease_seconds=seconds,
+                    )
+                )
+            return leases
+
+        return await self._executor.run(work, idempotent=False)
+
+    # -- settle -----------------------------------------------------------
+
+    def _fence(self, lease: Lease) -> dict[str, Any] | None:
+        """The parameters of a fenced write, or ``None`` when the lease names another queue."""
+        if lease.item.queue != self.name:
+            return None
+        return {**self._key(lease.item.tenant, lease.item.item_id), "p_token": lease.token}
+
+    def _lost(self, lease: Lease, action: str) -> LeaseLostError:
+        item = lease.item
+        return LeaseLostError(
+            f"{action} of item {item.item_id!r} of tenant {item.tenant!r} in queue "
+            f"{self.name!r}: lease token {lease.token} no longer holds it; it lapsed and was "
+            "moved on, or was settled already",
+            item_id=item.item_id,
+        )
+
+    async def _settle(
+        self, lease: Lease, action: str, statement: Any, extra: Mapping[str, Any]
+    ) -> RowMapping:
+        fence = self._fence(lease)
+        if fence is None:
+            raise self._lost(lease, action)
+        params = {**fence, **extra}
+
+        async def work(conn: Runner) -> RowMapping | None:
+            return (await conn.execute(statement, params)).mappings().first()
+
+        row = await self._executor.run(work, idempotent=False)
+        if row is None:
+            raise self._lost(lease, action)
+        return row
+
+    async def _heartbeat(self, lease: Lease, now: datetime, expires_at: datetime) -> Lease:
+        row = await self._settle(
+            lease, "heartbeat", self._sql.heartbeat, {"p_expires_at": expires_at}
+        )
+        return Lease(
+            item=_item(row),
+            worker_id=lease.worker_id,
+            token=row["token"],
+            expires_at=expires_at,
+            lease_seconds=lease.lease_seconds,
+        )
+
+    async def _ack(self, lease: Lease, now: datetime) -> WorkItem:
+        return _item(await self._settle(lease, "ack", self._sql.ack, {"p_now": now}))
+
+    async def _fail(
+        self, lease: Lease, now: datetime, error: str, outcome: FailOutcome
+    ) -> WorkItem:
+        status = ItemStatus.DEAD if outcome.dead else ItemStatus.QUEUED
+        extra = {
+            "p_status": status.value,
+            "p_error": error,
+            "p_available_at": outcome.available_at,
+            "p_now": now,
+        }
+        return _item(await self._settle(lease, "fail", self._sql.fail, extra))
+
+    async def _release(self, lease: Lease, now: datetime) -> WorkItem:
+        return _item(await self._settle(lease, "release", self._sql.release, {"p_now": now}))
+
+    async def _reap(self, now: datetime) -> list[WorkItem]:
+        params = {
+            "p_queue": self.name,
+            "p_now": now,
+            "p_batch": REAP_BATCH,
+            "p_max_attempts": self.policy.max_attempts,
+        }
+
+        async def work(conn: Runner) -> list[RowMapping]:
+            rows: list[RowMapping] = []
+            while True:
+                batch = list((await conn.execute(self._sql.reap, params)).mappings())
+                rows.extend(batch)
+                if len(batch) < REAP_BATCH:
+                    return rows
+
+        rows = await self._executor.run(work, idempotent=False)
+        # In the order the leases lapsed, as the memory reference returns them.
+        rows.sort(key=lambda row: (row["lapsed_at"], row["lapsed_token"]))
+        return [_item(row) for row in rows]
+
+    # -- inspect and recover ----------------------------------------------
+
+    async def _dead_letters(self, tenant: str, limit: int) -> list[WorkItem]:
+        params = {"p_queue": self.name, "p_tenant": tenant, "p_limit": limit}
+
+        async def work(conn: Runner) -> list[WorkItem]:
+            result = await conn.execute(self._sql.dead_letters, params)
+            return [_item(row) for row in result.mappings()]
+
+        return await self._executor.run(work, idempotent=True)
+
+    async def _requeue(self, tenant: str, item_id: str, now: datetime) -> WorkItem:
+        params = {**self._key(tenant, item_id), "p_now": now}
+
+        async def work(conn: Runner) -> WorkItem:
+            row = (await conn.execute(self._sql.requeue, params)).mappings().first()
+            if row is not None:
+                return _item(row)
+            found = (await conn.execute(self._sql.get_item, params)).mappings().first()
+            state = "does not exist" if found is None else f"is {found['status']}, not dead"
+            raise ValueError(
+                f"item_id: {item_id!r} of tenant {tenant!r} in queue {self.name!r} {state}; "
+                "only a dead item can be requeued"
+            )
+
+        return await self._executor.run(work, idempotent=False)
+
+    async def _get_item(self, tenant: str, item_id: str) -> WorkItem | None:
+        params = self._key(tenant, item_id)
+
+        async def work(conn: Runner) -> WorkItem | None:
+            row = (await conn.execute(self._sql.get_item, params)).mappings().first()
+            return None if row is None else _item(row)
+
+        return await self._executor.run(work, idempotent=True)
+
+    async def _stats(self) -> QueueStats:
+        async def work(conn: Runner) -> list[Any]:
+            return list(await conn.execute(self._sql.stats, {"p_queue": self.name}))
+
+        counts: dict[str, dict[str, int]] = {}
+        for tenant, status, count in await self._executor.run(work, idempotent=True):
+            counts.setdefault(tenant, {})[status] = int(count)
+        tenants = {
+            tenant: TenantQueueStats(
+                queued=found.get("queued", 0),
+                leased=found.get("leased", 0),
+                dead=found.get("dead", 0),
+            )
+            for tenant, found in sorted(counts.items())
+        }
+        return QueueStats(queue=self.name, tenants=tenants)
+
+
+def _unavailable(message: str) -> QueueUnavailableError:
+    return QueueUnavailableError(message)

@@ -1,0 +1,635 @@
+"""Every PostgreSQL table statepact reads, as SQLAlchemy Core, in ONE ``MetaData``.
+
+This module is the single source of the schema: the Alembic revisions in the
+top-level ``alembic/`` are generated from :data:`metadata`, :data:`EXPECTED_SCHEMA`
+is derived from it (so a deployment can own the migration), and the stores build
+their statements on the ``Table`` objects defined here. It must never create,
+alter or drop anything itself: the kit reads and refuses, migrations write.
+
+Tables (``adk_*`` names can be changed with :class:`StateTables`):
+
+- ``adk_runs`` / ``adk_sessions``: one row per run/session. Counters are
+  columns (``SET c = c + :n``), cost is ``NUMERIC(38,9)``, ``seq`` is an
+  identity column assigned at creation and never rewritten; each listing filter
+  has an index ending in ``seq``.
+- ``adk_work``: one row per work item. The claim reads the partial index
+  ``(queue, tenant, priority DESC, id) WHERE status = 'queued'``; ``id`` is the
+  enqueue order. Rewritten on every claim, heartbeat and settle, so it carries
+  aggressive autovacuum settings (keep them if the migration is rewritten).
+- ``adk_queue_turns``: one row per tenant per queue, the rotation.
+  ``last_turn`` is the lease token of the claim that last served the tenant
+  (0: never served). ``queued`` is the exact number of the tenant's queued
+  items (every statement that moves an item into or out of ``queued`` adds or
+  subtracts in place, so concurrent writers commute). ``next_due_at`` is a
+  lower bound of the earliest ``available_at`` among them, and ``checked_at``
+  the latest clock reading a writer stored. A tenant with queued items and
+  ``next_due_at <= checked_at`` had due work when last written and sits in the
+  ``ready`` index in rotation order; one whose work was all delayed sits in the
+  ``waking`` index by ``next_due_at`` until it comes due. A tenant with nothing
+  queued is in neither, so a claim never looks at idle tenants. ``additions``
+  counts writes that put an item back in the queue, so a claim can tell that
+  its snapshot missed one (see ``queue.py``). Delete ``adk_work`` rows only
+  when ``done`` or ``dead``, or the counts drift.
+- ``adk_schema``: the version row :func:`~statepact.storage.postgres.verify.verify`
+  reads.
+- ``statepact_*``: the ``PostgresBackend`` tables of the transaction manager,
+  laid out for a commit path that serialises only its last step (see below).
+
+The ``statepact_*`` commit path these tables are designed for (linearizable,
+without a global lock around the whole commit): in one READ COMMITTED
+transaction, (1) ``SELECT token FROM statepact_leases ... FOR SHARE`` for
+fencing; (2) ``INSERT INTO statepact_idempotency ... ON CONFLICT DO NOTHING``
+(a concurrent commit with the same key waits on the unique index, then
+replays); (3) insert version-0 placeholder rows into ``statepact_values`` for
+absent keys and lock every read and written key in ``(resource, key)`` order
+(``FOR UPDATE`` for writes, ``FOR SHARE`` for serializable reads), then
+validate the versions; (4) only then ``UPDATE statepact_meta SET seq = seq + 1
+RETURNING seq``: that row lock is the one global serialisation point, held only
+for the final write of values, history and the idempotency version (one
+statement) and the COMMIT, so sequence numbers become visible in order and a
+snapshot reading ``statepact_meta.seq`` sees exactly the commits at or below it.
+``statepact_values`` rows with ``version = 0`` and ``data IS NULL`` are
+placeholders (never written); ``version > 0`` with ``data IS NULL`` is a
+tombstone. A resource's version and last commit time are the newest
+``statepact_values`` row of the resource (index ``(resource, version)``), so a
+commit never has to update a hot per-resource row.
+
+Identifiers (tenant, ids, queue names) are ``COLLATE "C"``: byte order equals
+code-point order (the tie-break the memory reference uses), and comparisons are
+``memcmp`` rather than locale collation.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from functools import lru_cache
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Double,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    Numeric,
+    PrimaryKeyConstraint,
+    Sequence,
+    SmallInteger,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.schema import CreateIndex, CreateSequence, CreateTable
+
+from statepact.models import ItemStatus, RunStatus
+from statepact.queue import MAX_PRIORITY
+
+__all__ = [
+    "COMPATIBLE_SCHEMA_VERSIONS",
+    "EXPECTED_SCHEMA",
+    "NAMING_CONVENTION",
+    "SCHEMA_COMPONENT",
+    "SCHEMA_VERSION",
+    "ColumnShape",
+    "IndexShape",
+    "SchemaShape",
+    "StateTables",
+    "TableShape",
+    "Tables",
+    "metadata",
+    "tables_for",
+]
+
+#: The version the head revision writes into ``adk_schema``; bump it in a new revision.
+SCHEMA_VERSION = 1
+#: Versions this release reads; ``verify()`` refuses anything else.
+COMPATIBLE_SCHEMA_VERSIONS: frozenset[int] = frozenset({SCHEMA_VERSION})
+#: The ``adk_schema.component`` of statepact's row.
+SCHEMA_COMPONENT = "statepact"
+
+NAMING_CONVENTION: dict[str, str] = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# Lower case only: an unquoted name in a deployment's own DDL is folded to lower
+# case, and a quoted mixed-case name would not be the same relation.
+_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+# Storage options kept in the migration too; see the module docstring.
+WORK_TABLE_OPTIONS: dict[str, Any] = {
+    "autovacuum_vacuum_scale_factor": 0.01,
+    "autovacuum_vacuum_cost_delay": 0,
+}
+TURNS_TABLE_OPTIONS: dict[str, Any] = {
+    "fillfactor": 70,
+    "autovacuum_vacuum_scale_factor": 0.01,
+    "autovacuum_vacuum_cost_delay": 0,
+}
+RUNS_TABLE_OPTIONS: dict[str, Any] = {"fillfactor": 80}
+
+
+def _ident() -> Text:
+    return Text(collation="C")
+
+
+def _tz() -> DateTime:
+    return DateTime(timezone=True)
+
+
+def _in(column: str, values: list[str]) -> str:
+    listed = ", ".join(f"'{value}'" for value in values)
+    return f"{column} IN ({listed})"
+
+
+@dataclass(frozen=True, slots=True)
+class StateTables:
+    """The names of the state and queue tables; each must be a plain lower-case identifier.
+
+    A table name is interpolated into SQL, not bound (a placeholder cannot name
+    a relation), so anything but ``[a-z_][a-z0-9_]*`` (at most 63 characters) is
+    refused with ``ValueError`` naming the field.
+    """
+
+    runs: str = "adk_runs"
+    sessions: str = "adk_sessions"
+    work: str = "adk_work"
+    queue_turns: str = "adk_queue_turns"
+    schema: str = "adk_schema"
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            if not isinstance(value, str) or not _IDENTIFIER.match(value):
+                raise ValueError(
+                    f"{spec.name}: {value!r} is not a plain SQL identifier "
+                    "(lower-case letters, digits and '_', not starting with a digit, "
+                    "at most 63 characters)"
+                )
+            if value in seen:
+                raise ValueError(f"{spec.name}: {value!r} names another table too")
+            seen.add(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Tables:
+    """The ``Table`` objects of one :class:`StateTables` naming, and the token sequence."""
+
+    names: StateTables
+    runs: Table
+    sessions: Table
+    work: Table
+    queue_turns: Table
+    schema: Table
+    token_seq: Sequence
+
+
+def _define_state_tables(meta: MetaData, names: StateTables, db_schema: str | None) -> Tables:
+    runs = Table(
+        names.runs,
+        meta,
+        Column("tenant", _ident(), nullable=False),
+        Column("run_id", _ident(), nullable=False),
+        Column("seq", BigInteger, Identity(always=True), nullable=False),
+        Column("session_id", _ident(), nullable=True),
+        Column("status", String(16), nullable=False),
+        Column("data", JSON, nullable=False),
+        Column("version", BigInteger, nullable=False),
+        Column("input_tokens", BigInteger, nullable=False, server_default=text("0")),
+        Column("output_tokens", BigInteger, nullable=False, server_default=text("0")),
+        Column("cost", Numeric(38, 9), nullable=False, server_default=text("0")),
+        Column("iterations", BigInteger, nullable=False, server_default=text("0")),
+        Column("cursor", BigInteger, nullable=False, server_default=text("0")),
+        Column("created_at", _tz(), nullable=False),
+        Column("updated_at", _tz(), nullable=False),
+        PrimaryKeyConstraint("tenant", "run_id"),
+        CheckConstraint(_in("status", [s.value for s in RunStatus]), name="status"),
+        CheckConstraint("version > 0", name="version"),
+        CheckConstraint(
+            "input_tokens >= 0 AND output_tokens >= 0 AND cost >= 0 "
+            "AND iterations >= 0 AND cursor >= 0",
+            name="counters",
+        ),
+        # Paging is WHERE tenant = :t [AND filter] AND seq > :after ORDER BY seq
+        # LIMIT :n+1: one index per filter, each ending in seq, is an index scan.
+        Index(f"ix_{names.runs}_tenant_seq", "tenant", "seq", unique=True),
+        Index(
+            f"ix_{names.runs}_session_seq",
+            "tenant",
+            "session_id",
+            "seq",
+            postgresql_where=text("session_id IS NOT NULL"),
+        ),
+        Index(f"ix_{names.runs}_status_seq", "tenant", "status", "seq"),
+        # Patches rewrite no indexed column: room on the page keeps them HOT.
+        postgresql_with=dict(RUNS_TABLE_OPTIONS),
+        schema=db_schema,
+    )
+    sessions = Table(
+        names.sessions,
+        meta,
+        Column("tenant", _ident(), nullable=False),
+        Column("session_id", _ident(), nullable=False),
+        Column("seq", BigInteger, Identity(always=True), nullable=False),
+        Column("data", JSON, nullable=False),
+        Column("version", BigInteger, nullable=False),
+        Column("created_at", _tz(), nullable=False),
+        Column("updated_at", _tz(), nullable=False),
+        PrimaryKeyConstraint("tenant", "session_id"),
+        CheckConstraint("version > 0", name="version"),
+        Index(f"ix_{names.sessions}_tenant_seq", "tenant", "seq", unique=True),
+        schema=db_schema,
+    )
+    token_seq = Sequence(f"{names.work}_token_seq", metadata=meta, schema=db_schema)
+    work = Table(
+        names.work,
+        meta,
+        Column("id", BigInteger, Identity(always=True), nullable=False),
+        Column("queue", _ident(), nullable=False),
+        Column("tenant", _ident(), nullable=False),
+        Column("item_id", _ident(), nullable=False),
+        Column("payload", JSON, nullable=False),
+        Column("priority", SmallInteger, nullable=False, server_default=text("0")),
+        Column("status", String(8), nullable=False),
+        Column("attempts", Integer, nullable=False, server_default=text("0")),
+        Column("available_at", _tz(), nullable=False),
+        Column("last_error", Text, nullable=True),
+        Column("token", BigInteger, nullable=True),
+        Column("worker_id", Text, nullable=True),
+        Column("expires_at", _tz(), nullable=True),
+        Column("created_at", _tz(), nullable=False),
+        Column("updated_at", _tz(), nullable=False),
+        PrimaryKeyConstraint("id"),
+        UniqueConstraint("queue", "tenant", "item_id"),
+        CheckConstraint(_in("status", [s.value for s in ItemStatus]), name="status"),
+        CheckConstraint(f"priority BETWEEN -{MAX_PRIORITY} AND {MAX_PRIORITY}", name="priority"),
+        CheckConstraint("attempts >= 0", name="attempts"),
+        CheckConstraint(
+            "status <> 'leased' OR (token IS NOT NULL AND expires_at IS NOT NULL "
+            "AND worker_id IS NOT NULL)",
+            name="lease",
+        ),
+        # The tenant's earliest queued item, for adk_queue_turns.next_due_at.
+        Index(
+            f"ix_{names.work}_due",
+            "queue",
+            "tenant",
+            "available_at",
+            postgresql_where=text("status = 'queued'"),
+        ),
+        Index(
+            f"ix_{names.work}_expiry",
+            "queue",
+            "expires_at",
+            postgresql_where=text("status = 'leased'"),
+        ),
+        Index(
+            f"ix_{names.work}_dead",
+            "queue",
+            "tenant",
+            "updated_at",
+            "item_id",
+            postgresql_where=text("status = 'dead'"),
+        ),
+        postgresql_with=dict(WORK_TABLE_OPTIONS),
+        schema=db_schema,
+    )
+    # The claim: a tenant's queued items, best first; due-ness is filtered.
+    Index(
+        f"ix_{names.work}_claim",
+        work.c.queue,
+        work.c.tenant,
+        work.c.priority.desc(),
+        work.c.id,
+        postgresql_where=text("status = 'queued'"),
+    )
+    queue_turns = Table(
+        names.queue_turns,
+        meta,
+        Column("queue", _ident(), nullable=False),
+        Column("tenant", _ident(), nullable=False),
+        Column("last_turn", BigInteger, nullable=False, server_default=text("0")),
+        Column("queued", BigInteger, nullable=False, server_default=text("0")),
+        Column("next_due_at", _tz(), nullable=True),
+        Column("checked_at", _tz(), nullable=False),
+        Column("additions", BigInteger, nullable=False, server_default=text("0")),
+        PrimaryKeyConstraint("queue", "tenant"),
+        CheckConstraint("queued >= 0", name="queued"),
+        Index(
+            f"ix_{names.queue_turns}_ready",
+            "queue",
+            "last_turn",
+            "tenant",
+            postgresql_where=text("queued > 0 AND next_due_at <= checked_at"),
+        ),
+        Index(
+            f"ix_{names.queue_turns}_waking",
+            "queue",
+            "next_due_at",
+            postgresql_where=text("queued > 0 AND next_due_at > checked_at"),
+        ),
+        postgresql_with=dict(TURNS_TABLE_OPTIONS),
+        schema=db_schema,
+    )
+    schema = Table(
+        names.schema,
+        meta,
+        Column("component", _ident(), nullable=False),
+        Column("version", Integer, nullable=False),
+        Column("revision", String(64), nullable=False),
+        Column("applied_at", _tz(), nullable=False, server_default=text("now()")),
+        PrimaryKeyConstraint("component"),
+        schema=db_schema,
+    )
+    return Tables(
+        names=names,
+        runs=runs,
+        sessions=sessions,
+        work=work,
+        queue_turns=queue_turns,
+        schema=schema,
+        token_seq=token_seq,
+    )
+
+
+def _define_backend_tables(meta: MetaData) -> None:
+    Table(
+        "statepact_meta",
+        meta,
+        Column("id", SmallInteger, nullable=False, autoincrement=False),
+        Column("seq", BigInteger, nullable=False, server_default=text("0")),
+        PrimaryKeyConstraint("id"),
+        CheckConstraint("id = 1", name="single_row"),
+        CheckConstraint("seq >= 0", name="seq"),
+    )
+    Table(
+        "statepact_resources",
+        meta,
+        Column("name", _ident(), nullable=False),
+        Column("metadata", JSON, nullable=False, server_default=text("'{}'::json")),
+        Column("registered_at", _tz(), nullable=True),
+        PrimaryKeyConstraint("name"),
+    )
+    Table(
+        "statepact_values",
+        meta,
+        Column("resource", _ident(), nullable=False),
+        Column("key", _ident(), nullable=False),
+        Column("version", BigInteger, nullable=False, server_default=text("0")),
+        Column("data", JSON, nullable=True),
+        Column("committed_at", _tz(), nullable=True),
+        PrimaryKeyConstraint("resource", "key"),
+        CheckConstraint("version >= 0", name="version"),
+        Index("ix_statepact_values_resource_version", "resource", "version"),
+        postgresql_with={"fillfactor": 90},
+    )
+    Table(
+        "statepact_history",
+        meta,
+        Column("resource", _ident(), nullable=False),
+        Column("key", _ident(), nullable=False),
+        Column("version", BigInteger, nullable=False),
+        Column("data", JSON, nullable=True),
+        Column("committed_at", _tz(), nullable=False),
+        # The transaction that wrote the version (revision 0002): a commit sent
+        # again after a lost reply recognises its own first attempt.
+        Column("txn_id", _ident(), nullable=True),
+        # Newest first and "newest at or before a snapshot" are backward scans of the key.
+        PrimaryKeyConstraint("resource", "key", "version"),
+        CheckConstraint("version > 0", name="version"),
+    )
+    Table(
+        "statepact_idempotency",
+        meta,
+        Column("key", _ident(), nullable=False),
+        Column("fingerprint", String(64), nullable=False),
+        Column("version", BigInteger, nullable=False),
+        Column("committed_at", _tz(), nullable=False),
+        Column("txn_id", _ident(), nullable=True),
+        PrimaryKeyConstraint("key"),
+    )
+    Table(
+        "statepact_locks",
+        meta,
+        Column("resource", _ident(), nullable=False),
+        Column("key", _ident(), nullable=False),
+        Column("txn_id", _ident(), nullable=False),
+        Column("mode", String(9), nullable=False),
+        Column("acquired_at", _tz(), nullable=False),
+        Column("expires_at", _tz(), nullable=True),
+        PrimaryKeyConstraint("resource", "key", "txn_id"),
+        CheckConstraint("mode IN ('shared', 'exclusive')", name="mode"),
+        # end(txn_id) drops every lock of the transaction.
+        Index("ix_statepact_locks_txn_id", "txn_id"),
+    )
+    Table(
+        "statepact_leases",
+        meta,
+        Column("resource", _ident(), nullable=False),
+        Column("owner", _ident(), nullable=True),
+        # The highest token ever issued; release and expiry keep it.
+        Column("token", BigInteger, nullable=False, server_default=text("0")),
+        Column("expires_at", _tz(), nullable=True),
+        Column("ttl", Double, nullable=True),
+        Column("updated_at", _tz(), nullable=True),
+        PrimaryKeyConstraint("resource"),
+        CheckConstraint("token >= 0", name="token"),
+    )
+
+
+#: The one ``MetaData``: every table statepact reads, under the default names.
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+_DEFAULT = _define_state_tables(metadata, StateTables(), None)
+_define_backend_tables(metadata)
+
+
+@lru_cache(maxsize=32)
+def tables_for(names: StateTables | None = None, db_schema: str | None = None) -> Tables:
+    """The ``Table`` objects for ``names`` in schema ``db_schema`` (default: the search_path).
+
+    The default naming returns the tables of :data:`metadata`; any other gets
+    its own ``MetaData`` with the same definitions, so statements and DDL name
+    the deployment's relations.
+    """
+    names = names or StateTables()
+    if names == StateTables() and db_schema is None:
+        return _DEFAULT
+    return _define_state_tables(MetaData(naming_convention=NAMING_CONVENTION), names, db_schema)
+
+
+# -- EXPECTED_SCHEMA -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnShape:
+    name: str
+    type: str
+    nullable: bool
+    default: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IndexShape:
+    name: str
+    columns: tuple[str, ...]
+    unique: bool = False
+    where: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TableShape:
+    name: str
+    columns: tuple[ColumnShape, ...]
+    primary_key: tuple[str, ...]
+    indexes: tuple[IndexShape, ...]
+    checks: tuple[str, ...]
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    def column(self, name: str) -> ColumnShape:
+        for column in self.columns:
+            if column.name == name:
+                return column
+        raise KeyError(name)
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaShape:
+    """The shape the adapters read: what a deployment's own migration must create.
+
+    ``version`` is what ``adk_schema`` must hold; :meth:`ddl` is the PostgreSQL
+    DDL of the whole shape (tables, indexes, sequences, storage options).
+    """
+
+    version: int
+    tables: Mapping[str, TableShape]
+    sequences: tuple[str, ...]
+
+    def __getitem__(self, table: str) -> TableShape:
+        return self.tables[table]
+
+    def __iter__(self) -> Any:
+        return iter(self.tables)
+
+    def __len__(self) -> int:
+        return len(self.tables)
+
+    def ddl(self) -> str:
+        return render_ddl(metadata)
+
+
+_DIALECT = postgresql.dialect()  # type: ignore[no-untyped-call]
+
+
+def _expr(clause: Any) -> str:
+    if isinstance(clause, Column):
+        return clause.name
+    return str(
+        clause.compile(
+            dialect=_DIALECT, compile_kwargs={"literal_binds": True, "include_table": False}
+        )
+    )
+
+
+def _shape_of(table: Table) -> TableShape:
+    columns = tuple(
+        ColumnShape(
+            name=column.name,
+            type=str(column.type.compile(dialect=_DIALECT)),
+            nullable=bool(column.nullable),
+            default=(
+                "identity"
+                if column.identity is not None
+                else None
+                if column.server_default is None
+                else _expr(column.server_default.arg)  # type: ignore[attr-defined]
+            ),
+        )
+        for column in table.columns
+    )
+    indexes = tuple(
+        sorted(
+            (
+                IndexShape(
+                    name=str(index.name),
+                    columns=tuple(_expr(expr) for expr in index.expressions),
+                    unique=bool(index.unique),
+                    where=(
+                        None
+                        if index.dialect_options["postgresql"]["where"] is None
+                        else _expr(index.dialect_options["postgresql"]["where"])
+                    ),
+                )
+                for index in table.indexes
+            ),
+            key=lambda shape: shape.name,
+        )
+    )
+    uniques = tuple(
+        IndexShape(
+            name=str(constraint.name),
+            columns=tuple(column.name for column in constraint.columns),
+            unique=True,
+        )
+        for constraint in table.constraints
+        if isinstance(constraint, UniqueConstraint)
+    )
+    checks = tuple(
+        sorted(
+            _expr(constraint.sqltext)
+            for constraint in table.constraints
+            if isinstance(constraint, CheckConstraint)
+        )
+    )
+    options = {
+        key: str(value)
+        for key, value in (table.dialect_options["postgresql"]["with"] or {}).items()
+    }
+    return TableShape(
+        name=table.name,
+        columns=columns,
+        primary_key=tuple(column.name for column in table.primary_key.columns),
+        indexes=uniques + indexes,
+        checks=checks,
+        options=options,
+    )
+
+
+def render_ddl(meta: MetaData) -> str:
+    """The PostgreSQL DDL of every sequence, table and index in ``meta``."""
+    statements: list[str] = [
+        str(CreateSequence(sequence).compile(dialect=_DIALECT))
+        for sequence in meta._sequences.values()
+    ]
+    for table in meta.sorted_tables:
+        statements.append(str(CreateTable(table).compile(dialect=_DIALECT)).strip())
+        statements.extend(
+            str(CreateIndex(index).compile(dialect=_DIALECT))
+            for index in sorted(table.indexes, key=lambda index: str(index.name))
+        )
+    return ";\n\n".join(statements) + ";\n"
+
+
+def _derive(meta: MetaData) -> SchemaShape:
+    return SchemaShape(
+        version=SCHEMA_VERSION,
+        tables={table.name: _shape_of(table) for table in meta.sorted_tables},
+        sequences=tuple(sorted(sequence.name for sequence in meta._sequences.values())),
+    )
+
+
+#: The shape of every table under the default names, derived from :data:`metadata`.
+EXPECTED_SCHEMA: SchemaShape = _derive(metadata)

@@ -1,0 +1,222 @@
+"""Read-only checks of a PostgreSQL database before the stores use it.
+
+:func:`verify` is what ``open()`` runs: it reads the ``adk_schema`` version row
+and refuses a version this release was not written for (or a missing table)
+with ``SchemaVersionError``, and refuses a connection whose
+``statement_timeout`` is 0 with ``PreflightError`` (a statement that can run
+forever holds a pooled connection until the process dies). A timeout set for
+the role or the database is fine: verify reads the effective value.
+
+:func:`schema_differences` lists how a database differs from the metadata
+(Alembic's ``compare_metadata`` plus the storage options and the sequence
+Alembic does not compare), for ``statepact db check``.
+
+This module reads and refuses; it must never set a setting, create or alter
+anything, or leave a transaction open.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from sqlalchemy import Table, func, select, text
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from statepact.errors import (
+    PoolExhaustedError,
+    PreflightError,
+    SchemaVersionError,
+    StatepactError,
+)
+from statepact.storage.postgres._client import is_connection_error, is_pool_exhausted, sqlstate_of
+from statepact.storage.postgres.schema import (
+    COMPATIBLE_SCHEMA_VERSIONS,
+    SCHEMA_COMPONENT,
+    SCHEMA_VERSION,
+    StateTables,
+    metadata,
+    tables_for,
+)
+
+__all__ = ["SchemaReport", "schema_differences", "verify"]
+
+T = TypeVar("T")
+
+STATEMENT_TIMEOUT_FIX = (
+    "statement_timeout is 0 (no limit) on this connection: a statement that never ends "
+    "holds a pooled connection until the process dies. Set one for the role or the "
+    "database, e.g. ALTER ROLE <role> SET statement_timeout = '30s' or "
+    "ALTER DATABASE <db> SET statement_timeout = '30s' (new connections pick it up), "
+    "or pass it in the connection options"
+)
+
+
+class SchemaReport:
+    """What ``verify`` read: the schema version and the effective ``statement_timeout``."""
+
+    __slots__ = ("statement_timeout", "version")
+
+    def __init__(self, version: int, statement_timeout: str) -> None:
+        self.version = version
+        self.statement_timeout = statement_timeout
+
+    def __repr__(self) -> str:
+        return f"SchemaReport(version={self.version}, statement_timeout={self.statement_timeout!r})"
+
+
+async def _with_connection(
+    engine: AsyncEngine | AsyncConnection, work: Callable[[AsyncConnection], Awaitable[T]]
+) -> T:
+    try:
+        if isinstance(engine, AsyncEngine):
+            async with engine.connect() as conn:
+                try:
+                    return await work(conn)
+                finally:
+                    await conn.rollback()
+        if isinstance(engine, AsyncConnection):
+            return await work(engine)
+    except StatepactError:
+        raise
+    except sa_exc.SQLAlchemyError as exc:
+        if is_pool_exhausted(exc):
+            raise PoolExhaustedError(
+                "PostgreSQL verify: no pooled connection was free within the pool timeout"
+            ) from exc
+        what = "unreachable" if is_connection_error(exc) else "refused"
+        state = sqlstate_of(exc)
+        detail = type(exc).__name__ + (f", SQLSTATE {state}" if state else "")
+        raise PreflightError([f"the server is {what} ({detail})"], server="PostgreSQL") from exc
+    except OSError as exc:
+        raise PreflightError(
+            [f"the server is unreachable ({type(exc).__name__})"], server="PostgreSQL"
+        ) from exc
+    raise TypeError(
+        f"engine: must be an SQLAlchemy AsyncEngine or AsyncConnection, got {type(engine).__name__}"
+    )
+
+
+async def verify(
+    engine: AsyncEngine | AsyncConnection,
+    *,
+    tables: StateTables | None = None,
+    db_schema: str | None = None,
+) -> SchemaReport:
+    """Refuse a database the stores must not run on; return what was read.
+
+    Raises ``SchemaVersionError`` when the schema table is missing or holds a
+    version outside ``COMPATIBLE_SCHEMA_VERSIONS``, and ``PreflightError``
+    naming ``statement_timeout`` and the fix when it is 0. Reads only.
+    """
+    schema_table: Table = tables_for(tables, db_schema).schema
+
+    async def work(conn: AsyncConnection) -> SchemaReport:
+        present = (
+            await conn.execute(select(func.to_regclass(_qualified(schema_table)).is_not(None)))
+        ).scalar()
+        if not present:
+            raise SchemaVersionError(
+                f"table {_qualified(schema_table)!r} does not exist: the statepact tables "
+                "have not been created; run `statepact db upgrade --url ...` (or apply "
+                "EXPECTED_SCHEMA in your own migration)",
+                found=None,
+                expected=str(SCHEMA_VERSION),
+            )
+        version = (
+            await conn.execute(
+                select(schema_table.c.version).where(schema_table.c.component == SCHEMA_COMPONENT)
+            )
+        ).scalar()
+        if version is None or int(version) not in COMPATIBLE_SCHEMA_VERSIONS:
+            found = "no row" if version is None else str(version)
+            readable = ", ".join(str(v) for v in sorted(COMPATIBLE_SCHEMA_VERSIONS))
+            raise SchemaVersionError(
+                f"{_qualified(schema_table)} holds schema version {found} for "
+                f"{SCHEMA_COMPONENT!r}; this release reads version(s) {readable}: "
+                "upgrade the database (`statepact db upgrade`) or statepact to match",
+                found=None if version is None else str(version),
+                expected=str(SCHEMA_VERSION),
+            )
+        timeout = str((await conn.execute(text("SHOW statement_timeout"))).scalar())
+        if timeout.strip() in ("0", "0ms", "0s"):
+            raise PreflightError([STATEMENT_TIMEOUT_FIX], server="PostgreSQL")
+        return SchemaReport(int(version), timeout)
+
+    return await _with_connection(engine, work)
+
+
+def _qualified(table: Table) -> str:
+    return f"{table.schema}.{table.name}" if table.schema else table.name
+
+
+def _compare(connection: Connection) -> list[str]:
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    own = frozenset(metadata.tables)
+
+    def include_name(name: str | None, type_: str, parent_names: Any) -> bool:
+        return name in own if type_ == "table" else True
+
+    context = MigrationContext.configure(
+        connection,
+        opts={
+            "include_name": include_name,
+            "compare_type": True,
+            "compare_server_default": True,
+        },
+    )
+    found = [_render(diff) for diff in compare_metadata(context, metadata)]
+    for table in metadata.sorted_tables:
+        wanted = table.dialect_options["postgresql"]["with"] or {}
+        if not wanted:
+            continue
+        row = connection.execute(
+            text("SELECT reloptions FROM pg_class WHERE oid = to_regclass(:name)"),
+            {"name": table.name},
+        ).first()
+        if row is None:
+            continue
+        have = dict(option.split("=", 1) for option in (row[0] or []))
+        for key, value in wanted.items():
+            if have.get(key) != str(value):
+                found.append(
+                    f"table {table.name}: storage option {key} is "
+                    f"{have.get(key, 'unset')}, expected {value}"
+                )
+    for sequence in metadata._sequences.values():
+        exists = connection.execute(
+            text("SELECT to_regclass(:name) IS NOT NULL"), {"name": sequence.name}
+        ).scalar()
+        if not exists:
+            found.append(f"sequence {sequence.name} is missing")
+    return found
+
+
+def _render(diff: Any) -> str:
+    """One line per Alembic difference tuple (or group of column modifications)."""
+    if isinstance(diff, list):
+        return "; ".join(_render(item) for item in diff)
+    kind = diff[0]
+    subjects = []
+    for part in diff[1:]:
+        name = getattr(part, "name", None)
+        if name is not None:
+            table = getattr(part, "table", None)
+            table_name = getattr(table, "name", None)
+            subjects.append(f"{table_name}.{name}" if table_name and table_name != name else name)
+        elif isinstance(part, str):
+            subjects.append(part)
+    return f"{kind}: {', '.join(str(s) for s in subjects if s)}"
+
+
+async def schema_differences(engine: AsyncEngine | AsyncConnection) -> list[str]:
+    """How the database differs from the metadata, one line each; empty when it matches."""
+
+    async def work(conn: AsyncConnection) -> list[str]:
+        return await conn.run_sync(_compare)
+
+    return await _with_connection(engine, work)
