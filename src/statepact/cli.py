@@ -1,0 +1,196 @@
+"""The ``statepact`` command line: one argparse parser, one subcommand per :data:`COMMANDS` entry.
+
+Each subcommand lives in a module that offers ``DESCRIPTION``,
+``add_arguments(parser)`` and ``command(args) -> int`` (the exit code); adding
+one is adding a :class:`Subcommand` line. The modules are imported only when
+their subcommand runs or the help lists them, so ``statepact db`` never loads
+redis and ``statepact demo`` never loads SQLAlchemy unless asked for a server.
+
+``statepact db upgrade|downgrade|current|check`` wraps the Alembic revisions
+(``statepact.storage.postgres.migrate``), so they run from an installed wheel
+too. The URL comes from ``--url`` or ``STATEPACT_DATABASE_URL``; a plain
+``postgresql://`` URL is run through asyncpg. Errors print one line (with
+``--debug``, the traceback too), and never a password: the URL is shown
+redacted, and the password is scrubbed from any message that might echo it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, TextIO
+
+__all__ = ["COMMANDS", "Subcommand", "build_parser", "main"]
+
+URL_ENV = "STATEPACT_DATABASE_URL"
+
+
+@dataclass(frozen=True, slots=True)
+class Subcommand:
+    """A subcommand: its name, one-line help, and the module implementing it."""
+
+    name: str
+    help: str
+    module: str
+
+
+COMMANDS: tuple[Subcommand, ...] = (
+    Subcommand(
+        "demo",
+        "run a small multi-tenant agent fleet and show what the library does",
+        "statepact._demo",
+    ),
+    Subcommand("bench", "measure state, queue and transaction throughput", "statepact._bench"),
+    Subcommand(
+        "doctor", "check that servers are fit to hold statepact's data", "statepact._doctor"
+    ),
+    Subcommand("db", "apply, undo and inspect the PostgreSQL migrations", "statepact.cli"),
+)
+
+
+# -- statepact db -----------------------------------------------------------------------
+
+DESCRIPTION = """\
+Apply, undo and inspect statepact's PostgreSQL migrations (the Alembic revisions
+shipped with this release; they are recorded in statepact_alembic_version, apart
+from an application's own alembic_version). upgrade applies revisions (default:
+all, "head"); downgrade undoes them down to a revision ("base" drops every
+statepact table); current prints the database's revision; check lists what keeps
+the database from matching this release and exits 1 if anything does.
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``statepact db``."""
+    actions = parser.add_subparsers(dest="db_action", metavar="ACTION", required=True)
+    specs: list[tuple[str, str, str | None]] = [
+        ("upgrade", "apply revisions up to REVISION (default: head)", "head"),
+        ("downgrade", "undo revisions down to REVISION (e.g. base, or -1)", None),
+        ("current", "print the revision the database is at", ""),
+        ("check", "list differences from this release; exit 1 if there are any", ""),
+    ]
+    for name, help_, default in specs:
+        action = actions.add_parser(name, help=help_, description=help_)
+        if default is None:
+            action.add_argument("revision", metavar="REVISION")
+        elif default:
+            action.add_argument("revision", metavar="REVISION", nargs="?", default=default)
+        action.add_argument(
+            "--url",
+            metavar="URL",
+            default=None,
+            help=f"the database (postgresql://user[:password]@host:port/db); default: ${URL_ENV}. "
+            "Its password is never printed",
+        )
+        action.add_argument(
+            "--debug", action="store_true", help="show the full traceback when something fails"
+        )
+
+
+def _scrubbed(message: str, url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        password = make_url(url).password
+    except Exception:
+        return message
+    return message.replace(str(password), "***") if password else message
+
+
+def command(
+    args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    """Run ``statepact db ACTION`` with parsed ``args``; the exit code."""
+    stream, errors = out or sys.stdout, err or sys.stderr
+    name = f"db {args.db_action}"
+    url: str = args.url or os.environ.get(URL_ENV) or ""
+    if not url:
+        print(
+            f"statepact {name}: error: no database given; pass --url URL or set {URL_ENV}",
+            file=errors,
+        )
+        return 2
+
+    from statepact._demo import run_command
+    from statepact.settings import redact_dsn
+
+    where = redact_dsn(url)
+
+    async def body() -> int:
+        from statepact.storage.postgres import migrate
+
+        if args.db_action == "upgrade":
+            await migrate.upgrade(url, args.revision)
+            print(f"{where}: at revision {await migrate.current(url) or 'none'}", file=stream)
+            return 0
+        if args.db_action == "downgrade":
+            await migrate.downgrade(url, args.revision)
+            print(f"{where}: at revision {await migrate.current(url) or 'none'}", file=stream)
+            return 0
+        if args.db_action == "current":
+            print(await migrate.current(url) or "none", file=stream)
+            return 0
+        problems = await migrate.check(url)
+        for problem in problems:
+            print(f"  {problem}", file=stream)
+        if problems:
+            print(f"{where}: {len(problems)} difference(s) from this release", file=stream)
+            return 1
+        print(f"{where}: matches this release (revision {migrate.head()})", file=stream)
+        return 0
+
+    class _Scrub:
+        """stderr with the URL's password replaced, whatever the error message echoes."""
+
+        def write(self, text: str) -> int:
+            return errors.write(_scrubbed(text, url))
+
+        def flush(self) -> None:
+            errors.flush()
+
+    return run_command(name, body, debug=args.debug, err=_Scrub())  # type: ignore[arg-type]
+
+
+# -- the parser -------------------------------------------------------------------------
+
+
+def _load(spec: Subcommand) -> ModuleType:
+    return (
+        sys.modules[__name__] if spec.module == __name__ else importlib.import_module(spec.module)
+    )
+
+
+def build_parser(commands: Sequence[Subcommand] = COMMANDS) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="statepact",
+        description="Durable state, fair work queues and coordination transactions for "
+        "fleets of AI agents, on memory, Redis and PostgreSQL.",
+    )
+    subcommands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for spec in commands:
+        module = _load(spec)
+        sub = subcommands.add_parser(
+            spec.name,
+            help=spec.help,
+            description=getattr(module, "DESCRIPTION", spec.help),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(sub)
+        run: Callable[[argparse.Namespace], int] = module.command
+        sub.set_defaults(run=run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``statepact`` entry point; returns the exit code."""
+    args: Any = build_parser().parse_args(argv)
+    return int(args.run(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
