@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from statepact._demo import CommandError, add_debug_argument, add_server_arguments, run_command
+from statepact._demo import add_debug_argument, add_server_arguments, run_command
 from statepact.errors import StatepactError
 from statepact.settings import redact_dsn
 
@@ -174,9 +174,142 @@ def _persistence_detail(config: Any) -> str:
 # -- PostgreSQL -----------------------------------------------------------------------
 
 
+_TIMEOUT_REFUSED = (
+    "statement_timeout is 0 (no limit) on a plain connection: a statement that never ends "
+    "holds a pooled connection until the process dies"
+)
+_TIMEOUT_FIX = (
+    "ALTER ROLE <role> SET statement_timeout = '30s' (or ALTER DATABASE <db> SET ...; new "
+    "connections pick it up), or pass it in the application's connection options"
+)
+_UPGRADE_FIX = (
+    "run `statepact db upgrade --url <the same URL>` with a role allowed to create tables, "
+    "or apply EXPECTED_SCHEMA in your own migration"
+)
+
+
 async def check_postgres(url: str) -> list[Check]:
-    """verify()'s checks against the PostgreSQL at ``url``, one ``Check`` each."""
-    raise CommandError("the PostgreSQL checks are not available in this build yet")
+    """verify()'s checks against the PostgreSQL at ``url``, one ``Check`` each.
+
+    ``verify()`` stops at its first refusal (schema, then ``statement_timeout``),
+    so after a schema refusal the timeout is read on its own to report it too.
+    The connection is a plain one: a ``statement_timeout`` an application sets
+    in its own connection options is not seen here (one set for the role or the
+    database is).
+    """
+    from sqlalchemy import exc as sa_exc
+    from sqlalchemy import pool, text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from statepact.errors import PreflightError, SchemaVersionError
+    from statepact.storage.postgres import migrate
+    from statepact.storage.postgres.verify import verify
+
+    try:
+        parsed = make_url(url)
+    except sa_exc.ArgumentError:
+        return [
+            Check(
+                "postgres",
+                "reachable",
+                False,
+                "the --postgres value is not a database URL",
+                "use postgresql://user[:password]@host:port/database",
+            )
+        ]
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+asyncpg")
+    engine = create_async_engine(
+        parsed, poolclass=pool.NullPool, connect_args={"timeout": CONNECT_TIMEOUT}
+    )
+    checks: list[Check] = []
+    try:
+        try:
+            async with engine.connect() as conn:
+                version = (await conn.execute(text("SHOW server_version"))).scalar()
+        except (sa_exc.SQLAlchemyError, OSError, TimeoutError) as exc:
+            return [
+                Check(
+                    "postgres",
+                    "reachable",
+                    False,
+                    f"cannot connect: {type(exc).__name__}: {_first_line(exc)}",
+                    "check the host, port, database, user and password in the --postgres URL "
+                    "and that the server is running",
+                )
+            ]
+        checks.append(Check("postgres", "reachable", True, f"connected (PostgreSQL {version})"))
+        timeout: str | None = None
+        schema_ok = False
+        try:
+            report = await verify(engine)
+        except SchemaVersionError as exc:
+            checks.append(Check("postgres", "schema version", False, str(exc), _UPGRADE_FIX))
+        except PreflightError as exc:
+            # verify() reads the schema first: a refusal here is about the timeout.
+            schema_ok = True
+            checks.append(
+                Check("postgres", "schema version", True, "at a version this release reads")
+            )
+            checks.append(
+                Check("postgres", "statement_timeout", False, _TIMEOUT_REFUSED, _TIMEOUT_FIX)
+                if any("statement_timeout" in reason for reason in exc.reasons)
+                else Check("postgres", "verify", False, "; ".join(exc.reasons))
+            )
+        else:
+            schema_ok = True
+            timeout = report.statement_timeout
+            checks.append(
+                Check(
+                    "postgres",
+                    "schema version",
+                    True,
+                    f"adk_schema holds version {report.version}, which this release reads",
+                )
+            )
+            checks.append(
+                Check(
+                    "postgres",
+                    "statement_timeout",
+                    True,
+                    f"statement_timeout is {timeout} on a plain connection",
+                )
+            )
+        if not schema_ok:
+            async with engine.connect() as conn:
+                shown = str((await conn.execute(text("SHOW statement_timeout"))).scalar())
+            # The same test verify() applies, so both checks show even when the schema failed.
+            refused = shown.strip() in ("0", "0ms", "0s")
+            checks.append(
+                Check(
+                    "postgres",
+                    "statement_timeout",
+                    not refused,
+                    _TIMEOUT_REFUSED if refused else f"statement_timeout is {shown}",
+                    _TIMEOUT_FIX if refused else "",
+                )
+            )
+        else:
+            problems = await migrate.check(engine)
+            checks.append(
+                Check(
+                    "postgres",
+                    "migrations",
+                    not problems,
+                    "; ".join(problems)
+                    or f"at the head revision ({migrate.head()}); the tables match this release",
+                    _UPGRADE_FIX if problems else "",
+                )
+            )
+    finally:
+        await engine.dispose()
+    return checks
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # -- command line ---------------------------------------------------------------------
