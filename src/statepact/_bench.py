@@ -679,7 +679,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated backings to measure: memory, redis, postgres (default: memory, "
         "plus each server given by --redis/--postgres)",
     )
-    add_server_arguments(parser, verb="measure")
+    add_server_arguments(parser, verb="measure on")
     parser.add_argument(
         "--concurrency",
         type=_positive,

@@ -126,16 +126,16 @@ def add_debug_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_server_arguments(parser: argparse.ArgumentParser, *, verb: str) -> None:
+    """``--redis URL`` and ``--postgres URL``; ``verb`` says what is done there ("measure on")."""
     parser.add_argument(
         "--redis",
         metavar="URL",
-        help=f"{verb} on this Redis (redis://[:password@]host:port/db); its password is never "
-        "printed",
+        help=f"{verb} this Redis (redis://[:password@]host:port/db); its password is never printed",
     )
     parser.add_argument(
         "--postgres",
         metavar="URL",
-        help=f"{verb} on this PostgreSQL (postgresql://user[:password]@host:port/db); its "
+        help=f"{verb} this PostgreSQL (postgresql://user[:password]@host:port/db); its "
         "password is never printed",
     )
 
@@ -820,7 +820,7 @@ async def run_demo(b: Backings, clock: ManualClock, *, seed: int, out: TextIO) -
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``statepact demo``."""
-    add_server_arguments(parser, verb="run the demo")
+    add_server_arguments(parser, verb="run the demo on")
     parser.add_argument(
         "--seed",
         type=int,

@@ -2,8 +2,9 @@
 
 For Redis it runs the checks of ``preflight()`` one by one (reachable, eviction
 policy, persistence) and for PostgreSQL those of ``verify()`` (reachable,
-schema version, ``statement_timeout``), and prints each as passed or refused,
-with the reason and the fix. The exit code is 0 when every check passed and 1
+schema version, ``statement_timeout``) plus ``migrate.check()`` (head
+revision, no drift), and prints each as passed or refused, with the reason and
+the fix. The exit code is 0 when every check passed and 1
 when any was refused.
 
 It reads and reports; it must never change a server's configuration, create or
@@ -25,12 +26,12 @@ __all__ = ["Check", "add_arguments", "check_postgres", "check_redis", "command"]
 
 DESCRIPTION = """\
 Check that the given servers are fit to hold statepact's data. For Redis it
-runs preflight()'s checks (reachable; maxmemory-policy must not evict; with
-durable data, AOF or RDB persistence must be on); for PostgreSQL verify()'s
-(reachable; the schema at the version this release reads; a statement_timeout
-on the connection). Each check is printed as passed or refused, with the
-reason and the fix. Exits 1 when any check is refused. Reads only: it never
-changes a setting or a table.
+runs preflight()'s checks: reachable; maxmemory-policy must not evict; for
+durable data, AOF or RDB persistence must be on. For PostgreSQL, verify()'s:
+reachable; the schema at a version this release reads; a statement_timeout on
+the connection; and the migrations at the head revision with no drift. Each
+check is printed as passed or refused, with the reason and the fix. Exits 1
+when any check is refused. Reads only: it never changes a setting or a table.
 """
 
 CONNECT_TIMEOUT = 5.0
@@ -317,7 +318,7 @@ def _first_line(exc: BaseException) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``statepact doctor``."""
-    add_server_arguments(parser, verb="check the server")
+    add_server_arguments(parser, verb="check")
     parser.add_argument(
         "--no-durable",
         dest="durable",

@@ -1,0 +1,93 @@
+"""``statepact demo|bench|doctor`` through the entry point: help, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from statepact import cli
+
+OPTIONS = {
+    "demo": ["--redis URL", "--postgres URL", "--seed N", "--debug"],
+    "bench": [
+        "--backend LIST",
+        "--redis URL",
+        "--postgres URL",
+        "--concurrency N",
+        "--ops N",
+        "--tenants LIST",
+        "--queued LIST",
+        "--claims N",
+        "--json",
+        "--debug",
+    ],
+    "doctor": ["--redis URL", "--postgres URL", "--no-durable", "--debug"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIONS))
+def test_help_describes_the_command_and_lists_every_option(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each command's --help has a description and every option with its help text."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main([name, "--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"usage: statepact {name} ")
+    for option in OPTIONS[name]:
+        # the option, then at least a few words of help on its line or the next
+        assert re.search(rf"{re.escape(option)}\s+\S+(\s+\S+){{2,}}", text), option
+
+
+def test_the_top_level_help_lists_the_three_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    """``statepact --help`` names demo, bench and doctor with a line each."""
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    text = capsys.readouterr().out
+    for name in ("demo", "bench", "doctor"):
+        assert re.search(rf"^\s+{name}\s+\w+", text, re.M), name
+
+
+def test_demo_through_the_entry_point_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    """``statepact demo`` with no server: the story and the summary, exit code 0."""
+    assert cli.main(["demo", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("statepact demo on memory, seed 1")
+    assert "== summary (memory: in-process memory)" in out
+
+
+def test_doctor_without_a_server_says_what_to_give(capsys: pytest.CaptureFixture[str]) -> None:
+    """Nothing to check is a usage error (exit 2) in one line."""
+    assert cli.main(["doctor"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "statepact doctor: error: nothing to check; give --redis URL and/or --postgres URL\n"
+    )
+
+
+def test_the_installed_command_runs_the_demo_in_a_fresh_process() -> None:
+    """``python -m statepact.cli demo`` in a new interpreter: exit 0, nothing on stderr."""
+    result = subprocess.run(
+        [sys.executable, "-m", "statepact.cli", "demo", "--seed", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert "dead letter: globex/run-poison after 3 attempts" in result.stdout
+
+
+def test_an_unknown_backing_for_bench_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse refuses a bad value with the command's usage line and exit code 2."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", "--backend", "sqlite"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: statepact bench" in err
+    assert "unknown backing sqlite; choose from memory, redis, postgres" in err
