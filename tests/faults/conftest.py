@@ -199,3 +199,41 @@ def redis_cluster() -> Iterator[LocalRedisCluster]:
         yield cluster
     finally:
         cluster.close()
+
+
+# -- PostgreSQL databases on the lane's own server ----------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def fault_pg_template(fault_postgres_server: PostgresServer) -> str:
+    """A database on the lane's server with the packaged migrations applied, to clone per test.
+
+    The server is the lane's own and is closed with the session, so the
+    template is never dropped separately.
+    """
+    from statepact.storage.postgres import migrate
+    from tests.fixtures.postgres import create_database, run_in_thread, unique_database_name
+
+    name = unique_database_name("ftpl")
+
+    async def build() -> None:
+        url = await create_database(fault_postgres_server.url, name)
+        await migrate.upgrade(url)
+
+    run_in_thread(build)
+    return name
+
+
+@pytest.fixture
+async def fault_pg_url(
+    fault_postgres_server: PostgresServer, fault_pg_template: str
+) -> AsyncIterator[str]:
+    """A fresh migrated database (cloned from the template) on the lane's server; dropped after."""
+    from tests.fixtures.postgres import create_database, drop_database, unique_database_name
+
+    name = unique_database_name("f")
+    url = await create_database(fault_postgres_server.url, name, template=fault_pg_template)
+    try:
+        yield url
+    finally:
+        await drop_database(fault_postgres_server.url, name)
