@@ -1,0 +1,203 @@
+"""``statepact demo``, ``bench`` and ``doctor`` on a real PostgreSQL (and the bench on all three).
+
+The demo and the bench work in a scratch schema that must be gone afterwards;
+the doctor must pass a migrated database with a statement_timeout and refuse,
+naming the setting and the fix, one without.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import pool, text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from statepact import _bench, _demo, _doctor
+from tests.fixtures.postgres import (
+    admin_execute,
+    database_url,
+    drop_database,
+    unique_database_name,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def _parse(add: Callable[[argparse.ArgumentParser], None], *argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add(parser)
+    return parser.parse_args(list(argv))
+
+
+async def _schemas(url: str, like: str) -> list[str]:
+    engine = create_async_engine(url, poolclass=pool.NullPool)
+    try:
+        async with engine.connect() as conn:
+            rows = await conn.execute(
+                text("SELECT nspname FROM pg_namespace WHERE nspname LIKE :like"), {"like": like}
+            )
+            return [row[0] for row in rows]
+    finally:
+        await engine.dispose()
+
+
+async def test_demo_tells_the_story_on_postgres_and_drops_its_schema(
+    statepact_postgres_url: str,
+) -> None:
+    """State, queue and transactions on PostgreSQL, in a schema that is dropped afterwards."""
+    out = io.StringIO()
+    args = _parse(_demo.add_arguments, "--postgres", statepact_postgres_url, "--seed", "4")
+    code = await asyncio.to_thread(lambda: _demo.command(args, out=out))
+    transcript = out.getvalue()
+    assert code == 0, transcript
+    for point in [
+        "round 1 claims: ",
+        "CRASHED after step 1",
+        "lease expired; back to queued",
+        "counters kept from the crashed attempt",
+        "dead letter: globex/run-poison after 3 attempts",
+        "its commit was refused (ConflictError",
+        "spent=12 (= 5 + 7, no lost update)",
+        "replayed=True",
+        "refused with IdempotencyConflictError",
+        "runs: 28 in 3 tenants, 1 failed, 27 succeeded",
+    ]:
+        assert point in transcript, point
+    assert "schema 'statepact_cli_" in transcript
+    assert await _schemas(statepact_postgres_url, "statepact_cli_%") == []
+
+
+async def test_bench_reports_every_scenario_on_all_three_backings(
+    statepact_postgres_url: str, statepact_redis_url: str
+) -> None:
+    """Tiny sizes on memory, Redis and PostgreSQL: every scenario with ops/s and ratio."""
+    out, err = io.StringIO(), io.StringIO()
+    args = _parse(
+        _bench.add_arguments,
+        "--backend",
+        "memory,redis,postgres",
+        "--redis",
+        statepact_redis_url,
+        "--postgres",
+        statepact_postgres_url,
+        "--concurrency",
+        "3",
+        "--ops",
+        "2",
+        "--tenants",
+        "2,10",
+        "--queued",
+        "10,20",
+        "--claims",
+        "4",
+        "--json",
+    )
+    code = await asyncio.to_thread(lambda: _bench.command(args, out=out, err=err))
+    assert code == 0, err.getvalue()
+    payload = json.loads(out.getvalue())
+    assert set(payload["backings"]) == {"memory", "redis", "postgres"}
+    assert "postgres" not in json.dumps(payload["backings"]["memory"])
+    scenarios = {
+        "tx.independent",
+        "tx.hot_key",
+        "tx.read_only",
+        "state.get",
+        "state.put",
+        "state.patch",
+        "queue.enqueue.w1",
+        "queue.enqueue.w10",
+        "queue.claim_ack.w1",
+        "queue.claim_ack.w10",
+        "queue.claim_cost.t2.q10",
+        "queue.claim_cost.t2.q20",
+        "queue.claim_cost.t10.q10",
+        "queue.claim_cost.t10.q20",
+    }
+    floors = {
+        "memory": {"dict+asyncio.Lock"},
+        "redis": {"raw PING", "raw EVALSHA"},
+        "postgres": {"raw SELECT 1", "raw one-row UPDATE"},
+    }
+    for backing, names in floors.items():
+        rows = [r for r in payload["results"] if r["backing"] == backing]
+        assert {r["scenario"] for r in rows} - {f"floor.{n}" for n in names} == scenarios
+        assert {r["floor"] for r in rows} == names
+        for r in rows:
+            assert r["ops_per_s"] > 0, r
+            assert r["ratio"] == pytest.approx(r["ops_per_s"] / r["floor_ops_per_s"])
+    assert await _schemas(statepact_postgres_url, "bench%") == []
+    # the table form, too, names every scenario with its numbers
+    table = _bench.format_table([_bench.BenchResult(**r) for r in payload["results"]])
+    assert table.count("\n") == len(payload["results"]) + 1
+
+
+@pytest.fixture
+async def bare_database(statepact_postgres_url: str) -> AsyncIterator[str]:
+    """A new, empty database with no statement_timeout and no statepact tables."""
+    name = unique_database_name("doc")
+    await admin_execute(statepact_postgres_url, f'CREATE DATABASE "{name}"')
+    try:
+        yield database_url(statepact_postgres_url, name)
+    finally:
+        await drop_database(statepact_postgres_url, name)
+
+
+def _run_doctor(*argv: str) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = _doctor.command(_parse(_doctor.add_arguments, *argv), out=out, err=err)
+    assert err.getvalue() == ""
+    return code, out.getvalue()
+
+
+async def test_doctor_passes_a_migrated_database_with_a_statement_timeout(
+    pg_database_url: str,
+) -> None:
+    """Every verify() check and the migration check pass: exit 0."""
+    code, out = await asyncio.to_thread(lambda: _run_doctor("--postgres", pg_database_url))
+    assert code == 0, out
+    assert "ok       schema version: adk_schema holds version" in out
+    assert "ok       statement_timeout: statement_timeout is 30s" in out
+    assert "ok       migrations: at the head revision" in out
+
+
+async def test_doctor_refuses_a_bare_database_naming_both_fixes(bare_database: str) -> None:
+    """No tables and no statement_timeout: both refused, each with its fix; exit 1."""
+    code, out = await asyncio.to_thread(lambda: _run_doctor("--postgres", bare_database))
+    assert code == 1
+    assert "REFUSED  schema version: table 'adk_schema' does not exist" in out
+    assert "fix: run `statepact db upgrade --url <the same URL>`" in out
+    assert "REFUSED  statement_timeout: statement_timeout is 0 (no limit)" in out
+    assert "fix: ALTER ROLE <role> SET statement_timeout" in out
+    assert "doctor: 2 check(s) refused" in out
+
+
+async def test_doctor_refuses_a_migrated_database_without_a_timeout(bare_database: str) -> None:
+    """Migrated, but statement_timeout is 0: only that check is refused."""
+    from statepact.storage.postgres import migrate
+
+    await migrate.upgrade(bare_database)
+    code, out = await asyncio.to_thread(lambda: _run_doctor("--postgres", bare_database))
+    assert code == 1
+    assert "ok       schema version" in out
+    assert "REFUSED  statement_timeout" in out
+    assert "ok       migrations" in out
+    assert "doctor: 1 check(s) refused" in out
+
+
+async def test_doctor_never_prints_the_password(statepact_postgres_url: str) -> None:
+    """A wrong password: refused as unreachable, the password masked everywhere."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(statepact_postgres_url).set(password="hunter2", port=1)
+    plain: Any = url.render_as_string(hide_password=False)
+    code, out = await asyncio.to_thread(lambda: _run_doctor("--postgres", plain))
+    assert code == 1
+    assert "REFUSED  reachable: cannot connect" in out
+    assert "hunter2" not in out
+    assert ":***@" in out
