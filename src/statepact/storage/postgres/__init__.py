@@ -17,6 +17,7 @@ here creates or alters a table at import or at ``open()``.
 
 from statepact.settings import PostgresStoreSettings
 from statepact.storage.postgres._client import create_engine
+from statepact.storage.postgres.backend import PostgresBackend
 from statepact.storage.postgres.queue import PostgresWorkQueue
 from statepact.storage.postgres.schema import EXPECTED_SCHEMA, StateTables, metadata
 from statepact.storage.postgres.state import PostgresStateStore
@@ -24,6 +25,7 @@ from statepact.storage.postgres.verify import verify
 
 __all__ = [
     "EXPECTED_SCHEMA",
+    "PostgresBackend",
     "PostgresStateStore",
     "PostgresStoreSettings",
     "PostgresWorkQueue",

@@ -1,0 +1,649 @@
+"""PostgresBackend against a real server: what only PostgreSQL shows.
+
+The behaviour every backing shares is the conformance suite's
+(``tests/conformance/test_transactions.py``); this module checks ``connect()``
+and the schema it finds or creates through the migrations, the one-statement
+calls, commits whose reply was lost (cut by a fault proxy after the server
+committed), consistent snapshots under concurrent commits from several pools,
+locks that span pooled connections and expire, a deadlock inside a commit,
+error translation and ``clear()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import event, pool, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from statepact._retry import RetryPolicy
+from statepact.clock import ManualClock
+from statepact.errors import (
+    ConflictError,
+    LockTimeoutError,
+    PoolExhaustedError,
+    SchemaVersionError,
+    StatePersistenceError,
+)
+from statepact.storage.postgres import PostgresBackend, migrate
+from statepact.testing.faults import FaultProxy
+from statepact.tx import (
+    CommitRequest,
+    CommitResult,
+    Isolation,
+    LockMode,
+    Transaction,
+    TransactionManager,
+    WriteRecord,
+)
+from tests.fixtures.postgres import create_database, drop_database, unique_database_name
+
+pytestmark = pytest.mark.integration
+
+R = "orders"
+FAST_FAILOVER = RetryPolicy(attempts=4, base_delay=0.05, max_delay=0.2)
+ISOLATIONS = [i.value for i in Isolation]
+_LOCK_ROW = "SELECT 1 FROM statepact_values WHERE resource = :r AND key = :k FOR UPDATE"
+
+
+@pytest.fixture
+async def empty_database_url(statepact_postgres_url: str) -> AsyncIterator[str]:
+    """A database with no statepact table at all, dropped after the test."""
+    name = unique_database_name("pgb_empty")
+    url = await create_database(statepact_postgres_url, name)
+    try:
+        yield url
+    finally:
+        await drop_database(statepact_postgres_url, name)
+
+
+@pytest.fixture
+async def backends(clock: ManualClock) -> AsyncIterator[Callable[..., Any]]:
+    """``await make(url, **options)``: backends on their own pools, closed after the test."""
+    made: list[PostgresBackend] = []
+
+    async def make(url: str, **options: Any) -> PostgresBackend:
+        backend = await PostgresBackend.connect(url, **{"clock": clock, **options})
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        await backend.close()
+
+
+async def _scalar(url: str, sql: str, **params: Any) -> Any:
+    """One value read through a connection of its own (never the backend's pool)."""
+    engine = create_async_engine(url, poolclass=pool.NullPool)
+    try:
+        async with engine.connect() as conn:
+            return (await conn.execute(text(sql), params)).scalar()
+    finally:
+        await engine.dispose()
+
+
+async def _write(manager: TransactionManager, key: str, value: object, resource: str = R) -> int:
+    async with manager.transaction() as tx:
+        tx.write(resource, key, value)
+    return tx.result.version
+
+
+def _via(url: str, proxy: FaultProxy) -> str:
+    return make_url(url).set(host=proxy.host, port=proxy.port).render_as_string(hide_password=False)
+
+
+def _server_port(url: str) -> int:
+    return make_url(url).port or 5432
+
+
+# -- connect and the schema ---------------------------------------------------------------
+
+
+async def test_connect_on_an_empty_database_applies_the_migrations(
+    empty_database_url: str, backends: Callable[..., Any]
+) -> None:
+    """connect() on a database without the tables creates them through the Alembic revisions."""
+    assert await _scalar(empty_database_url, "SELECT to_regclass('statepact_meta')") is None
+    backend = await backends(empty_database_url)
+    assert await migrate.current(empty_database_url) == migrate.head()
+    assert (
+        await _scalar(empty_database_url, "SELECT to_regprocedure('statepact_commit(jsonb)')")
+        is not None
+    )
+    manager = TransactionManager(backend)
+    assert await _write(manager, "o1", {"n": 1}) == 1
+    # A second connect finds the schema and leaves it alone.
+    again = await backends(empty_database_url)
+    assert await TransactionManager(again).history(R, "o1") != []
+    assert await migrate.current(empty_database_url) == migrate.head()
+
+
+async def test_create_schema_false_refuses_an_empty_database(
+    empty_database_url: str, backends: Callable[..., Any]
+) -> None:
+    """connect(create_schema=False) on a database without the tables raises SchemaVersionError
+    and creates nothing."""
+    with pytest.raises(SchemaVersionError, match="create_schema=False"):
+        await backends(empty_database_url, create_schema=False)
+    assert await _scalar(empty_database_url, "SELECT to_regclass('statepact_meta')") is None
+    assert await migrate.current(empty_database_url) is None
+
+
+async def test_tables_without_the_commit_functions_are_refused(
+    empty_database_url: str, backends: Callable[..., Any]
+) -> None:
+    """Tables at revision 0001 are an existing schema: connect() refuses, it does not alter it."""
+    await migrate.upgrade(empty_database_url, "0001")
+    with pytest.raises(SchemaVersionError, match="statepact db upgrade"):
+        await backends(empty_database_url)
+    assert await migrate.current(empty_database_url) == "0001"
+    await migrate.upgrade(empty_database_url)
+    backend = await backends(empty_database_url, create_schema=False)
+    assert await backend.health_check() is True
+
+
+async def test_connect_accepts_both_url_schemes_and_hides_the_password(
+    pg_database_url: str, backends: Callable[..., Any]
+) -> None:
+    """postgresql:// and postgresql+asyncpg:// both connect; another scheme is refused without
+    echoing the URL."""
+    url = make_url(pg_database_url)
+    for driver in ("postgresql", "postgresql+asyncpg"):
+        backend = await backends(url.set(drivername=driver).render_as_string(hide_password=False))
+        assert await backend.health_check() is True
+    with pytest.raises(ValueError, match="dsn") as caught:
+        await PostgresBackend.connect("mysql://user:s3cret-pw@127.0.0.1/db")
+    assert "s3cret-pw" not in str(caught.value)
+
+
+async def test_open_on_an_engine_the_caller_owns(pg_database_url: str, clock: ManualClock) -> None:
+    """open(engine) checks the schema and works; close() leaves the caller's engine usable."""
+    engine = create_async_engine(pg_database_url, pool_size=2, max_overflow=0)
+    try:
+        backend = await PostgresBackend.open(engine, clock=clock)
+        assert await _write(TransactionManager(backend), "o1", 1) == 1
+        await backend.close()
+        assert await backend.health_check() is False
+        async with engine.connect() as conn:
+            assert (await conn.execute(text("SELECT seq FROM statepact_meta"))).scalar() == 1
+    finally:
+        await engine.dispose()
+
+
+async def test_unreachable_server_is_statepersistenceerror(clock: ManualClock) -> None:
+    """connect() to a port nobody listens on gives up within the budget, reason "unavailable"."""
+    async with FaultProxy(1) as proxy:
+        proxy.refuse()
+        began = time.monotonic()
+        with pytest.raises(StatePersistenceError) as caught:
+            await PostgresBackend.connect(
+                f"postgresql://statepact:pw@127.0.0.1:{proxy.port}/nowhere",
+                clock=clock,
+                failover=FAST_FAILOVER,
+            )
+    assert caught.value.reason == "unavailable" and caught.value.retryable
+    assert "pw@" not in str(caught.value)
+    assert time.monotonic() - began < 5
+
+
+# -- one statement per call ------------------------------------------------------------------
+
+
+async def test_every_call_is_one_statement(
+    pg_database_url: str, backends: Callable[..., Any]
+) -> None:
+    """begin, a read, a commit (with reads, writes, a key and fencing) and a lock attempt are one
+    statement each, in autocommit; end() without locks sends nothing."""
+    backend = await backends(pg_database_url, min_size=0)
+    manager = TransactionManager(backend)
+    statements: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(backend.engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        await _write(manager, "warm", 1)  # the first call on a connection may prepare
+        lease = await manager.acquire_lease("job", "w1", 30)
+        assert lease is not None
+        statements.clear()
+        tx = await manager.begin("serializable", idempotency_key="k1", fencing=lease)
+        assert len(statements) == 1
+        await tx.read(R, "warm")
+        await tx.read(R, "absent")
+        assert len(statements) == 3
+        tx.write(R, "o1", {"n": 1})
+        tx.write("other", "o2", {"n": 2})
+        await tx.commit()
+        assert len(statements) == 4
+        assert "statepact_commit" in statements[-1]
+        tx = await manager.begin()
+        await tx.lock(R, "o1")
+        assert len(statements) == 6
+        await tx.rollback()  # end() releases the lock: one statement
+        assert len(statements) == 7
+        tx = await manager.begin()
+        await tx.rollback()  # no locks: end() sends nothing
+        assert len(statements) == 8
+    finally:
+        event.remove(backend.engine.sync_engine, "before_cursor_execute", seen)
+
+
+async def test_values_come_back_verbatim(
+    pg_database_url: str, backends: Callable[..., Any]
+) -> None:
+    """The stored JSON text is what the front sent, byte for byte (json, not jsonb)."""
+    backend = await backends(pg_database_url)
+    manager = TransactionManager(backend)
+    value = {"z": 1, "a": [1.5, "ü", {"k": None}], "big": 12345678901234567890}
+    await _write(manager, "o1", value)
+    stored = await backend.read(R, "o1", None)
+    assert stored.data == '{"a":[1.5,"ü",{"k":null}],"big":12345678901234567890,"z":1}'
+    assert (await backend.read(R, "o1", 1)).data == stored.data
+    assert await _read(manager, "o1") == value
+
+
+async def _read(manager: TransactionManager, key: str, resource: str = R) -> Any:
+    async with manager.transaction() as tx:
+        return await tx.read(resource, key)
+
+
+# -- lost replies ------------------------------------------------------------------------------
+
+
+async def test_commit_sent_twice_is_applied_once(
+    pg_database_url: str, backends: Callable[..., Any], clock: ManualClock
+) -> None:
+    """The same CommitRequest sent again (a lost reply) returns the first version and applies
+    nothing, under every isolation; another transaction with the same writes applies again."""
+    backend = await backends(pg_database_url)
+    for n, isolation in enumerate(Isolation):
+        txn_id = uuid.uuid4().hex
+        taken_at = await backend.begin(txn_id)
+        request = CommitRequest(
+            txn_id=txn_id,
+            isolation=isolation,
+            taken_at=taken_at,
+            reads=(),
+            writes=(WriteRecord(R, "o1", f'{{"n":{n}}}'), WriteRecord(R, "o2", None)),
+            idempotency_key=None,
+            fingerprint=None,
+            fencing=None,
+            now=clock.now(),
+        )
+        first = await backend.commit(request)
+        assert await backend.commit(request) == first
+        assert first == CommitResult(n + 1)
+        assert [v.version for v in await backend.history(R, "o1", 10)] == list(range(n + 1, 0, -1))
+        await backend.end(txn_id)
+    other = uuid.uuid4().hex
+    again = CommitRequest(
+        txn_id=other,
+        isolation=Isolation.READ_COMMITTED,
+        taken_at=await backend.begin(other),
+        reads=(),
+        writes=(WriteRecord(R, "o1", '{"n":2}'), WriteRecord(R, "o2", None)),
+        idempotency_key=None,
+        fingerprint=None,
+        fencing=None,
+        now=clock.now(),
+    )
+    assert await backend.commit(again) == CommitResult(4)
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+async def test_a_commit_whose_reply_was_lost_is_applied_once(
+    pg_database_url: str, backends: Callable[..., Any], isolation: str
+) -> None:
+    """The proxy cuts the connection after the server committed; the failover sends the commit
+    again, which finds its own first attempt: one version, the caller sees one plain commit."""
+    direct = TransactionManager(await backends(pg_database_url))
+    await _write(direct, "counter", 10)
+    async with FaultProxy(_server_port(pg_database_url)) as proxy:
+        backend = await backends(_via(pg_database_url, proxy), failover=FAST_FAILOVER)
+        manager = TransactionManager(backend)
+        tx = await manager.begin(isolation)
+        current = await tx.read(R, "counter")
+        tx.write(R, "counter", current + 1)
+        armed = proxy.cut_after_reply(tx.txn_id.encode())
+        result = await tx.commit()
+        await armed.wait(2.0)
+        assert armed.swallowed, "the server answered the commit before the cut"
+        assert proxy.stats.cut == 1
+    assert result == CommitResult(2, replayed=False)
+    history = await direct.history(R, "counter")
+    assert [(v.version, v.value) for v in history] == [(2, 11), (1, 10)]
+    assert (await direct.begin()).taken_at == 2
+
+
+async def test_ambiguous_commit_with_an_idempotency_key_replays_once(
+    pg_database_url: str, backends: Callable[..., Any]
+) -> None:
+    """Without a failover budget the cut commit surfaces as the retryable unavailable error; the
+    caller's retry with the same key replays the first result, and the history holds one version."""
+    direct = TransactionManager(await backends(pg_database_url))
+    async with FaultProxy(_server_port(pg_database_url)) as proxy:
+        backend = await backends(_via(pg_database_url, proxy), failover=RetryPolicy(attempts=1))
+        manager = TransactionManager(backend)
+        await _write(manager, "warm", 1)  # the statements are prepared before the cut
+        key = f"pay-{uuid.uuid4().hex}"
+        armed = proxy.cut_after_reply(key.encode())
+        with pytest.raises(StatePersistenceError) as caught:
+            async with manager.transaction(idempotency_key=key) as tx:
+                tx.write(R, "o1", {"state": "paid"})
+        assert caught.value.reason == "unavailable" and caught.value.retryable
+        await armed.wait(2.0)
+        assert armed.swallowed
+        history = await direct.history(R, "o1")
+        assert [(v.version, v.value) for v in history] == [(2, {"state": "paid"})]
+
+        async with manager.transaction(idempotency_key=key) as retry:
+            retry.write(R, "o1", {"state": "paid"})
+        assert retry.result == CommitResult(2, replayed=True)
+    assert [v.version for v in await direct.history(R, "o1")] == [2]
+    assert (await direct.begin()).taken_at == 2
+
+
+async def test_ambiguous_commit_absorbed_by_the_failover_is_not_a_replay(
+    pg_database_url: str, backends: Callable[..., Any]
+) -> None:
+    """With a failover budget the backing resends the cut commit itself; the idempotency record
+    names the same transaction, so the caller sees its own commit (replayed=False), once."""
+    direct = TransactionManager(await backends(pg_database_url))
+    async with FaultProxy(_server_port(pg_database_url)) as proxy:
+        backend = await backends(_via(pg_database_url, proxy), failover=FAST_FAILOVER)
+        manager = TransactionManager(backend)
+        await _write(manager, "warm", 1)
+        key = f"pay-{uuid.uuid4().hex}"
+        armed = proxy.cut_after_reply(key.encode())
+        async with manager.transaction(idempotency_key=key) as tx:
+            tx.write(R, "o1", {"n": 1})
+        await armed.wait(2.0)
+        assert proxy.stats.cut == 1
+    assert tx.result == CommitResult(2, replayed=False)
+    assert [(v.version, v.value) for v in await direct.history(R, "o1")] == [(2, {"n": 1})]
+
+
+async def test_a_server_that_stays_away_is_statepersistenceerror(
+    pg_database_url: str, backends: Callable[..., Any]
+) -> None:
+    """Connections cut and new ones refused: a commit gives up after the failover budget with the
+    retryable unavailable error; nothing was applied."""
+    direct = TransactionManager(await backends(pg_database_url))
+    async with FaultProxy(_server_port(pg_database_url)) as proxy:
+        backend = await backends(_via(pg_database_url, proxy), failover=FAST_FAILOVER)
+        manager = TransactionManager(backend)
+        tx = await manager.begin()
+        tx.write(R, "o1", 1)
+        proxy.refuse()
+        proxy.cut()
+        began = time.monotonic()
+        with pytest.raises(StatePersistenceError) as caught:
+            await tx.commit()
+        assert caught.value.reason == "unavailable" and caught.value.retryable
+        assert time.monotonic() - began < 5
+        assert await backend.health_check() is False
+        proxy.heal()
+        assert await backend.health_check() is True
+    assert await direct.history(R, "o1") == []
+
+
+async def test_an_exhausted_pool_raises_at_once(
+    pg_database_url: str, backends: Callable[..., Any]
+) -> None:
+    """With every pooled connection taken, a call raises PoolExhaustedError after the pool
+    timeout, without failover retries."""
+    backend = await backends(pg_database_url, max_size=1, pool_timeout=0.2)
+    held = await backend.engine.connect()
+    try:
+        began = time.monotonic()
+        with pytest.raises(PoolExhaustedError):
+            await backend.begin("t1")
+        assert time.monotonic() - began < 1.0
+    finally:
+        await held.close()
+    assert await backend.begin("t2") == 0
+
+
+# -- concurrency ---------------------------------------------------------------------------------
+
+
+async def test_snapshots_stay_consistent_under_concurrent_commits(
+    pg_database_url: str, backends: Callable[..., Any]
+) -> None:
+    """Transfers committed through three pools never show a snapshot a partial or out-of-order
+    set of commits: every snapshot's accounts sum to the total (version order is commit order)."""
+    pools = [TransactionManager(await backends(pg_database_url, max_size=4)) for _ in range(3)]
+    accounts, total = [f"acct-{i}" for i in range(5)], 5 * 100
+    async with pools[0].transaction() as seed:
+        for account in accounts:
+            seed.write(R, account, 100)
+    done = asyncio.Event()
+    snapshots = 0
+
+    async def transfer(manager: TransactionManager, n: int) -> None:
+        source, target = accounts[n % 5], accounts[(n * 3 + 1) % 5]
+
+        async def body(tx: Transaction) -> None:
+            a = await tx.read(R, source)
+            b = await tx.read(R, target)
+            if source != target:
+                tx.write(R, source, a - 7)
+                tx.write(R, target, b + 7)
+
+        await manager.run(body, retries=200)
+
+    async def auditor(manager: TransactionManager) -> None:
+        nonlocal snapshots
+        while not done.is_set():
+            async with manager.transaction("snapshot") as tx:
+                seen = []
+                for account in accounts:
+                    seen.append(await tx.read(R, account))
+                    await asyncio.sleep(0)
+            assert sum(seen) == total, (tx.taken_at, seen)
+            snapshots += 1
+
+    auditors = [asyncio.create_task(auditor(m)) for m in pools]
+    await asyncio.gather(*(transfer(pools[n % 3], n) for n in range(60)))
+    done.set()
+    await asyncio.gather(*auditors)
+    assert snapshots > 3
+    async with pools[1].transaction() as tx:
+        final = [await tx.read(R, account) for account in accounts]
+    assert sum(final) == total
+    versions = [v.version for a in accounts for v in await pools[2].history(R, a, limit=1000)]
+    # The seed wrote five keys at version 1; each transfer two keys at one new version.
+    assert len(versions) - 5 == 2 * (len(set(versions)) - 1)
+
+
+async def test_a_later_version_never_becomes_visible_before_an_earlier_one(
+    pg_database_url: str, backends: Callable[..., Any]
+) -> None:
+    """A commit holding version n and stalled before COMMIT keeps every other writing commit
+    (even on unrelated keys) from completing, and begin() meanwhile does not see it: version
+    order is commit order, so no snapshot can see n + 1 and miss n."""
+    first = TransactionManager(await backends(pg_database_url))
+    second = TransactionManager(await backends(pg_database_url))
+    outsider = create_async_engine(pg_database_url, poolclass=pool.NullPool)
+    finished: list[str] = []
+    try:
+        async with outsider.connect() as conn:
+            # An uncommitted history row with the key and version the first commit will
+            # write: its insert waits on the unique index after it took version 1.
+            await conn.execute(
+                text(
+                    "INSERT INTO statepact_history (resource, key, version, committed_at) "
+                    "VALUES (:r, 'k1', 1, '2026-01-01T00:00:00Z')"
+                ),
+                {"r": R},
+            )
+
+            async def commit(manager: TransactionManager, key: str) -> int:
+                version = await _write(manager, key, key)
+                finished.append(key)
+                return version
+
+            stalled = asyncio.create_task(commit(first, "k1"))
+            await _wait_for_lock_wait(pg_database_url, "statepact_commit")
+            independent = asyncio.create_task(commit(second, "k2"))
+            await asyncio.sleep(0.5)
+            assert not stalled.done() and not independent.done()
+            assert (await second.begin()).taken_at == 0
+            await conn.rollback()
+            assert (await stalled, await independent) == (1, 2)
+    finally:
+        await outsider.dispose()
+    assert finished == ["k1", "k2"]
+    assert [v.version for v in await second.history(R, "k1")] == [1]
+
+
+async def test_hot_key_increments_from_several_pools_all_land(
+    pg_database_url: str, backends: Callable[..., Any]
+) -> None:
+    """Concurrent increments of one key through three pools under snapshot isolation end exact."""
+    pools = [TransactionManager(await backends(pg_database_url, max_size=3)) for _ in range(3)]
+
+    async def increment(tx: Transaction) -> None:
+        tx.write(R, "hot", (await tx.read(R, "hot") or 0) + 1)
+
+    await asyncio.gather(*(pools[n % 3].run(increment, retries=500) for n in range(45)))
+    assert await _read(pools[0], "hot") == 45
+    assert [v.version for v in await pools[1].history(R, "hot", limit=100)] == list(
+        range(45, 0, -1)
+    )
+
+
+async def test_a_deadlock_inside_a_commit_is_a_conflict_and_applies_nothing(
+    pg_database_url: str, backends: Callable[..., Any]
+) -> None:
+    """An outside transaction that closes a lock cycle with a commit makes PostgreSQL abort the
+    commit (40P01): ConflictError without a failover budget; absorbed by a resend with one."""
+    for budget, expect_conflict in ((RetryPolicy(attempts=1), True), (FAST_FAILOVER, False)):
+        backend = await backends(pg_database_url, failover=budget)
+        manager = TransactionManager(backend)
+        base = await _write(manager, "a", 0)
+        await _write(manager, "b", 0)
+        outsider = create_async_engine(pg_database_url, poolclass=pool.NullPool)
+        try:
+            async with outsider.connect() as conn:
+                await conn.execute(text(_LOCK_ROW), {"r": R, "k": "b"})
+                tx = await manager.begin("read_committed")
+                tx.write(R, "a", 1)
+                tx.write(R, "b", 1)
+                commit = asyncio.create_task(tx.commit())
+                await _wait_for_lock_wait(pg_database_url, "statepact_commit")
+                await asyncio.sleep(0.3)
+                # The commit holds a and waits for b; taking a now closes the cycle. The
+                # commit waited first, so its deadlock check fires first and it is the victim.
+                take_a = asyncio.create_task(conn.execute(text(_LOCK_ROW), {"r": R, "k": "a"}))
+                if expect_conflict:
+                    with pytest.raises(ConflictError, match="deadlock"):
+                        await commit
+                    await take_a
+                    await conn.rollback()
+                    assert await _read(manager, "a") == 0
+                else:
+                    await take_a
+                    await conn.rollback()  # the resent commit gets both keys now
+                    assert (await commit).version == base + 2
+                    assert await _read(manager, "a") == 1
+        finally:
+            await outsider.dispose()
+        await backend.clear()
+
+
+async def _wait_for_lock_wait(url: str, marker: str, timeout: float = 5.0) -> None:  # noqa: ASYNC109
+    """Until a backend running a statement containing ``marker`` waits on a lock."""
+    deadline = time.monotonic() + timeout
+    sql = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock' AND query LIKE :pattern"
+    )
+    while time.monotonic() < deadline:
+        if await _scalar(url, sql, pattern=f"%{marker}%"):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no statement with {marker!r} started waiting on a lock")
+
+
+# -- locks ---------------------------------------------------------------------------------------
+
+
+async def test_locks_span_pools_and_expire_after_their_ttl(
+    pg_database_url: str, backends: Callable[..., Any], clock: ManualClock
+) -> None:
+    """A lock taken through one pool excludes a transaction on another; a holder that never ends
+    (a crashed process) loses it lock_ttl_seconds later, by the injected clock."""
+    first = TransactionManager(await backends(pg_database_url, lock_ttl_seconds=30))
+    second = TransactionManager(await backends(pg_database_url, lock_ttl_seconds=30))
+    crashed = await first.begin()
+    await crashed.lock(R, "o1", mode=LockMode.EXCLUSIVE)
+    waiter = await second.begin()
+    with pytest.raises(LockTimeoutError):
+        await waiter.lock(R, "o1", mode="shared", timeout=0.1)
+    clock.advance(29)
+    with pytest.raises(LockTimeoutError):
+        await waiter.lock(R, "o1", timeout=0)
+    clock.advance(1)
+    await waiter.lock(R, "o1", timeout=0)
+    assert (
+        await _scalar(pg_database_url, "SELECT count(*) FROM statepact_locks WHERE key = 'o1'") == 1
+    )
+    await waiter.rollback()
+    assert await _scalar(pg_database_url, "SELECT count(*) FROM statepact_locks") == 0
+
+
+async def test_a_waiter_on_another_pool_gets_the_lock_when_the_holder_ends(
+    pg_database_url: str, backends: Callable[..., Any]
+) -> None:
+    """Shared holders on two pools coexist; an exclusive waiter polls until both end."""
+    one = TransactionManager(await backends(pg_database_url))
+    two = TransactionManager(await backends(pg_database_url))
+    a, b, c = await one.begin(), await two.begin(), await two.begin()
+    await a.lock(R, "k", mode="shared")
+    await b.lock(R, "k", mode="shared")
+    waiting = asyncio.create_task(c.lock(R, "k", mode="exclusive", timeout=5.0))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    await a.rollback()
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    await b.commit()
+    await asyncio.wait_for(waiting, 5.0)
+    await c.rollback()
+
+
+# -- clear ---------------------------------------------------------------------------------------
+
+
+async def test_clear_empties_only_the_statepact_tables(
+    pg_database_url: str, backends: Callable[..., Any]
+) -> None:
+    """clear() truncates the statepact_* tables and restarts the sequence; an application's table
+    and the migration bookkeeping stay."""
+    engine: AsyncEngine = create_async_engine(pg_database_url, poolclass=pool.NullPool)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("CREATE TABLE app_orders (id int PRIMARY KEY)"))
+            await conn.execute(text("INSERT INTO app_orders VALUES (1)"))
+    finally:
+        await engine.dispose()
+    backend = await backends(pg_database_url)
+    manager = TransactionManager(backend)
+    await _write(manager, "o1", 1)
+    await manager.register_resource(R, {"owner": "billing"})
+    assert await manager.acquire_lease("job", "w1", 30) is not None
+    await backend.clear()
+    assert await _scalar(pg_database_url, "SELECT count(*) FROM app_orders") == 1
+    assert await migrate.current(pg_database_url) == migrate.head()
+    for table in ("statepact_values", "statepact_history", "statepact_resources"):
+        assert await _scalar(pg_database_url, f"SELECT count(*) FROM {table}") == 0
+    assert await _scalar(pg_database_url, "SELECT seq FROM statepact_meta") == 0
+    assert await _write(manager, "o1", 1) == 1
