@@ -1,0 +1,79 @@
+"""The docs' server examples (``<!-- statepact-docs: needs ... -->``) run against real servers.
+
+Each block gets ``STATEPACT_REDIS_URL`` (the plugin's durable Redis, flushed
+after the block) and ``STATEPACT_DATABASE_URL`` (a fresh database migrated to
+head, with a statement_timeout, dropped after the block), and runs as a
+program of its own: each block calls ``asyncio.run`` itself, so the tests are
+plain functions with no event loop of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.fixtures.postgres import (
+    create_database,
+    drop_database,
+    run_in_thread,
+    unique_database_name,
+)
+from tests.unit.test_docs_examples import ALL, Example, run_example
+
+pytestmark = pytest.mark.integration
+
+SERVER_EXAMPLES = [e for e in ALL if e.needs]
+
+
+async def _flush(url: str) -> None:
+    from redis.asyncio import Redis
+
+    client: Any = Redis.from_url(url)
+    try:
+        await client.flushdb()
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def docs_database(statepact_postgres_url: str) -> Iterator[str]:
+    """A fresh database at the head revision, with statement_timeout set; dropped after."""
+    from statepact.storage.postgres import migrate
+
+    name = unique_database_name("docs")
+
+    async def build() -> str:
+        url = await create_database(statepact_postgres_url, name)
+        await migrate.upgrade(url)
+        return url
+
+    try:
+        yield run_in_thread(build)
+    finally:
+        run_in_thread(lambda: drop_database(statepact_postgres_url, name))
+
+
+def test_some_examples_need_each_server() -> None:
+    """The docs show both servers, so this module has something to run for each."""
+    assert {server for e in SERVER_EXAMPLES for server in e.needs} == {"redis", "postgres"}
+
+
+@pytest.mark.parametrize("example", SERVER_EXAMPLES, ids=[e.id for e in SERVER_EXAMPLES])
+def test_server_example_runs(
+    example: Example, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The example runs to the end against the servers it names, its own asserts included."""
+    redis_url: str | None = None
+    if "redis" in example.needs:
+        redis_url = request.getfixturevalue("statepact_redis_url")
+        monkeypatch.setenv("STATEPACT_REDIS_URL", redis_url)
+    if "postgres" in example.needs:
+        monkeypatch.setenv("STATEPACT_DATABASE_URL", request.getfixturevalue("docs_database"))
+    try:
+        run_example(example)
+    finally:
+        if redis_url is not None:
+            url = redis_url
+            run_in_thread(lambda: _flush(url))
