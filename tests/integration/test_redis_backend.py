@@ -471,3 +471,29 @@ async def test_values_come_back_verbatim(
         async with manager.transaction(isolation) as tx:
             assert await tx.read(R, f"v-{isolation.value}") == value
     assert (await manager.history(R, "v-snapshot"))[0].value == value
+
+
+async def test_a_client_that_decodes_responses_works(
+    statepact_redis_url: str, clock: ManualClock
+) -> None:
+    """A client built with decode_responses=True reads, snapshots, lists history and clears."""
+    client = Redis.from_url(statepact_redis_url, decode_responses=True)
+    backend = RedisBackend(client, prefix=_prefix(), clock=clock)
+    try:
+        manager = TransactionManager(backend)
+        await _write(manager, "ö", {"name": "zoë"})
+        snapshot = await manager.begin("snapshot")
+        await _write(manager, "ö", {"name": "zoë 2"})
+        assert await snapshot.read(R, "ö") == {"name": "zoë"}
+        await snapshot.rollback()
+        async with manager.transaction("read_committed") as tx:
+            assert await tx.read(R, "ö") == {"name": "zoë 2"}
+        assert [e.version for e in await manager.history(R, "ö")] == [2, 1]
+        await manager.register_resource(R, {"ü": 1})
+        info = await manager.resource_info(R)
+        assert info is not None and info.metadata == {"ü": 1} and info.version == 2
+        await backend.clear()
+        assert await backend.begin("t") == 0
+    finally:
+        await backend.clear()
+        await client.aclose()
