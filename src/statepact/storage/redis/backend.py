@@ -42,6 +42,10 @@ wait-for graph, so ``detects_deadlocks`` is ``False`` and a cycle ends as a
 timeout). A lock set expires after ``lock_ttl_seconds`` without a grant, so a
 crashed holder frees its keys by itself; a holder slower than that TTL can lose
 its lock unknowingly, so keep the TTL well above the longest critical section.
+The lock keys a transaction asked for are tracked in this process and released
+by ``end`` in one script; if the server cannot be reached then, ``end`` does
+not raise (it runs after a commit whose outcome must not be hidden) and the
+TTL frees the locks.
 Lease expiry uses the injected clock (times arrive as arguments); only the lock
 TTL is measured by Redis, as a real-time safety net.
 
