@@ -17,7 +17,9 @@ test works under its own namespace or prefix, so tests never see each other's ke
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
 import statistics
 import time
 import uuid
@@ -352,5 +354,76 @@ async def test_manual_failover_during_state_workload_is_waited_out(
                 "budget_s": round(budget, 2),
                 "calls": calls,
             },
+        )
+    )
+
+
+# -- what asynchronous replication can lose (kept last: it crashes a master) -------------------
+
+
+async def test_forced_takeover_after_a_master_crash_loses_unreplicated_writes(
+    redis_cluster: LocalRedisCluster, fault_figures: FaultFigures
+) -> None:
+    """The limit docs/faults.md states: writes a master acknowledged before its replica had them
+    are gone after the replica takes over; WAIT 1 would have said so (it answers 0)."""
+    master = redis_cluster.masters()[0]
+    replica = redis_cluster.replicas_of(master)[0]
+    key = next(
+        f"{{lost{n}}}" for n in range(10_000) if master.owns(key_slot(f"{{lost{n}}}".encode()))
+    )
+    client = Redis(
+        host="127.0.0.1", port=master.port, socket_timeout=5.0, single_connection_client=True
+    )
+    replica_server = redis_cluster.server(replica.port)
+    master_server = redis_cluster.server(master.port)
+    assert replica_server.pid is not None
+    try:
+        await client.set(f"{key}:0", "replicated")
+        assert await client.execute_command("WAIT", 1, 2000) == 1
+        # Freeze the replica (our own process) and drop its link, so nothing the master
+        # writes next reaches it, not even its socket buffer; the master goes on acknowledging.
+        os.kill(replica_server.pid, signal.SIGSTOP)
+        try:
+            await client.execute_command("CLIENT", "KILL", "TYPE", "replica")
+            for number in range(1, 11):
+                assert await client.set(f"{key}:{number}", "acknowledged") is True
+            unreplicated = await client.execute_command("WAIT", 1, 200)
+        finally:
+            await client.aclose()
+            await asyncio.to_thread(master_server.kill)
+            os.kill(replica_server.pid, signal.SIGCONT)
+        assert unreplicated == 0
+        took = await asyncio.to_thread(
+            redis_cluster.call, replica.port, "CLUSTER", "FAILOVER", "TAKEOVER"
+        )
+        assert took == "OK"
+        survivor = Redis(host="127.0.0.1", port=replica.port, socket_timeout=5.0)
+        try:
+            for _ in range(200):
+                role = (await survivor.info("replication"))["role"]
+                if role == "master":
+                    break
+                await asyncio.sleep(0.05)
+            assert role == "master"
+            found = [await survivor.get(f"{key}:{n}") for n in range(11)]
+        finally:
+            await survivor.aclose()
+    finally:
+        # The crashed master comes back as the new master's replica; the cluster settles.
+        await asyncio.to_thread(master_server.start)
+        await asyncio.to_thread(redis_cluster.wait_ok, 30.0)
+    assert found[0] == b"replicated"
+    lost = sum(1 for value in found[1:] if value is None)
+    assert lost == 10, found
+    fault_figures.record(
+        FaultFigure(
+            scenario="forced takeover after master crash (limit)",
+            backing="cluster",
+            faults=1,
+            acknowledged=11,
+            found=11 - lost,
+            lost=lost,
+            duplicates=0,
+            notes={"wait_1_answered": unreplicated, "expected": "async replication loses these"},
         )
     )
