@@ -280,6 +280,28 @@ async def test_stalled_queue_gives_up_within_the_budget(
     )
 
 
+async def test_stalled_backend_gives_up_within_the_budget(
+    proxy: FaultProxy, proxied_engine: AsyncEngine, clock: ManualClock
+) -> None:
+    """A stalled transaction server ends a commit in StatePersistenceError("unavailable")."""
+    manager = TransactionManager(
+        PostgresBackend(proxied_engine, clock=clock, failover=FAST_FAILOVER)
+    )
+    async with manager.transaction() as warm:
+        warm.write("orders", "o0", {"n": 0})
+    proxy.stall(60.0)
+    began = time.monotonic()
+    with pytest.raises(StatePersistenceError) as caught:
+        async with manager.transaction() as tx:
+            tx.write("orders", "o1", {"n": 1})
+    elapsed = time.monotonic() - began
+    proxy.heal()
+    assert caught.value.reason == "unavailable"
+    # begin() and the commit may each wait out the budget.
+    bound = 2 * stall_bound(FAST_FAILOVER)
+    assert COMMAND_TIMEOUT <= elapsed <= bound, (elapsed, bound)
+
+
 # -- bound adapters ----------------------------------------------------------------------------
 
 
