@@ -120,7 +120,40 @@ BEGIN
     END IF;
 
     IF jsonb_array_length(v_writes) > 0 THEN
-        -- 3. Lock every written key (and, for serializable, every read key) in
+        -- 3a. A first look, without locks (snapshot, serializable): a commit that
+        -- has already lost, because a key it writes moved past its snapshot, fails
+        -- here instead of queueing on the row lock behind the winner (versions
+        -- only grow, so the check under the lock would refuse it too). Unless
+        -- the version is this very transaction's earlier attempt (see below).
+        IF v_isolation <> 'read_committed' THEN
+            SELECT w.e->>0 AS resource, w.e->>1 AS key, v.version INTO v_bad
+              FROM jsonb_array_elements(v_writes) WITH ORDINALITY AS w(e, n)
+              JOIN statepact_values AS v ON v.resource = w.e->>0 AND v.key = w.e->>1
+             WHERE v.version > v_taken
+             ORDER BY w.n
+             LIMIT 1;
+            IF FOUND THEN
+                SELECT h.version INTO v_applied
+                  FROM statepact_history AS h
+                 WHERE h.resource = v_writes->0->>0 AND h.key = v_writes->0->>1
+                   AND h.version > v_taken AND h.txn_id = v_txn
+                 LIMIT 1;
+                IF FOUND THEN
+                    RETURN jsonb_build_object('version', v_applied, 'replayed', false);
+                END IF;
+                RAISE EXCEPTION USING
+                    ERRCODE = 'SPC01',
+                    MESSAGE = 'statepact: a written key moved past the snapshot',
+                    DETAIL = jsonb_build_object(
+                        'resource', v_bad.resource,
+                        'key', v_bad.key,
+                        'latest', v_bad.version,
+                        'taken_at', v_taken
+                    )::text;
+            END IF;
+        END IF;
+
+        -- 3b. Lock every written key (and, for serializable, every read key) in
         -- (resource, key) byte order, so two commits never wait on each other in
         -- a cycle. A key with no row gets a version-0 placeholder, which is
         -- the lock: a concurrent commit of the same key waits on its unique

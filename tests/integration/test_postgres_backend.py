@@ -394,6 +394,31 @@ async def test_a_server_that_stays_away_is_statepersistenceerror(
     assert await direct.history(R, "o1") == []
 
 
+async def test_a_silent_server_times_out_and_fails_over(
+    pg_database_url: str, backends: Callable[..., Any]
+) -> None:
+    """A partition (bytes accepted, never answered) ends in the client's command timeout and
+    the failover, not a hang: StatePersistenceError, and the unanswered commit applied nothing."""
+    direct = TransactionManager(await backends(pg_database_url))
+    async with FaultProxy(_server_port(pg_database_url)) as proxy:
+        backend = await backends(
+            _via(pg_database_url, proxy),
+            failover=RetryPolicy(attempts=2, base_delay=0.05, max_delay=0.1),
+            connect_args={"command_timeout": 0.3, "timeout": 0.5},
+        )
+        manager = TransactionManager(backend)
+        tx = await manager.begin()
+        tx.write(R, "o1", 1)
+        proxy.blackhole()
+        began = time.monotonic()
+        with pytest.raises(StatePersistenceError) as caught:
+            await tx.commit()
+        assert caught.value.reason == "unavailable"
+        assert time.monotonic() - began < 5
+        proxy.heal()
+    assert await direct.history(R, "o1") == []
+
+
 async def test_an_exhausted_pool_raises_at_once(
     pg_database_url: str, backends: Callable[..., Any]
 ) -> None:

@@ -141,6 +141,8 @@ T = TypeVar("T")
 # wait doubles up to a ceiling that keeps a released lock's latency small.
 _LOCK_FIRST_DELAY = 0.002
 _LOCK_MAX_DELAY = 0.05
+# Seconds to open a connection before calling the attempt failed (asyncpg waits 60).
+_CONNECT_TIMEOUT = 10.0
 _ACCEPTED_DRIVERS = ("postgresql", "postgres", "postgresql+asyncpg")
 # Everything PostgresBackend needs from revision 0002 on.
 _REQUIRED_FUNCTIONS = (
@@ -552,7 +554,9 @@ class PostgresBackend:
         the packaged Alembic revisions create them (``create_schema=False``
         raises ``SchemaVersionError`` instead). ``pool_timeout`` is the wait for
         a free pooled connection before ``PoolExhaustedError``;
-        ``statement_timeout`` (seconds) is set on every connection.
+        ``statement_timeout`` (seconds) is set on every connection, and the
+        client gives up on a reply 5 s after it (then fails over); opening a
+        connection may take 10 s (``connect_args={"timeout": ...}`` changes it).
         ``engine_options`` go to ``create_async_engine``.
         """
         if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 0:
@@ -574,6 +578,10 @@ class PostgresBackend:
         server_settings = dict(connect_args.pop("server_settings", {}))
         server_settings.setdefault("statement_timeout", str(round(statement_timeout * 1000)))
         connect_args["server_settings"] = server_settings
+        # The client's own bound, a little longer than the server's: a partitioned
+        # server never answers, and a call must fail over instead of hanging.
+        connect_args.setdefault("command_timeout", statement_timeout + 5.0)
+        connect_args.setdefault("timeout", _CONNECT_TIMEOUT)
         # No pre-ping: it would be a second round trip on every checkout, and every
         # call here is safe to send again after a connection that went stale.
         engine = create_engine(
