@@ -317,14 +317,6 @@ async def test_blackhole_then_heal_recovers_without_a_new_client(
 # -- a retry that waited while others wrote --------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "redis lua/_common.lua remembers only the last OP_RING=4 call ids per record: a patch "
-        "whose reply was lost, retried by the failover after more than four other calls "
-        "changed the same run, is applied a second time"
-    ),
-)
 async def test_patch_retried_after_others_wrote_is_applied_once(
     proxy: FaultProxy,
     proxied: Redis,
@@ -354,14 +346,6 @@ async def test_patch_retried_after_others_wrote_is_applied_once(
     assert found.input_tokens == 7
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "redis lua/_common.lua OP_RING=4: a create (put_run at version 0) whose reply was lost, "
-        "retried after more than four other calls changed the run, is reported to its caller "
-        "as StateConflictError(expected=0) although it was applied"
-    ),
-)
 async def test_create_retried_after_others_wrote_reports_success(
     proxy: FaultProxy,
     proxied: Redis,

@@ -34,11 +34,10 @@ async def _claim_step_one(queue: RedisWorkQueue, *, limit: int = 1, op: str | No
         "claim",
         "claim",
         now,
-        op or new_op_id(),
         to_micros(now + timedelta(seconds=LEASE)),
         limit,
         queue_module._STEP,
-        queue_module._REPLAY_MS,
+        op=op or new_op_id(),
     )
     assert int(reply[0]) == 0
     return [value.decode() for value in reply[1:]]
@@ -147,21 +146,25 @@ async def test_a_claim_retried_after_a_lost_reply_claims_nothing_more(
 async def test_a_settle_retried_after_a_lost_reply_is_not_a_lost_lease(
     redis_client: Redis, clock: ManualClock
 ) -> None:
-    """ack sent twice with one call id succeeds twice; another ack of that lease is refused."""
+    """fail sent twice with one call id succeeds twice, even after the item moved on; another
+    settle of that lease is refused."""
     queue = RedisWorkQueue(redis_client, clock=clock)
     await queue.enqueue(WorkItem(tenant="t", item_id="job"))
     lease = await queue.claim("w", lease_for=LEASE)
     assert lease is not None
     op = new_op_id()
-    args = (ref("t", "job"), lease.token, op, "done", "", "0", "", 0)
-    first = await queue._run("ack", "settle", clock.now(), *args)
-    again = await queue._run("ack", "settle", clock.now(), *args)
-    assert int(first[0]) == 1 and int(again[0]) == 1
+    args = (ref("t", "job"), lease.token, "queued", to_micros(clock.now()), "1", "boom", 0)
+    first = await queue._run("fail", "settle", clock.now(), *args, op=op)
+    assert int(first[0]) == 1
+    # Meanwhile the item is claimed again by someone else.
+    other = await queue.claim("v", lease_for=LEASE)
+    assert other is not None
+    again = await queue._run("fail", "settle", clock.now(), *args, op=op)
+    assert int(again[0]) == 1
     with pytest.raises(LeaseLostError):
         await queue.ack(lease)
-    done = await queue.get_item("t", "job")
-    assert done is not None
-    assert done.status is ItemStatus.DONE
+    assert (await queue.ack(other)).status is ItemStatus.DONE
+    assert (await queue.stats()).tenants == {}
 
 
 async def test_a_heartbeat_retried_after_a_lost_reply_returns_its_own_token(
@@ -175,8 +178,8 @@ async def test_a_heartbeat_retried_after_a_lost_reply_returns_its_own_token(
     op = new_op_id()
     expires = to_micros(clock.now() + timedelta(seconds=LEASE))
     job = ref("t", "job")
-    first = await queue._run("hb", "heartbeat", clock.now(), job, lease.token, op, expires)
-    again = await queue._run("hb", "heartbeat", clock.now(), job, lease.token, op, expires)
+    first = await queue._run("hb", "heartbeat", clock.now(), job, lease.token, expires, op=op)
+    again = await queue._run("hb", "heartbeat", clock.now(), job, lease.token, expires, op=op)
     assert int(first[1]) == int(again[1]) > lease.token
     renewed = Lease(
         item=lease.item,

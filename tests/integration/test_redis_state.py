@@ -139,10 +139,15 @@ async def test_keys_follow_the_documented_layout(redis_client: Redis) -> None:
     keys = [key async for key in redis_client.scan_iter(match="adk:state:*")]
     assert {key_slot(key) for key in keys} == {key_slot(b"{4:acme}")}
 
-    # Delete takes the run, its counters and its index entries; the sequence stays.
+    # Delete takes the run, its counters and its index entries; the sequence stays, and the
+    # writes' replay keys until they expire.
     assert await store.delete_run("acme", "run_1") is True
     left = {key async for key in redis_client.scan_iter(match="adk:state:{4:acme}:*")}
-    assert left == {
+    replay = {key for key in left if key.startswith(b"adk:state:{4:acme}:op:")}
+    assert len(replay) == 3
+    for key in replay:
+        assert 0 < await redis_client.pttl(key) <= 120_000
+    assert left - replay == {
         KEYS.seq("acme").encode(),
         KEYS.session("acme", "s1").encode(),
         KEYS.session_meta("acme", "s1").encode(),
@@ -170,43 +175,48 @@ async def test_awkward_ids_index_and_list(
 
 
 async def test_a_put_retried_after_a_lost_reply_is_not_a_conflict(redis_client: Redis) -> None:
-    """The same put_run sent twice (its first reply lost) writes once and succeeds twice."""
+    """The same put_run sent twice (its first reply lost) writes once and succeeds twice,
+    even when other writes landed in between."""
     clock = ManualClock()
     store = RedisStateStore(redis_client, clock=clock)
     await store.put_run(_run("t", "r"))
-    op = new_op_id()
-    args = [KEYS.prefix("t"), "r", 1, b'{"step":2}', "running", "", to_micros(clock.now()), op]
-    keys = [KEYS.run("t", "r"), KEYS.run_meta("t", "r"), KEYS.seq("t"), KEYS.runs("t")]
+    op = KEYS.op("t", new_op_id())
+    keys = [KEYS.run("t", "r"), KEYS.run_meta("t", "r"), KEYS.seq("t"), KEYS.runs("t"), op]
+    args = [KEYS.prefix("t"), "r", 1, b'{"step":2}', "running", "", to_micros(clock.now())]
     first = await store._scripts("put_run", keys, args)
     again = await store._scripts("put_run", keys, args)
     assert first == again
+    for _ in range(6):
+        await store.patch_run("t", "r", iterations=1)
+    late = await store._scripts("put_run", keys, args)
+    assert int(late[0]) == 1
     stored = await store.get_run("t", "r")
     assert stored is not None
-    assert stored.version == 2
+    assert stored.version == 8
     assert stored.data == {"step": 2}
+    assert 0 < await redis_client.pttl(op) <= 120_000
     # A different call holding the same version is a real conflict.
     with pytest.raises(StateConflictError) as caught:
         await store.put_run(stored.model_copy(update={"version": 1}))
-    assert (caught.value.expected, caught.value.actual) == (1, 2)
+    assert (caught.value.expected, caught.value.actual) == (1, 8)
 
 
 async def test_a_patch_retried_after_a_lost_reply_adds_once(redis_client: Redis) -> None:
-    """The same patch_run sent again, even after other patches landed, adds its deltas once."""
+    """The same patch_run sent again, even after many other patches landed, adds once."""
     clock = ManualClock()
     store = RedisStateStore(redis_client, clock=clock)
     await store.put_run(_run("t", "r"))
-    op = new_op_id()
-    keys = [KEYS.run_meta("t", "r"), KEYS.run("t", "r")]
-    args = [KEYS.prefix("t"), "r", to_micros(clock.now()), op, "5", "0", "1000", "0", "0"]
+    keys = [KEYS.run_meta("t", "r"), KEYS.run("t", "r"), KEYS.op("t", new_op_id())]
+    args = [KEYS.prefix("t"), "r", to_micros(clock.now()), "5", "0", "1000", "0", "0"]
     await store._scripts("patch_run", keys, args)
-    await store.patch_run("t", "r", input_tokens=1)
-    await store.patch_run("t", "r", input_tokens=1)
+    for _ in range(10):
+        await store.patch_run("t", "r", input_tokens=1)
     await store._scripts("patch_run", keys, args)
     stored = await store.get_run("t", "r")
     assert stored is not None
-    assert stored.input_tokens == 7
+    assert stored.input_tokens == 15
     assert stored.cost == Decimal("0.000001")
-    assert stored.version == 4
+    assert stored.version == 12
 
 
 async def test_patches_from_many_connections_all_land(

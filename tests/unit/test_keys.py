@@ -111,6 +111,7 @@ def test_every_key_of_a_tenant_is_in_one_slot(
         STATE.runs_by_session(tenant, session_id),
         STATE.runs_by_session_status(tenant, session_id, status),
         STATE.sessions(tenant),
+        STATE.op(tenant, "abcdefghijkl"),
     ]
     slots = {key_slot(key.encode("utf-8")) for key in keys}
     assert len(slots) == 1

@@ -92,6 +92,7 @@ class StateKeys:
     ``P runs-session:<seg(s)>``   zset    runs of that session
     ``P runs-ss:<seg(s)>:<seg(st)>``  zset  runs of that session with that status
     ``P sessions``                zset    every session, scored by seq
+    ``P op:<seg(call id)>``       string  a write's replay key, expiring (lua/_common.lua)
     ============================  ======  ==============================================
     """
 
@@ -131,6 +132,9 @@ class StateKeys:
     def sessions(self, tenant: str) -> str:
         return f"{self.prefix(tenant)}sessions"
 
+    def op(self, tenant: str, op_id: str) -> str:
+        return f"{self.prefix(tenant)}op:{seg(op_id)}"
+
 
 @dataclass(frozen=True, slots=True)
 class QueueKeys:
@@ -153,8 +157,8 @@ class QueueKeys:
     ``Q pending``               zset    claimed items whose record is not written yet
     ``Q dead:<seg(T)>``         zset    T's dead items; member item_id, score death µs
     ``Q count:<status>``        hash    T -> how many items of T are queued/leased/dead
-    ``Q op:<seg(op)>``          list    a claim's result, kept briefly so a retried claim
-                                        replays it instead of claiming again
+    ``Q op:<seg(call id)>``     string  a write's replay key, expiring (lua/_common.lua);
+                                        for a claim a list of what it claimed
     ==========================  ======  ====================================================
     """
 

@@ -8,7 +8,9 @@ scripts: ``_common.lua`` goes in front of every script, then ``_state.lua``,
 Scripts run through redis-py's ``Script`` objects (``register_script``): the
 first call is an EVALSHA, and a ``NOSCRIPT`` (a restarted or failed-over
 server, ``SCRIPT FLUSH``) loads the script and runs it again, on a single
-server and on a cluster alike. The source is read once per process with
+server and on a cluster alike; should the node that serves the keys still
+lack it (a cluster whose topology moved under the client), the source goes
+once with EVAL, which caches it there. The source is read once per process with
 :mod:`importlib.resources`, so the scripts ship inside the wheel.
 
 This module must never build keys or interpret replies; it only turns a name
@@ -21,6 +23,8 @@ from collections.abc import Sequence
 from functools import cache
 from importlib.resources import files
 from typing import Any, Literal
+
+from redis.exceptions import NoScriptError
 
 __all__ = ["QUEUE_SCRIPTS", "STATE_SCRIPTS", "TX_SCRIPTS", "ScriptRunner", "script_source"]
 
@@ -83,6 +87,7 @@ class ScriptRunner:
 
     def __init__(self, redis: Any, names: Sequence[str]) -> None:
         # redis-py's register_script takes either client kind and handles NOSCRIPT.
+        self._redis = redis
         self._scripts = {name: redis.register_script(script_source(name)) for name in names}
 
     async def __call__(
@@ -92,4 +97,14 @@ class ScriptRunner:
         encoding, because the key codec measures segments in UTF-8 bytes."""
         encoded_keys = [key.encode("utf-8") for key in keys]
         encoded_args = [arg.encode("utf-8") if isinstance(arg, str) else arg for arg in args]
-        return await self._scripts[name](keys=encoded_keys, args=encoded_args)
+        script = self._scripts[name]
+        try:
+            return await script(keys=encoded_keys, args=encoded_args)
+        except NoScriptError:
+            # Still NOSCRIPT after redis-py loaded it: on a cluster whose topology moved
+            # (a replica promoted after a full resync has an empty script cache) the load
+            # went to the old primaries. EVAL goes where the keys live and caches it there;
+            # NOSCRIPT means nothing ran, so sending the source is safe.
+            return await self._redis.eval(
+                script.script, len(encoded_keys), *encoded_keys, *encoded_args
+            )

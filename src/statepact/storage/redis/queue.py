@@ -25,9 +25,10 @@ per item claimed plus the items that came due since the last claim; the
 backlog and idle tenants are never scanned.
 
 Times are the injected clock's, passed to every script as µs; the server's
-TIME is never read. Writes carry a call id, so a call retried after a lost
-reply (a failover, redis-py's own retry) returns what it did the first time
-instead of claiming twice or reporting its own settle as a lost lease.
+TIME is never read. Each write names a replay key by a fresh call id, so a
+call retried after a lost reply (a failover, redis-py's own retry) answers as
+it did the first time instead of claiming twice or reporting its own settle as
+a lost lease.
 
 This module must never format a key (``_keys``), never decide retries or the
 dead letter (``QueuePolicy`` through the front), and never let a redis-py
@@ -57,8 +58,6 @@ LEASE_EXPIRED = "lease expired"
 # Most delayed items promoted, half-claims finished or leases reaped by one script
 # call: bounds how long one call can hold the server.
 _STEP = 1000
-# How long a claim's result is kept for a retry of the same call.
-_REPLAY_MS = 60_000
 
 
 def _unavailable(message: str) -> QueueUnavailableError:
@@ -117,12 +116,19 @@ class RedisWorkQueue(BaseWorkQueue):
         return f"RedisWorkQueue(namespace={self._settings.namespace!r}, name={self.name!r})"
 
     async def _run(
-        self, what: str, script: str, now: datetime | None, *args: str | int | bytes
+        self,
+        what: str,
+        script: str,
+        now: datetime | None,
+        *args: str | int | bytes,
+        op: str | None = None,
     ) -> Any:
+        """Run a queue script; a write passes ``op``, the call id naming its replay key."""
         # Scripts that only read take no time: this backing never reads a clock itself.
         argv = (self._keys.prefix, 0 if now is None else to_micros(now), *args)
+        keys = self._fixed if op is None else (*self._fixed, self._keys.op(op))
         return await self._failover.run(
-            f"{what} (queue {self.name!r})", lambda: self._scripts(script, self._fixed, argv)
+            f"{what} (queue {self.name!r})", lambda: self._scripts(script, keys, argv)
         )
 
     # -- enqueue and claim --------------------------------------------------
@@ -153,11 +159,10 @@ class RedisWorkQueue(BaseWorkQueue):
                 f"claim by worker {worker_id!r}",
                 "claim",
                 now,
-                op,
                 to_micros(expires_at),
                 limit,
                 _STEP,
-                _REPLAY_MS,
+                op=op,
             )
             # 1: a large batch of delayed items came due and was promoted; claim again.
             if int(reply[0]) == 0:
@@ -194,8 +199,8 @@ class RedisWorkQueue(BaseWorkQueue):
             now,
             ref(item.tenant, item.item_id),
             lease.token,
-            new_op_id(),
             to_micros(expires_at),
+            op=new_op_id(),
         )
         if int(reply[0]) == 0:
             raise self._lost(lease, "heartbeat")
@@ -241,12 +246,12 @@ class RedisWorkQueue(BaseWorkQueue):
             now,
             ref(item.tenant, item.item_id),
             lease.token,
-            new_op_id(),
             status.value,
             "" if available_at is None else to_micros(available_at),
             "0" if error is None else "1",
             error or "",
             attempts_change,
+            op=new_op_id(),
         )
         if int(reply[0]) == 0:
             raise self._lost(lease, action)
@@ -280,7 +285,7 @@ class RedisWorkQueue(BaseWorkQueue):
             "requeue",
             now,
             ref(tenant, item_id),
-            new_op_id(),
+            op=new_op_id(),
         )
         if int(reply[0]) == 0:
             state = "does not exist" if len(reply) == 1 else f"is {as_text(reply[1])}, not dead"

@@ -16,9 +16,10 @@ sorted set.
 Round trips: every call is one ``EVALSHA`` (``lua/*.lua``): a put checks the
 version, writes blob and hash, moves index entries and returns the stored
 record; a patch is ``HINCRBY`` per counter plus the version bump; a page
-reads its index and every record on it. Each write script is atomic; a retry
-of the same call after a lost reply is recognised by its call id and not
-applied twice.
+reads its index and every record on it. Each write script is atomic and
+records a replay key named by a fresh call id, so the same call retried after
+its reply was lost (within two minutes) answers as it did the first time and
+is not applied twice, however many other writes came in between.
 
 This module must never format a key (ask ``_keys``), never read a clock (the
 front passes ``now``), and never let a redis-py exception out (``_client``).
@@ -124,6 +125,7 @@ class RedisStateStore(BaseStateStore):
                 keys.run_meta(tenant, run_id),
                 keys.seq(tenant),
                 keys.runs(tenant),
+                keys.op(tenant, new_op_id()),
             ],
             [
                 keys.prefix(tenant),
@@ -133,7 +135,6 @@ class RedisStateStore(BaseStateStore):
                 write.status.value,
                 write.session_id or "",
                 to_micros(write.now),
-                new_op_id(),
             ],
         )
         if int(reply[0]) == 0:
@@ -152,12 +153,15 @@ class RedisStateStore(BaseStateStore):
         reply = await self._run(
             f"patch_run of run {run_id!r} (tenant {tenant!r})",
             "patch_run",
-            [self._keys.run_meta(tenant, run_id), self._keys.run(tenant, run_id)],
+            [
+                self._keys.run_meta(tenant, run_id),
+                self._keys.run(tenant, run_id),
+                self._keys.op(tenant, new_op_id()),
+            ],
             [
                 self._keys.prefix(tenant),
                 run_id,
                 to_micros(now),
-                new_op_id(),
                 str(delta.input_tokens),
                 str(delta.output_tokens),
                 str(delta.cost_nanos),
@@ -220,6 +224,7 @@ class RedisStateStore(BaseStateStore):
                 keys.session_meta(tenant, session_id),
                 keys.seq(tenant),
                 keys.sessions(tenant),
+                keys.op(tenant, new_op_id()),
             ],
             [
                 keys.prefix(tenant),
@@ -227,7 +232,6 @@ class RedisStateStore(BaseStateStore):
                 write.expected_version,
                 write.data,
                 to_micros(write.now),
-                new_op_id(),
             ],
         )
         if int(reply[0]) == 0:

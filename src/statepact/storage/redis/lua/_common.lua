@@ -23,23 +23,20 @@ local function str(n)
   return string.format('%d', n)
 end
 
--- A record remembers the ids of the last few calls that changed it (each id
--- is 12 characters from [A-Za-z0-9_-], stored as ".<id>", newest first), so
--- a call retried after its reply was lost (a dropped connection, redis-py's
--- own retry, our failover) recognises itself instead of applying twice.
-local OP_RING = 4
+-- Retries: a call that changes something names a key of its own (KEYS, built
+-- from a fresh 72-bit call id: "op:<seg(id)>" in the record's slot). The script
+-- writes it as its last step, with the result a retry needs, expiring after
+-- REPLAY_MS; a retry of the same call (its reply lost to a dropped connection,
+-- redis-py's own retry or our failover) finds it and answers as the first run
+-- did instead of applying twice, however many other calls wrote in between.
+-- The expiry is the server's clock on purpose: this is transport bookkeeping,
+-- not a lease, and must not depend on a caller's (possibly frozen) clock.
+local REPLAY_MS = 120000
 
-local function op_position(ring, op)
-  if not ring then
-    return nil
-  end
-  local at = string.find(ring, '.' .. op, 1, true)
-  if not at then
-    return nil
-  end
-  return (at - 1) / 13 + 1
+local function op_done(key)
+  return redis.call('GET', key)
 end
 
-local function op_remember(ring, op)
-  return string.sub('.' .. op .. (ring or ''), 1, 13 * OP_RING)
+local function op_record(key, value)
+  redis.call('SET', key, value, 'PX', REPLAY_MS)
 end

@@ -4,8 +4,7 @@
 --   Q item:R          hash   tenant, id, payload, priority, available, attempts,
 --                            status, error (absent: none), created, updated (µs),
 --                            order (enqueue order), ctok (token whose claim the
---                            record shows), op (id of the last call that settled
---                            or heartbeat it)
+--                            record shows)
 --   Q ready:<seg(T)>  zset   T's due queued items: member id,
 --                            score (1000 - priority) * 2^42 + order
 --   Q delayed         zset   queued items not yet due: member R, score available
@@ -19,15 +18,18 @@
 --   Q pending         zset   R claimed but record not yet written: score claim time
 --   Q dead:<seg(T)>   zset   T's dead items: member id, score time of death
 --   Q count:<status>  hash   T -> number of T's items queued / leased / dead
+--   Q op:<seg(id)>    string/list  a write's replay key (_common.lua), KEYS[13]
 --
--- Every queue script gets the same KEYS (QueueKeys.fixed() in _keys.py) and
--- ARGV[1] = Q, ARGV[2] = now in µs (the caller's injected clock, never TIME).
+-- Every queue script gets the same KEYS (QueueKeys.fixed() in _keys.py), a
+-- write its replay key after them as KEYS[13], and ARGV[1] = Q, ARGV[2] = now
+-- in µs (the caller's injected clock, never TIME).
 -- Invariants: a queued item is in exactly one of ready/delayed; a leased one
 -- is in leases and lease-tokens; T is in rotation iff ready:T is not empty.
 
 local DELAYED, ROTATION, TURNS, TURN, ORDER, TOKEN = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local LEASES, LEASE_TOKENS, PENDING = KEYS[7], KEYS[8], KEYS[9]
 local N_QUEUED, N_LEASED, N_DEAD = KEYS[10], KEYS[11], KEYS[12]
+local OP = KEYS[13]
 local Q, NOW = ARGV[1], ARGV[2]
 
 -- Priorities run from -1000 to 1000, so the score stays below 2001 * 2^42 < 2^53.

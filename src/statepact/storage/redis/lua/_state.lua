@@ -5,9 +5,10 @@
 --   P runh:<seg(id)>  hash    version, seq, created, updated (µs), status,
 --                             session (absent when none), input_tokens,
 --                             output_tokens, cost (nano-units), iterations,
---                             cursor, ops (recent call ids)
+--                             cursor
 -- A session likewise: P session:<seg(id)> and P sessionh:<seg(id)> (version,
--- seq, created, updated, ops). P is ARGV[1] in every state script.
+-- seq, created, updated). P is ARGV[1] in every state script; P op:<seg(call id)>
+-- is a write's replay key (_common.lua).
 
 local RUN_FIELDS = {
   'version', 'seq', 'created', 'updated', 'status', 'session',

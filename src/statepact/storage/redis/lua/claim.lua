@@ -1,16 +1,17 @@
 --[[ claim (step 1 of 2): lease up to `limit` due items, tenants served in rotation.
 
 KEYS     QueueKeys.fixed(): delayed, rotation, turns, turn, order, token,
-         leases, lease-tokens, pending, count:queued, count:leased, count:dead
+         leases, lease-tokens, pending, count:queued, count:leased, count:dead;
+         KEYS[13] Q op:<seg(call id)>, this call's replay key (a list)
 ARGV[1]  Q, the queue prefix        ARGV[2]  now, µs
-ARGV[3]  call id (12 chars)         ARGV[4]  expires_at of the new leases, µs
-ARGV[5]  limit                      ARGV[6]  most delayed items to promote in one call
-ARGV[7]  how long to keep this claim's result for a retry of the same call, ms
+ARGV[3]  expires_at of the new leases, µs
+ARGV[4]  limit                      ARGV[5]  most delayed items to promote in one call
 
 Returns  {1} when more than ARGV[6] delayed items came due: they were promoted,
          nothing was claimed, call again (a claim must see every due item to
          honour priorities, and one script must not block the server for long);
-         otherwise {0, R, token, R, token, ...} in the order claimed.
+         otherwise {0, R, token, R, token, ...} in the order claimed (a retry of
+         a call that claimed gets the same pairs again and claims nothing more).
 
 Step 1 moves each item from its tenant's ready set to the lease set, records
 its token in lease-tokens and marks it pending; the item's record (status,
@@ -20,8 +21,7 @@ write. Cost per claimed item: O(log n) in the tenant's ready set and
 O(log t) in the rotation; idle tenants and the backlog are never scanned.
 Delayed items are promoted lazily here, each once.
 ]]
-local op_key = Q .. 'op:' .. seg(ARGV[3])
-local done = redis.call('LRANGE', op_key, 0, -1)
+local done = redis.call('LRANGE', OP, 0, -1)
 if #done > 0 then
   local out = { 0 }
   for i = 1, #done do
@@ -30,7 +30,7 @@ if #done > 0 then
   return out
 end
 
-local cap = tonumber(ARGV[6])
+local cap = tonumber(ARGV[5])
 local due = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', NOW, 'LIMIT', 0, cap)
 for _, r in ipairs(due) do
   redis.call('ZREM', DELAYED, r)
@@ -42,7 +42,7 @@ if #due >= cap then
   return { 1 }
 end
 
-local limit, expires = tonumber(ARGV[5]), ARGV[4]
+local limit, expires = tonumber(ARGV[4]), ARGV[3]
 local out = { 0 }
 local claimed = 0
 while claimed < limit do
@@ -79,8 +79,8 @@ while claimed < limit do
 end
 if claimed > 0 then
   for i = 2, #out, 100 do
-    redis.call('RPUSH', op_key, unpack(out, i, math.min(i + 99, #out)))
+    redis.call('RPUSH', OP, unpack(out, i, math.min(i + 99, #out)))
   end
-  redis.call('PEXPIRE', op_key, ARGV[7])
+  redis.call('PEXPIRE', OP, REPLAY_MS)
 end
 return out

@@ -2,36 +2,35 @@
 
 KEYS[1]  P runh:<seg(run_id)>
 KEYS[2]  P run:<seg(run_id)>
+KEYS[3]  P op:<seg(call id)>    this call's replay key (see _common.lua)
 ARGV[1]  P, the tenant prefix
 ARGV[2]  run_id
 ARGV[3]  now, µs
-ARGV[4]  call id (12 chars)
-ARGV[5..9]  non-negative deltas: input_tokens, output_tokens, cost (nano-units),
+ARGV[4..8]  non-negative deltas: input_tokens, output_tokens, cost (nano-units),
             iterations, cursor, as decimal strings (passed to HINCRBY untouched,
             so they stay exact beyond 2^53)
 
-Returns  {1, run...} applied (or already applied by this same call),
-         {0} the run does not exist,
+Returns  {1, run...} applied (a retry of a call that applied returns the run
+         as it is now, adding nothing), {0} the run does not exist,
          {2, counter} the counter would pass 2^63-1; nothing changed.
 HINCRBY refuses an overflow itself; increments made before the refused one
 are taken back, so a refused patch leaves the hash as it was.
 ]]
 local names = { 'input_tokens', 'output_tokens', 'cost', 'iterations', 'cursor' }
-local ops = redis.call('HGET', KEYS[1], 'ops')
-if not ops then
+if redis.call('EXISTS', KEYS[1]) == 0 then
   return { 0 }
 end
-if op_position(ops, ARGV[4]) then
+if op_done(KEYS[3]) then
   return { 1, unpack(run_reply(ARGV[1], ARGV[2])) }
 end
 local applied = {}
 for i, name in ipairs(names) do
-  local delta = ARGV[4 + i]
+  local delta = ARGV[3 + i]
   if delta ~= '0' then
     local result = redis.pcall('HINCRBY', KEYS[1], name, delta)
     if type(result) == 'table' and result.err then
       for _, j in ipairs(applied) do
-        redis.call('HINCRBY', KEYS[1], names[j], '-' .. ARGV[4 + j])
+        redis.call('HINCRBY', KEYS[1], names[j], '-' .. ARGV[3 + j])
       end
       return { 2, name }
     end
@@ -39,5 +38,6 @@ for i, name in ipairs(names) do
   end
 end
 redis.call('HINCRBY', KEYS[1], 'version', 1)
-redis.call('HSET', KEYS[1], 'updated', ARGV[3], 'ops', op_remember(ops, ARGV[4]))
+redis.call('HSET', KEYS[1], 'updated', ARGV[3])
+op_record(KEYS[3], '1')
 return { 1, unpack(run_reply(ARGV[1], ARGV[2])) }
