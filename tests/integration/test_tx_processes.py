@@ -247,15 +247,21 @@ async def _finish(worker: Worker) -> dict[str, Any]:
     return done
 
 
-async def _manager(spec: dict[str, Any]) -> Any:
-    """The test's own view of the same data (for history), built like a worker's."""
+@pytest.fixture
+async def view(spec: dict[str, Any]) -> AsyncIterator[Any]:
+    """The test's own manager on the same data, built like a worker's; clears it afterwards."""
     from statepact.tx import TransactionManager
 
-    return TransactionManager(await _build(spec))
+    manager = TransactionManager(await _build(spec))
+    try:
+        yield manager
+    finally:
+        await manager.backend.clear()
+        await manager.close()
 
 
 async def test_hot_key_increments_from_four_processes_all_land(
-    spec: dict[str, Any], workers: list[Worker]
+    spec: dict[str, Any], workers: list[Worker], view: Any
 ) -> None:
     """4 processes x 250 increments of one key via manager.run end at exactly 1,000, each value
     written once: no lost update across processes."""
@@ -268,19 +274,15 @@ async def test_hot_key_increments_from_four_processes_all_land(
         await worker.send("go")
     written = [value for worker in workers for value in (await _finish(worker))["written"]]
     assert sorted(written) == list(range(1, HOT_PROCESSES * HOT_INCREMENTS + 1))
-    manager = await _manager(spec)
-    try:
-        async with manager.transaction() as tx:
-            assert await tx.read("counters", "hot") == HOT_PROCESSES * HOT_INCREMENTS
-        history = await manager.history("counters", "hot", limit=5)
-        assert [e.value for e in history] == [1000, 999, 998, 997, 996]
-    finally:
-        await manager.close()
+    async with view.transaction() as tx:
+        assert await tx.read("counters", "hot") == HOT_PROCESSES * HOT_INCREMENTS
+    history = await view.history("counters", "hot", limit=5)
+    assert [e.value for e in history] == [1000, 999, 998, 997, 996]
     assert time.monotonic() - began < TIME_LIMIT
 
 
 async def test_a_frozen_lease_holders_late_commit_is_fenced(
-    spec: dict[str, Any], workers: list[Worker]
+    spec: dict[str, Any], workers: list[Worker], view: Any
 ) -> None:
     """A holder frozen (SIGSTOP) past its lease TTL while others take the lease over is refused
     with FencingError when it resumes (SIGCONT); tokens strictly increase and the history never
@@ -333,11 +335,7 @@ async def test_a_frozen_lease_holders_late_commit_is_fenced(
         assert result["tokens"] == sorted(result["tokens"])
     assert min(t for r in results for t in r["tokens"]) > first["token"]
 
-    manager = await _manager(spec)
-    try:
-        history = await manager.history("fenced", "state", limit=1000)
-    finally:
-        await manager.close()
+    history = await view.history("fenced", "state", limit=1000)
     entries = [e.value for e in reversed(history)]  # oldest first
     assert len(entries) < 500  # all of it retained (Redis keeps 512)
     # Exactly the acknowledged writes are there: the refused late ones never applied.
