@@ -144,7 +144,7 @@ async def test_keys_follow_the_documented_layout(redis_client: Redis) -> None:
     assert await store.delete_run("acme", "run_1") is True
     left = {key async for key in redis_client.scan_iter(match="adk:state:{4:acme}:*")}
     replay = {key for key in left if key.startswith(b"adk:state:{4:acme}:op:")}
-    assert len(replay) == 3
+    assert len(replay) == 4
     for key in replay:
         assert 0 < await redis_client.pttl(key) <= 120_000
     assert left - replay == {
@@ -217,6 +217,19 @@ async def test_a_patch_retried_after_a_lost_reply_adds_once(redis_client: Redis)
     assert stored.input_tokens == 15
     assert stored.cost == Decimal("0.000001")
     assert stored.version == 12
+
+
+async def test_a_delete_retried_after_a_lost_reply_still_says_it_existed(
+    redis_client: Redis,
+) -> None:
+    """The same delete_run sent twice answers True twice; a new delete answers False."""
+    store = RedisStateStore(redis_client, clock=ManualClock())
+    await store.put_run(_run("t", "r", session_id="s"))
+    keys = [KEYS.run("t", "r"), KEYS.run_meta("t", "r"), KEYS.runs("t"), KEYS.op("t", new_op_id())]
+    assert await store._scripts("delete_run", keys, [KEYS.prefix("t"), "r"]) == 1
+    assert await store._scripts("delete_run", keys, [KEYS.prefix("t"), "r"]) == 1
+    assert await store.delete_run("t", "r") is False
+    assert await store.get_run("t", "r") is None
 
 
 async def test_patches_from_many_connections_all_land(

@@ -206,7 +206,12 @@ class RedisStateStore(BaseStateStore):
         reply = await self._run(
             f"delete_run of run {run_id!r} (tenant {tenant!r})",
             "delete_run",
-            [keys.run(tenant, run_id), keys.run_meta(tenant, run_id), keys.runs(tenant)],
+            [
+                keys.run(tenant, run_id),
+                keys.run_meta(tenant, run_id),
+                keys.runs(tenant),
+                keys.op(tenant, new_op_id()),
+            ],
             [keys.prefix(tenant), run_id],
         )
         return int(reply) == 1
