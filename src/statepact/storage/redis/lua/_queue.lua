@@ -32,7 +32,8 @@ local N_QUEUED, N_LEASED, N_DEAD = KEYS[10], KEYS[11], KEYS[12]
 local OP = KEYS[13]
 local Q, NOW = ARGV[1], ARGV[2]
 
--- Priorities run from -1000 to 1000, so the score stays below 2001 * 2^42 < 2^53.
+-- Priorities run from -1000 to 1000 and the enqueue order stays below 2^42 (four
+-- trillion enqueues per queue), so the score stays below 2001 * 2^42 < 2^53, exact.
 local PRIORITY_SPAN = 4398046511104
 
 local function item_key(r)
