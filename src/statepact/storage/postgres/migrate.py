@@ -27,6 +27,8 @@ reconfigure the application's logging.
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -119,9 +121,26 @@ async def _connection(target: EngineOrUrl) -> Any:
             await engine.dispose()
 
 
+# Alembic keeps its running environment in module globals (``alembic.context``),
+# so two commands interleaving on one event loop would run on each other's
+# connection: run them one at a time per loop. Across processes the advisory
+# lock in env.py serialises them.
+_LOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _loop_lock() -> asyncio.Lock:
+    loop = asyncio.get_running_loop()
+    lock = _LOCKS.get(loop)
+    if lock is None:
+        lock = _LOCKS[loop] = asyncio.Lock()
+    return lock
+
+
 async def _run(target: EngineOrUrl, command: Callable[[Connection], T]) -> T:
     try:
-        async with _connection(target) as conn:
+        async with _loop_lock(), _connection(target) as conn:
             result: T = await conn.run_sync(command)
             return result
     except StatepactError:

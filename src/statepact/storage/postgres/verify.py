@@ -78,7 +78,13 @@ async def _with_connection(
                 finally:
                     await conn.rollback()
         if isinstance(engine, AsyncConnection):
-            return await work(engine)
+            # Leave the caller's transaction as it was: ours, autobegun, is ended.
+            was_open = engine.in_transaction()
+            try:
+                return await work(engine)
+            finally:
+                if not was_open and engine.in_transaction():
+                    await engine.rollback()
     except StatepactError:
         raise
     except sa_exc.SQLAlchemyError as exc:

@@ -1,0 +1,309 @@
+"""PostgresWorkQueue against a real PostgreSQL: concurrent claims, claim cost, races, storage.
+
+The behaviour shared with every backing is the conformance suite's
+(``tests/conformance``); this module checks what only PostgreSQL shows: many
+workers on many connections, the rows a claim reads (not the backlog, not the
+idle tenants), an item queued while a claim of its tenant is in flight, and
+the table's storage options.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import event, text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from statepact.clock import ManualClock
+from statepact.models import ItemStatus, Lease, WorkItem
+from statepact.storage.postgres import PostgresWorkQueue
+
+pytestmark = pytest.mark.integration
+
+LEASE = 30.0
+
+
+@pytest.fixture
+def statements(pg_engine: AsyncEngine) -> Iterator[list[str]]:
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    event.listen(pg_engine.sync_engine, "before_cursor_execute", record)
+    yield seen
+    event.remove(pg_engine.sync_engine, "before_cursor_execute", record)
+
+
+async def _fill(queue: PostgresWorkQueue, tenant: str, count: int, prefix: str = "i") -> None:
+    for index in range(count):
+        await queue.enqueue(WorkItem(tenant=tenant, item_id=f"{prefix}{index:04d}"))
+
+
+async def test_ten_workers_on_ten_connections_take_ten_different_items(
+    postgres_work_queue: PostgresWorkQueue, pg_engine: AsyncEngine
+) -> None:
+    """Ten workers claiming at once, each on its own connection, take ten different items."""
+    await _fill(postgres_work_queue, "acme", 6)
+    await _fill(postgres_work_queue, "beta", 4)
+    connections: list[AsyncConnection] = []
+    try:
+        for _ in range(10):
+            connections.append(await pg_engine.connect())
+        pids = {
+            (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+            for conn in connections
+        }
+        for conn in connections:
+            await conn.commit()
+        assert len(pids) == 10
+
+        async def worker(index: int, conn: AsyncConnection) -> Lease | None:
+            async with conn.begin():
+                return await postgres_work_queue.bound(conn).claim(f"w{index}", lease_for=LEASE)
+
+        leases = await asyncio.gather(
+            *(worker(index, conn) for index, conn in enumerate(connections))
+        )
+    finally:
+        for conn in connections:
+            await conn.close()
+    taken = [(lease.item.tenant, lease.item.item_id) for lease in leases if lease is not None]
+    assert len(taken) == 10
+    assert len(set(taken)) == 10
+    assert len({lease.token for lease in leases if lease is not None}) == 10
+    assert await postgres_work_queue.claim("late", lease_for=LEASE) is None
+
+
+async def test_many_workers_drain_a_queue_each_item_once(
+    postgres_work_queue: PostgresWorkQueue,
+) -> None:
+    """Sixteen workers claiming in batches until empty take every item exactly once."""
+    for tenant in ("a", "b", "c"):
+        await _fill(postgres_work_queue, tenant, 40)
+    taken: Counter[tuple[str, str]] = Counter()
+
+    async def worker(name: str) -> None:
+        while True:
+            leases = await postgres_work_queue.claim_batch(name, lease_for=LEASE, limit=3)
+            if not leases:
+                return
+            for lease in leases:
+                taken[(lease.item.tenant, lease.item.item_id)] += 1
+                await postgres_work_queue.ack(lease)
+
+    await asyncio.gather(*(worker(f"w{n}") for n in range(16)))
+    assert len(taken) == 120
+    assert set(taken.values()) == {1}
+    assert (await postgres_work_queue.stats()).tenants == {}
+
+
+async def test_claim_is_one_statement(
+    postgres_work_queue: PostgresWorkQueue, statements: list[str]
+) -> None:
+    """A claim is one statement; a batch is one per item, plus one that finds nothing."""
+    await _fill(postgres_work_queue, "acme", 2)
+    before = len(statements)
+    assert await postgres_work_queue.claim("w1", lease_for=LEASE) is not None
+    assert len(statements) - before == 1
+    before = len(statements)
+    leases = await postgres_work_queue.claim_batch("w1", lease_for=LEASE, limit=5)
+    assert len(leases) == 1
+    assert len(statements) - before == 2
+    before = len(statements)
+    renewed = await postgres_work_queue.heartbeat(leases[0])
+    await postgres_work_queue.ack(renewed)
+    assert len(statements) - before == 2
+
+
+async def _counts(conn: AsyncConnection) -> dict[str, tuple[int, int, int]]:
+    rows = await conn.execute(
+        text(
+            "SELECT relname, seq_scan, seq_tup_read, idx_tup_fetch "
+            "FROM pg_stat_xact_user_tables WHERE relname IN ('adk_work', 'adk_queue_turns')"
+        )
+    )
+    return {name: (int(a), int(b), int(c)) for name, a, b, c in rows}
+
+
+async def test_a_claim_reads_neither_idle_tenants_nor_the_backlog(
+    postgres_work_queue: PostgresWorkQueue, pg_engine: AsyncEngine
+) -> None:
+    """With thousands of idle and sleeping tenants and a deep backlog, a claim reads a few rows."""
+    async with pg_engine.begin() as conn:
+        # 3000 tenants that had work once and have none now, 1000 whose work is all
+        # delayed, and a backlog of 5000 delayed items behind the due ones.
+        await conn.execute(
+            text(
+                "INSERT INTO adk_queue_turns (queue, tenant, last_turn, queued, next_due_at, "
+                "checked_at) SELECT 'default', 'idle' || g, g, 0, NULL, now() "
+                "FROM generate_series(1, 3000) g"
+            )
+        )
+        await conn.execute(
+            text(
+                "INSERT INTO adk_queue_turns (queue, tenant, last_turn, queued, next_due_at, "
+                "checked_at) SELECT 'default', 'sleep' || g, 0, 1, "
+                "'2030-01-01', '2026-01-01' FROM generate_series(1, 1000) g"
+            )
+        )
+    await _fill(postgres_work_queue, "busy", 3)
+    async with pg_engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO adk_work (queue, tenant, item_id, payload, status, available_at, "
+                "created_at, updated_at) SELECT 'default', 'busy', 'later' || g, '{}', "
+                "'queued', '2030-01-01', now(), now() FROM generate_series(1, 5000) g"
+            )
+        )
+        await conn.execute(text("ANALYZE adk_work"))
+        await conn.execute(text("ANALYZE adk_queue_turns"))
+    for expected in ("i0000", "i0001"):
+        async with pg_engine.connect() as conn:
+            await conn.begin()
+            before = await _counts(conn)
+            lease = await postgres_work_queue.bound(conn).claim("w1", lease_for=LEASE)
+            after = await _counts(conn)
+            await conn.commit()
+        assert lease is not None
+        assert lease.item.item_id == expected
+        for table in ("adk_work", "adk_queue_turns"):
+            seq_scans = after[table][0] - before[table][0]
+            fetched = after[table][2] - before[table][2]
+            assert seq_scans == 0, table
+            assert fetched <= 6, (table, fetched)
+
+
+async def test_an_item_queued_during_a_claim_of_its_tenant_is_not_stranded(
+    postgres_work_queue: PostgresWorkQueue, pg_engine: AsyncEngine
+) -> None:
+    """An enqueue that commits while a claim of the same tenant waits on it stays claimable."""
+    await postgres_work_queue.enqueue(WorkItem(tenant="acme", item_id="first"))
+    async with pg_engine.connect() as writer:
+        await writer.begin()
+        # The enqueue holds the tenant's turns row until it commits.
+        await postgres_work_queue.bound(writer).enqueue(WorkItem(tenant="acme", item_id="second"))
+        claim = asyncio.create_task(postgres_work_queue.claim("w1", lease_for=LEASE))
+        async with pg_engine.connect() as watcher:
+            for _ in range(200):
+                waiting = (
+                    await watcher.execute(
+                        text(
+                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                            "'Lock' AND datname = current_database()"
+                        )
+                    )
+                ).scalar_one()
+                await watcher.commit()
+                if waiting:
+                    break
+                await asyncio.sleep(0.01)
+            assert waiting == 1, "the claim never waited on the enqueue"
+        await writer.commit()
+    first = await claim
+    assert first is not None
+    assert first.item.item_id == "first"
+    second = await postgres_work_queue.claim("w2", lease_for=LEASE)
+    assert second is not None
+    assert second.item.item_id == "second"
+    async with pg_engine.connect() as conn:
+        queued = (
+            await conn.execute(text("SELECT queued FROM adk_queue_turns WHERE tenant = 'acme'"))
+        ).scalar_one()
+    assert queued == 0
+
+
+async def test_turn_counts_match_the_items_after_concurrent_traffic(
+    postgres_work_queue: PostgresWorkQueue, pg_engine: AsyncEngine, clock: ManualClock
+) -> None:
+    """Concurrent enqueues, claims, fails and releases leave every turns row's count exact."""
+    await asyncio.gather(*(_fill(postgres_work_queue, t, 15) for t in ("a", "b", "c", "d")))
+
+    async def churn(name: str) -> None:
+        for step in range(12):
+            lease = await postgres_work_queue.claim(name, lease_for=LEASE)
+            if lease is None:
+                return
+            if step % 3 == 0:
+                await postgres_work_queue.release(lease)
+            elif step % 3 == 1:
+                await postgres_work_queue.fail(lease, "boom")
+            else:
+                await postgres_work_queue.ack(lease)
+
+    await asyncio.gather(
+        *(churn(f"w{n}") for n in range(8)),
+        *(_fill(postgres_work_queue, "e", 10, prefix="late") for _ in range(1)),
+    )
+    async with pg_engine.connect() as conn:
+        rows = (
+            await conn.execute(
+                text(
+                    "SELECT t.tenant, t.queued, "
+                    "(SELECT count(*) FROM adk_work w WHERE w.queue = t.queue "
+                    "AND w.tenant = t.tenant AND w.status = 'queued'), t.next_due_at, "
+                    "(SELECT min(available_at) FROM adk_work w WHERE w.queue = t.queue "
+                    "AND w.tenant = t.tenant AND w.status = 'queued') "
+                    "FROM adk_queue_turns t"
+                )
+            )
+        ).all()
+    assert rows
+    for tenant, counted, actual, next_due, earliest in rows:
+        assert counted == actual, tenant
+        if actual:
+            # A lower bound: never later than the earliest queued item.
+            assert next_due is not None and next_due <= earliest, tenant
+    clock.advance(3600)
+    drained = 0
+    while await postgres_work_queue.claim("drain", lease_for=LEASE) is not None:
+        drained += 1
+    assert drained == sum(actual for _tenant, _counted, actual, _n, _e in rows)
+
+
+async def test_reap_moves_every_lapsed_lease_in_lapse_order(
+    postgres_work_queue: PostgresWorkQueue, clock: ManualClock
+) -> None:
+    """reap moves more lapsed leases than one batch holds, in the order they lapsed."""
+    await _fill(postgres_work_queue, "acme", 620)
+    first = await postgres_work_queue.claim_batch("w1", lease_for=10, limit=300)
+    second = await postgres_work_queue.claim_batch("w2", lease_for=5, limit=320)
+    assert len(first) + len(second) == 620
+    clock.advance(11)
+    moved = await postgres_work_queue.reap()
+    assert len(moved) == 620
+    assert [item.item_id for item in moved[:320]] == [lease.item.item_id for lease in second]
+    assert {item.status for item in moved} == {ItemStatus.QUEUED}
+    assert {item.last_error for item in moved} == {"lease expired"}
+    stats = await postgres_work_queue.stats()
+    assert stats.tenants["acme"].queued == 620
+
+
+async def test_a_bound_claim_rolled_back_leaves_the_item_queued(
+    postgres_work_queue: PostgresWorkQueue, pg_engine: AsyncEngine
+) -> None:
+    """A claim inside a caller's transaction that rolls back leaves the item as it was."""
+    item = await postgres_work_queue.enqueue(WorkItem(tenant="acme", item_id="i1"))
+    async with pg_engine.connect() as conn:
+        await conn.begin()
+        lease = await postgres_work_queue.bound(conn).claim("w1", lease_for=LEASE)
+        assert lease is not None
+        await conn.rollback()
+    assert await postgres_work_queue.get_item("acme", "i1") == item
+    again = await postgres_work_queue.claim("w2", lease_for=LEASE)
+    assert again is not None
+    assert again.item.attempts == 1
+
+
+async def test_work_table_carries_its_vacuum_settings(pg_engine: AsyncEngine) -> None:
+    """adk_work is vacuumed aggressively: scale factor 0.01, no cost delay."""
+    async with pg_engine.connect() as conn:
+        options = (
+            await conn.execute(text("SELECT reloptions FROM pg_class WHERE relname = 'adk_work'"))
+        ).scalar_one()
+    assert "autovacuum_vacuum_scale_factor=0.01" in options
+    assert "autovacuum_vacuum_cost_delay=0" in options

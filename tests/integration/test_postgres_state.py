@@ -1,0 +1,420 @@
+"""PostgresStateStore against a real PostgreSQL: statements, transactions, failover, sizes, names.
+
+The behaviour shared with every backing is the conformance suite's
+(``tests/conformance``); this module checks what only PostgreSQL shows: one
+statement per call, ``bound()`` inside a caller's transaction (a state change
+and the work it queued commit together or not at all), what is and is not
+retried, the pool, and the table names of ``StateTables``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from sqlalchemy import event, text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.pool import NullPool
+
+from statepact.clock import ManualClock
+from statepact.errors import (
+    PoolExhaustedError,
+    QueueUnavailableError,
+    StateConflictError,
+    StatePersistenceError,
+)
+from statepact.models import ItemStatus, RunRecord, RunStatus, SessionRecord, WorkItem
+from statepact.settings import PostgresStoreSettings
+from statepact.storage.postgres import PostgresStateStore, PostgresWorkQueue, StateTables
+from statepact.storage.postgres.schema import tables_for
+
+pytestmark = pytest.mark.integration
+
+LIMIT = 262_144
+FAST_FAILOVER = {"failover_attempts": 3, "failover_base_delay": 0.01, "failover_max_delay": 0.02}
+
+
+def _run(run_id: str, **fields: Any) -> RunRecord:
+    return RunRecord(tenant="acme", run_id=run_id, **fields)
+
+
+@pytest.fixture
+def statements(pg_engine: AsyncEngine) -> Iterator[list[str]]:
+    """Every SQL statement the engine sends, in order."""
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    event.listen(pg_engine.sync_engine, "before_cursor_execute", record)
+    yield seen
+    event.remove(pg_engine.sync_engine, "before_cursor_execute", record)
+
+
+async def _scalar(engine: AsyncEngine, sql: str) -> Any:
+    async with engine.connect() as conn:
+        return (await conn.execute(text(sql))).scalar()
+
+
+async def _terminate_backend(url: str, pid: int) -> None:
+    """Kill one server session from a connection of its own (never one of the pool's)."""
+    killer = create_async_engine(url, poolclass=NullPool)
+    try:
+        async with killer.connect() as conn:
+            assert (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one() != pid
+            killed = (
+                await conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            ).scalar_one()
+            assert killed is True
+    finally:
+        await killer.dispose()
+
+
+# -- one statement per call -------------------------------------------------------------
+
+
+async def test_each_call_is_one_statement(
+    postgres_state_store: PostgresStateStore, statements: list[str]
+) -> None:
+    """put_run (create and update), patch_run, get, list and delete are one statement each."""
+    store = postgres_state_store
+    calls = [
+        lambda: store.put_run(_run("r1", session_id="s1")),
+        lambda: store.patch_run("acme", "r1", input_tokens=5, cost="0.25"),
+        lambda: store.get_run("acme", "r1"),
+        lambda: store.list_runs("acme", session_id="s1", status="pending"),
+        lambda: store.put_session(SessionRecord(tenant="acme", session_id="s1")),
+        lambda: store.get_session("acme", "s1"),
+        lambda: store.list_sessions("acme"),
+    ]
+    for call in calls:
+        before = len(statements)
+        await call()
+        assert len(statements) - before == 1, statements[before:]
+    stored = await store.get_run("acme", "r1")
+    assert stored is not None
+    before = len(statements)
+    await store.put_run(stored.model_copy(update={"status": RunStatus.RUNNING}))
+    assert len(statements) - before == 1
+    before = len(statements)
+    assert await store.delete_run("acme", "r1") is True
+    assert len(statements) - before == 1
+
+
+async def test_only_a_refused_write_reads_again(
+    postgres_state_store: PostgresStateStore, statements: list[str]
+) -> None:
+    """A conflicting put reads the stored version once more to report it; a missing patch too."""
+    store = postgres_state_store
+    created = await store.put_run(_run("r1"))
+    await store.patch_run("acme", "r1", iterations=1)
+    before = len(statements)
+    with pytest.raises(StateConflictError) as caught:
+        await store.put_run(created.model_copy(update={"data": {"stale": True}}))
+    assert (caught.value.expected, caught.value.actual) == (1, 2)
+    assert len(statements) - before == 2
+
+
+async def test_counters_are_columns_and_cost_is_exact_numeric(
+    postgres_state_store: PostgresStateStore, pg_engine: AsyncEngine
+) -> None:
+    """Counters live in columns (added in place); cost is NUMERIC(38,9), exact."""
+    await postgres_state_store.put_run(_run("r1", data={"blob": "stays"}))
+    await asyncio.gather(
+        *(
+            postgres_state_store.patch_run("acme", "r1", input_tokens=7, cost="0.000000001")
+            for _ in range(20)
+        )
+    )
+    async with pg_engine.connect() as conn:
+        row = (
+            await conn.execute(
+                text(
+                    "SELECT input_tokens, cost, version, pg_typeof(cost)::text, data::text "
+                    "FROM adk_runs WHERE tenant = 'acme' AND run_id = 'r1'"
+                )
+            )
+        ).one()
+    assert row[0] == 140
+    assert row[1] == Decimal("0.000000020")
+    assert row[2] == 21
+    assert row[3] == "numeric"
+    assert row[4] == '{"blob":"stays"}'
+
+
+async def test_blob_round_trips_whatever_the_engine_deserializer(
+    pg_database_url: str, clock: ManualClock
+) -> None:
+    """Blobs are read back as their exact text: an engine's own JSON deserializer is not used."""
+    engine = create_async_engine(pg_database_url, json_deserializer=lambda _text: {"not": "it"})
+    try:
+        store = PostgresStateStore(engine, clock=clock)
+        data = {"n": [6.02e23, 2**100, 1.0, -0.5], "é": "ü"}
+        await store.put_run(_run("r1", data=data))
+        stored = await store.get_run("acme", "r1")
+        assert stored is not None
+        assert stored.data == data
+        assert [type(n) for n in stored.data["n"]] == [float, int, float, float]
+    finally:
+        await engine.dispose()
+
+
+# -- bound(): the caller's transaction ------------------------------------------------
+
+
+async def test_bound_put_is_rolled_back_with_the_callers_transaction(
+    postgres_state_store: PostgresStateStore, pg_engine: AsyncEngine
+) -> None:
+    """A put_run inside a caller's transaction that rolls back leaves nothing."""
+    async with pg_engine.connect() as conn:
+        await conn.begin()
+        written = await postgres_state_store.bound(conn).put_run(_run("r1", data={"x": 1}))
+        assert written.version == 1
+        await conn.rollback()
+    assert await postgres_state_store.get_run("acme", "r1") is None
+
+
+async def test_bound_put_lands_when_the_callers_transaction_commits(
+    postgres_state_store: PostgresStateStore, pg_engine: AsyncEngine
+) -> None:
+    """A put_run inside a caller's transaction that commits leaves the run."""
+    async with AsyncSession(pg_engine) as session, session.begin():
+        bound = postgres_state_store.bound(session)
+        written = await bound.put_run(_run("r1", data={"x": 1}))
+        # Inside the transaction the bound store sees its own write; others do not yet.
+        assert await bound.get_run("acme", "r1") == written
+        assert await postgres_state_store.get_run("acme", "r1") is None
+    assert await postgres_state_store.get_run("acme", "r1") == written
+
+
+async def test_a_failed_transaction_leaves_neither_the_run_nor_its_work(
+    postgres_state_store: PostgresStateStore,
+    postgres_work_queue: PostgresWorkQueue,
+    pg_engine: AsyncEngine,
+) -> None:
+    """A transaction that writes a run and enqueues its work, then fails, leaves neither."""
+    with pytest.raises(RuntimeError, match="after the writes"):
+        async with AsyncSession(pg_engine) as session, session.begin():
+            await postgres_state_store.bound(session).put_run(_run("r1"))
+            await postgres_work_queue.bound(session).enqueue(
+                WorkItem(tenant="acme", item_id="step-1", payload={"run": "r1"})
+            )
+            raise RuntimeError("the caller fails after the writes")
+    assert await postgres_state_store.get_run("acme", "r1") is None
+    assert await postgres_work_queue.get_item("acme", "step-1") is None
+    assert (await postgres_work_queue.stats()).tenants == {}
+    assert await postgres_work_queue.claim("w1", lease_for=30) is None
+    assert await _scalar(pg_engine, "SELECT count(*) FROM adk_queue_turns") == 0
+
+
+async def test_a_committed_transaction_leaves_both_the_run_and_its_work(
+    postgres_state_store: PostgresStateStore,
+    postgres_work_queue: PostgresWorkQueue,
+    pg_engine: AsyncEngine,
+) -> None:
+    """A transaction that writes a run and enqueues its work, then commits, leaves both."""
+    async with pg_engine.connect() as conn:
+        await conn.begin()
+        run = await postgres_state_store.bound(conn).put_run(_run("r1"))
+        item = await postgres_work_queue.bound(conn).enqueue(
+            WorkItem(tenant="acme", item_id="step-1", payload={"run": "r1"})
+        )
+        await conn.commit()
+    assert await postgres_state_store.get_run("acme", "r1") == run
+    assert await postgres_work_queue.get_item("acme", "step-1") == item
+    lease = await postgres_work_queue.claim("w1", lease_for=30)
+    assert lease is not None
+    assert lease.item.item_id == "step-1"
+    assert lease.item.status is ItemStatus.LEASED
+
+
+async def test_a_bound_store_retries_nothing(
+    postgres_state_store: PostgresStateStore,
+    pg_engine: AsyncEngine,
+    pg_database_url: str,
+    statements: list[str],
+) -> None:
+    """A bound store whose connection died raises at once (retryable) and sends nothing again."""
+    async with pg_engine.connect() as conn:
+        await conn.begin()
+        pid = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar()
+        await _terminate_backend(pg_database_url, int(pid))
+        before = len(statements)
+        with pytest.raises(StatePersistenceError) as caught:
+            await postgres_state_store.bound(conn).get_run("acme", "r1")
+        assert len(statements) - before == 1
+        assert caught.value.reason == "unavailable"
+        assert caught.value.retryable is True
+        assert "transaction" in str(caught.value)
+        await conn.rollback()
+
+
+async def test_an_owned_read_is_retried_past_a_dropped_connection(
+    postgres_state_store: PostgresStateStore,
+    pg_engine: AsyncEngine,
+    pg_database_url: str,
+    statements: list[str],
+) -> None:
+    """On an engine, a read whose pooled connection was dropped is retried and succeeds."""
+    created = await postgres_state_store.put_run(_run("r1"))
+    async with pg_engine.connect() as conn:
+        pid = int((await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one())
+        await conn.commit()
+    # The pool holds that one connection now; kill it behind the pool's back.
+    await _terminate_backend(pg_database_url, pid)
+    before = len(statements)
+    assert await postgres_state_store.get_run("acme", "r1") == created
+    # The first attempt met the dead connection; the retry ran on a new one.
+    assert len(statements) - before == 2
+
+
+async def test_a_write_that_may_have_run_is_not_retried(
+    pg_database_url: str, clock: ManualClock
+) -> None:
+    """A patch whose connection died mid-call is not sent again (it might double-count)."""
+    engine = create_async_engine(pg_database_url, pool_size=1, max_overflow=0)
+    try:
+        store = PostgresStateStore(engine, clock=clock)
+        await store.put_run(_run("r1"))
+        async with engine.connect() as conn:
+            pid = int((await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one())
+            await conn.commit()
+        await _terminate_backend(pg_database_url, pid)
+        with pytest.raises(StatePersistenceError) as caught:
+            await store.patch_run("acme", "r1", input_tokens=5)
+        assert caught.value.reason == "unavailable"
+        assert "may or may not have been applied" in str(caught.value)
+        stored = await store.get_run("acme", "r1")
+        assert stored is not None
+        assert (stored.input_tokens, stored.version) == (0, 1)
+    finally:
+        await engine.dispose()
+
+
+# -- the server unreachable, the pool exhausted -----------------------------------------
+
+
+async def test_an_unreachable_server_is_unavailable_after_the_budget(
+    clock: ManualClock,
+) -> None:
+    """Connection errors are retried within the failover budget, then unavailable (retryable)."""
+    engine = create_async_engine("postgresql+asyncpg://postgres@127.0.0.1:9/none")
+    attempts: list[int] = []
+    event.listen(engine.sync_engine, "do_connect", lambda *_args: attempts.append(1))
+    settings = PostgresStoreSettings(**FAST_FAILOVER)
+    try:
+        store = PostgresStateStore(engine, clock=clock, settings=settings)
+        with pytest.raises(StatePersistenceError) as caught:
+            await store.get_run("acme", "r1")
+        assert caught.value.reason == "unavailable"
+        assert caught.value.retryable is True
+        assert len(attempts) == 3
+        assert "127.0.0.1" not in str(caught.value)
+        queue = PostgresWorkQueue(engine, clock=clock, settings=settings)
+        with pytest.raises(QueueUnavailableError):
+            await queue.get_item("acme", "x")
+    finally:
+        await engine.dispose()
+
+
+async def test_an_exhausted_pool_is_reported_at_once(
+    pg_database_url: str, clock: ManualClock
+) -> None:
+    """No free pooled connection: PoolExhaustedError after the pool timeout, never retried."""
+    engine = create_async_engine(pg_database_url, pool_size=1, max_overflow=0, pool_timeout=0.2)
+    checkouts: list[int] = []
+    event.listen(engine.sync_engine.pool, "checkout", lambda *_args: checkouts.append(1))
+    try:
+        store = PostgresStateStore(engine, clock=clock)
+        async with engine.connect() as held:
+            await held.execute(text("SELECT 1"))
+            started = time.monotonic()
+            with pytest.raises(PoolExhaustedError) as caught:
+                await store.get_run("acme", "r1")
+            elapsed = time.monotonic() - started
+        assert elapsed < 1.0, "the exhausted pool was waited on more than once"
+        assert caught.value.retryable is False
+        assert len(checkouts) == 1
+    finally:
+        await engine.dispose()
+
+
+# -- sizes ------------------------------------------------------------------------------------
+
+
+async def test_an_oversized_record_is_refused_with_nothing_written(
+    postgres_state_store: PostgresStateStore,
+    postgres_work_queue: PostgresWorkQueue,
+    pg_engine: AsyncEngine,
+    statements: list[str],
+) -> None:
+    """A blob or payload over max_value_bytes is refused before any statement is sent."""
+    big = {"x": "a" * LIMIT}
+    before = len(statements)
+    with pytest.raises(StatePersistenceError) as caught:
+        await postgres_state_store.put_run(_run("r1", data=big))
+    assert caught.value.reason == "too_large"
+    with pytest.raises(StatePersistenceError):
+        await postgres_state_store.put_session(
+            SessionRecord(tenant="acme", session_id="s1", data=big)
+        )
+    with pytest.raises(StatePersistenceError):
+        await postgres_work_queue.enqueue(WorkItem(tenant="acme", item_id="i1", payload=big))
+    assert len(statements) == before
+    for table in ("adk_runs", "adk_sessions", "adk_work", "adk_queue_turns"):
+        assert await _scalar(pg_engine, f"SELECT count(*) FROM {table}") == 0
+
+
+# -- table names ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["", "Runs", "1runs", "runs; DROP TABLE adk_runs", 'ru"ns', "adk runs", "a" * 64, "rüns"],
+)
+def test_state_tables_refuse_anything_but_a_plain_identifier(name: str) -> None:
+    """StateTables refuses a name that is not a plain lower-case identifier, naming the field."""
+    with pytest.raises(ValueError, match="runs"):
+        StateTables(runs=name)
+
+
+def test_state_tables_refuse_one_name_for_two_tables() -> None:
+    """Two roles cannot share one table."""
+    with pytest.raises(ValueError, match="sessions"):
+        StateTables(runs="shared", sessions="shared")
+
+
+async def test_custom_table_names_and_schema_are_used(
+    pg_engine: AsyncEngine, clock: ManualClock
+) -> None:
+    """A store built with StateTables and db_schema reads and writes those relations only."""
+    names = StateTables(
+        runs="my_runs",
+        sessions="my_sessions",
+        work="my_work",
+        queue_turns="my_turns",
+        schema="my_schema_version",
+    )
+    tables = tables_for(names, "agents")
+    async with pg_engine.begin() as conn:
+        await conn.execute(text("CREATE SCHEMA agents"))
+        # The test plays the deployment's own migration here; the kit never does.
+        await conn.run_sync(tables.runs.metadata.create_all)
+    settings = PostgresStoreSettings(db_schema="agents")
+    store = PostgresStateStore(pg_engine, clock=clock, settings=settings, tables=names)
+    queue = PostgresWorkQueue(pg_engine, clock=clock, settings=settings, tables=names)
+    await store.put_run(_run("r1", session_id="s1"))
+    await store.patch_run("acme", "r1", output_tokens=3)
+    await queue.enqueue(WorkItem(tenant="acme", item_id="i1"))
+    lease = await queue.claim("w1", lease_for=30)
+    assert lease is not None
+    await queue.ack(lease)
+    assert [r.run_id for r in (await store.list_runs("acme", session_id="s1")).items] == ["r1"]
+    assert await _scalar(pg_engine, "SELECT output_tokens FROM agents.my_runs") == 3
+    assert await _scalar(pg_engine, "SELECT status FROM agents.my_work") == "done"
+    assert await _scalar(pg_engine, "SELECT count(*) FROM adk_runs") == 0
+    assert await _scalar(pg_engine, "SELECT count(*) FROM adk_work") == 0
