@@ -124,6 +124,18 @@ async def test_connect_on_an_empty_database_applies_the_migrations(
     assert await migrate.current(empty_database_url) == migrate.head()
 
 
+async def test_workers_connecting_at_once_to_an_empty_database_migrate_it_once(
+    empty_database_url: str, backends: Callable[..., Any]
+) -> None:
+    """Several connect() calls racing on an empty database all succeed; the revisions run once
+    (Alembic's advisory lock) and every backend sees the others' commits."""
+    made = await asyncio.gather(*(backends(empty_database_url, min_size=0) for _ in range(4)))
+    assert await migrate.current(empty_database_url) == migrate.head()
+    assert await _scalar(empty_database_url, "SELECT count(*) FROM statepact_meta") == 1
+    versions = [await _write(TransactionManager(b), f"k{n}", n) for n, b in enumerate(made)]
+    assert versions == [1, 2, 3, 4]
+
+
 async def test_create_schema_false_refuses_an_empty_database(
     empty_database_url: str, backends: Callable[..., Any]
 ) -> None:
