@@ -67,6 +67,35 @@ class FaultFigures:
         self.rows.append(figure)
         return figure
 
+    def outcome(
+        self,
+        scenario: str,
+        backing: str,
+        *,
+        acknowledged: int,
+        found: int,
+        ambiguous: int = 0,
+        faults: int = 1,
+        seconds: float = 0.0,
+        **notes: Any,
+    ) -> FaultFigure:
+        """Record a scenario from its counts: lost is what was acknowledged and not found,
+        duplicates what was found beyond the acknowledged and the ambiguous."""
+        return self.record(
+            FaultFigure(
+                scenario=scenario,
+                backing=backing,
+                faults=faults,
+                acknowledged=acknowledged,
+                found=found,
+                lost=max(0, acknowledged - found),
+                duplicates=max(0, found - acknowledged - ambiguous),
+                ambiguous=ambiguous,
+                seconds=seconds,
+                notes=notes,
+            )
+        )
+
     def as_json(self) -> str:
         return json.dumps([asdict(row) for row in self.rows], indent=2, default=str)
 

@@ -163,6 +163,7 @@ async def test_ambiguous_commit_absorbed_by_failover_applies_once(
     proxied_engine: AsyncEngine,
     direct_engine: AsyncEngine,
     clock: ManualClock,
+    fault_figures: FaultFigures,
 ) -> None:
     """With a failover budget the executor sends the cut commit again; the commit function finds
     its own transaction and the caller sees one commit, not a replay."""
@@ -179,6 +180,13 @@ async def test_ambiguous_commit_absorbed_by_failover_applies_once(
     checker = TransactionManager(PostgresBackend(direct_engine, clock=clock))
     history = await checker.history("orders", "o2")
     assert [(v.version, v.value) for v in history] == [(1, {"n": 1})]
+    fault_figures.outcome(
+        "ambiguous commit, resent by the failover",
+        "postgres",
+        acknowledged=1,
+        found=len(history),
+        faults=proxy.stats.cut,
+    )
 
 
 async def test_ambiguous_patch_is_reported_not_retried(
@@ -186,6 +194,7 @@ async def test_ambiguous_patch_is_reported_not_retried(
     proxied_engine: AsyncEngine,
     direct_engine: AsyncEngine,
     clock: ManualClock,
+    fault_figures: FaultFigures,
 ) -> None:
     """A patch cut after it committed is not sent again (it is not idempotent): the caller gets
     the retryable error saying the outcome is unknown, and the patch landed exactly once."""
@@ -202,6 +211,14 @@ async def test_ambiguous_patch_is_reported_not_retried(
     found = await PostgresStateStore(direct_engine, clock=clock).get_run("acme", "r1")
     assert found is not None
     assert found.input_tokens == 7
+    fault_figures.outcome(
+        "ambiguous patch, reported (not resent)",
+        "postgres",
+        acknowledged=0,
+        found=1,
+        ambiguous=1,
+        faults=proxy.stats.cut,
+    )
 
 
 # -- stalls past the budget --------------------------------------------------------------------

@@ -143,6 +143,7 @@ async def test_ambiguous_commit_absorbed_by_failover_applies_once(
     proxied: Redis,
     redis_direct: Redis,
     clock: ManualClock,
+    fault_figures: FaultFigures,
 ) -> None:
     """With a failover budget, the backing resends the cut commit itself; the script recognises its
     own transaction and the caller sees one commit, once, not a replay."""
@@ -158,6 +159,13 @@ async def test_ambiguous_commit_absorbed_by_failover_applies_once(
     checker = TransactionManager(RedisBackend(redis_direct, prefix=backend.prefix, clock=clock))
     history = await checker.history("orders", "o2")
     assert [(v.version, v.value) for v in history] == [(tx.result.version, {"n": 1})]
+    fault_figures.outcome(
+        "ambiguous commit, resent by the failover",
+        "redis",
+        acknowledged=1,
+        found=len(history),
+        faults=proxy.stats.cut,
+    )
     await backend.clear()
 
 
@@ -166,6 +174,7 @@ async def test_ambiguous_patch_is_not_applied_twice_by_the_failover(
     proxied: Redis,
     redis_direct: Redis,
     clock: ManualClock,
+    fault_figures: FaultFigures,
 ) -> None:
     """A patch_run cut after it applied is resent by the failover and counted once."""
     namespace = _prefix()
@@ -190,6 +199,14 @@ async def test_ambiguous_patch_is_not_applied_twice_by_the_failover(
     assert found is not None
     assert found.input_tokens == 7
     assert found.version == 3
+    fault_figures.outcome(
+        "ambiguous patch, resent by the failover",
+        "redis",
+        acknowledged=7,
+        found=found.input_tokens,
+        faults=proxy.stats.cut,
+        unit="tokens",
+    )
     await checker.delete_run("acme", "r1")
 
 
@@ -322,6 +339,7 @@ async def test_patch_retried_after_others_wrote_is_applied_once(
     proxied: Redis,
     redis_direct: Redis,
     clock: ManualClock,
+    fault_figures: FaultFigures,
 ) -> None:
     """A patch cut after it applied, whose failover retry comes after five other patches of the
     same run landed, is still counted once."""
@@ -344,6 +362,13 @@ async def test_patch_retried_after_others_wrote_is_applied_once(
     assert found is not None
     assert found.output_tokens == 5
     assert found.input_tokens == 7
+    fault_figures.outcome(
+        "ambiguous patch resent after 5 other writes",
+        "redis",
+        acknowledged=7 + 5,
+        found=found.input_tokens + found.output_tokens,
+        unit="tokens",
+    )
 
 
 async def test_create_retried_after_others_wrote_reports_success(
