@@ -418,3 +418,44 @@ async def test_custom_table_names_and_schema_are_used(
     assert await _scalar(pg_engine, "SELECT status FROM agents.my_work") == "done"
     assert await _scalar(pg_engine, "SELECT count(*) FROM adk_runs") == 0
     assert await _scalar(pg_engine, "SELECT count(*) FROM adk_work") == 0
+
+
+# -- executors ----------------------------------------------------------------------------
+
+
+async def test_a_store_on_one_connection_commits_each_call(
+    pg_engine: AsyncEngine, clock: ManualClock
+) -> None:
+    """Built on an AsyncConnection, each call runs and commits on it; calls take turns."""
+    async with pg_engine.connect() as conn:
+        store = PostgresStateStore(conn, clock=clock)
+        await asyncio.gather(*(store.put_run(_run(f"r{n}")) for n in range(5)))
+        assert not conn.in_transaction()
+        # Committed: another connection sees them.
+        other = PostgresStateStore(pg_engine, clock=clock)
+        assert len((await other.list_runs("acme")).items) == 5
+        await conn.begin()
+        with pytest.raises(ValueError, match="bound"):
+            await store.get_run("acme", "r0")
+        await conn.rollback()
+
+
+async def test_create_engine_sizes_the_pool_from_settings(
+    pg_database_url: str, clock: ManualClock
+) -> None:
+    """create_engine(settings) takes the DSN, pool size and pool timeout from the settings."""
+    from pydantic import SecretStr
+
+    from statepact.storage.postgres import create_engine
+
+    plain = pg_database_url.replace("postgresql+asyncpg://", "postgresql://")
+    settings = PostgresStoreSettings(dsn=SecretStr(plain), pool_size=2, pool_timeout=0.1)
+    engine = create_engine(settings)
+    try:
+        assert engine.url.drivername == "postgresql+asyncpg"
+        assert engine.pool.size() == 2  # type: ignore[attr-defined]
+        store = await PostgresStateStore.open(engine, clock=clock, settings=settings)
+        await store.put_run(_run("r1"))
+        assert await store.get_run("acme", "r1") is not None
+    finally:
+        await engine.dispose()
