@@ -49,7 +49,6 @@ def upgrade() -> None:
         sa.CheckConstraint("queued >= 0", name=op.f("ck_adk_queue_turns_queued")),
         sa.PrimaryKeyConstraint("queue", "tenant", name=op.f("pk_adk_queue_turns")),
         postgresql_with={
-            "fillfactor": 70,
             "autovacuum_vacuum_scale_factor": 0.01,
             "autovacuum_vacuum_cost_delay": 0,
         },

@@ -134,8 +134,9 @@ WORK_TABLE_OPTIONS: dict[str, Any] = {
     "autovacuum_vacuum_scale_factor": 0.01,
     "autovacuum_vacuum_cost_delay": 0,
 }
+# Every turns update changes an indexed column (a partial-index predicate counts),
+# so none is HOT and a fillfactor would only waste pages; vacuum is what it needs.
 TURNS_TABLE_OPTIONS: dict[str, Any] = {
-    "fillfactor": 70,
     "autovacuum_vacuum_scale_factor": 0.01,
     "autovacuum_vacuum_cost_delay": 0,
 }
