@@ -15,8 +15,9 @@ In the same run it measures each backing's floor, what no library call on
 that backing can beat from Python: a dict behind an ``asyncio.Lock`` for
 memory; a raw ``PING`` (reads) and a one-line ``EVALSHA`` (writes) on the same
 redis-py client; a raw ``SELECT 1`` (reads) and a one-row ``UPDATE`` (writes) on
-the same SQLAlchemy engine, at the scenario's concurrency. Each result is
-printed as ops/s and as its ratio to the floor of its kind.
+the same SQLAlchemy engine. The floor is measured right after each scenario,
+at its concurrency, so both see the same load. Each result is printed as
+ops/s and as its ratio to the floor of its kind (reads or writes).
 
 Timing uses ``time.perf_counter`` around the measured calls only; setup (filling
 a queue) is shown on the progress bar but not timed. This module must never
@@ -174,14 +175,19 @@ async def _spread(
 
 
 class _Floors:
-    """The floor of one backing, measured once per (kind, concurrency) and cached."""
+    """The floor of one backing, measured right after each scenario at its concurrency.
+
+    Measuring it next to the scenario, rather than once, means both saw the
+    same load: on a shared machine a floor taken minutes earlier would make
+    every ratio drift with whatever else was running.
+    """
 
     def __init__(self, b: Backings, ops: int, tag: str) -> None:
         self.b = b
         self.ops = ops
         self.tag = tag
-        self.cache: dict[tuple[str, int], tuple[str, float]] = {}
-        self.measured: dict[tuple[str, int], tuple[int, float]] = {}
+        self._ops: dict[str, Callable[[int, int], Awaitable[object]]] = {}
+        self.samples: list[BenchResult] = []
 
     def names(self) -> dict[str, str]:
         return {
@@ -190,20 +196,35 @@ class _Floors:
             "postgres": {"read": "raw SELECT 1", "write": "raw one-row UPDATE"},
         }[self.b.kind]
 
-    async def get(self, kind: str, concurrency: int) -> tuple[str, float]:
+    async def measure(self, kind: str, concurrency: int, after: str) -> tuple[str, float]:
+        """The floor's name and ops/s at ``concurrency``, measured now (after ``after``)."""
         name = self.names()[kind]
-        key = (name, concurrency)
-        if key not in self.cache:
-            op = await self._op(kind)
-            per_caller = max(self.ops, 10)
-            ops, seconds = 0, 0.0
-            # Repeat until the floor has run long enough for the clock to be trusted.
-            while seconds < FLOOR_MIN_SECONDS:
-                seconds += await _spread(concurrency, per_caller, op)
-                ops += concurrency * per_caller
-            self.cache[key] = (name, ops / seconds)
-            self.measured[key] = (ops, seconds)
-        return self.cache[key]
+        if kind not in self._ops:
+            self._ops[kind] = await self._op(kind)
+        op = self._ops[kind]
+        per_caller = max(self.ops, 10)
+        ops, seconds = 0, 0.0
+        # Repeat until the floor has run long enough for the clock to be trusted.
+        while seconds < FLOOR_MIN_SECONDS:
+            seconds += await _spread(concurrency, per_caller, op)
+            ops += concurrency * per_caller
+        rate = ops / seconds
+        self.samples.append(
+            BenchResult(
+                backing=self.b.kind,
+                scenario=f"floor.{name}",
+                label=f"floor: {name}",
+                concurrency=concurrency,
+                ops=ops,
+                seconds=seconds,
+                ops_per_s=rate,
+                floor=name,
+                floor_ops_per_s=rate,
+                ratio=1.0,
+                extra={"after": after},
+            )
+        )
+        return name, rate
 
     async def _op(self, kind: str) -> Callable[[int, int], Awaitable[object]]:
         if self.b.kind == "memory":
@@ -218,23 +239,6 @@ class _Floors:
         if self.b.kind == "redis":
             return await _redis_floor(self.b.raw, kind, self.tag)
         return await _postgres_floor(self.b.raw, kind, self.tag)
-
-    async def rows(self) -> list[BenchResult]:
-        return [
-            BenchResult(
-                backing=self.b.kind,
-                scenario=f"floor.{name}",
-                label=f"floor: {name}",
-                concurrency=concurrency,
-                ops=self.measured[(name, concurrency)][0],
-                seconds=self.measured[(name, concurrency)][1],
-                ops_per_s=rate,
-                floor=name,
-                floor_ops_per_s=rate,
-                ratio=1.0,
-            )
-            for (name, concurrency), (_n, rate) in sorted(self.cache.items())
-        ]
 
 
 class _Runner:
@@ -257,7 +261,7 @@ class _Runner:
         floor_kind: str,
         **extra: Any,
     ) -> None:
-        floor, floor_rate = await self.floors.get(floor_kind, concurrency)
+        floor, floor_rate = await self.floors.measure(floor_kind, concurrency, scenario)
         rate = ops / seconds if seconds > 0 else float("inf")
         self.results.append(
             BenchResult(
@@ -518,7 +522,8 @@ class _Runner:
             ms_per_claim_ack=round(seconds / claims * 1000, 3),
         )
 
-    async def run_all(self) -> list[BenchResult]:
+    async def run_all(self) -> tuple[list[BenchResult], list[BenchResult]]:
+        """Every scenario, then the floors measured beside them."""
         await self.tx_independent()
         await self.tx_hot_key()
         await self.tx_read_only()
@@ -526,7 +531,7 @@ class _Runner:
         await self.queue_ops()
         for tenants, queued in self.p.claim_cells:
             await self.claim_cost(tenants, queued)
-        return [*await self.floors.rows(), *self.results]
+        return self.results, self.floors.samples
 
 
 async def _redis_floor(redis: Any, kind: str, tag: str) -> Callable[[int, int], Awaitable[object]]:
@@ -598,9 +603,10 @@ async def run_bench(
     urls: dict[str, str | None],
     *,
     progress: Progress,
-) -> tuple[list[BenchResult], dict[str, str]]:
-    """Every scenario on every backing in ``params``; the results and where each ran."""
+) -> tuple[list[BenchResult], list[BenchResult], dict[str, str]]:
+    """Every scenario on every backing in ``params``: results, floor samples, where each ran."""
     results: list[BenchResult] = []
+    floors: list[BenchResult] = []
     where: dict[str, str] = {}
     for kind in params.backings:
         tag = f"bench{uuid.uuid4().hex[:8]}"
@@ -608,8 +614,10 @@ async def run_bench(
             kind, urls.get(kind), clock=SystemClock(), policy=QueuePolicy(), tag=tag
         ) as b:
             where[kind] = b.where
-            results.extend(await _Runner(b, params, progress, tag).run_all())
-    return results, where
+            measured, samples = await _Runner(b, params, progress, tag).run_all()
+            results.extend(measured)
+            floors.extend(samples)
+    return results, floors, where
 
 
 def format_table(results: Sequence[BenchResult]) -> str:
@@ -755,7 +763,7 @@ def command(
         urls = {"redis": args.redis, "postgres": args.postgres}
         progress = Progress(steps_per_backing(params) * len(params.backings), err)
         try:
-            results, where = await run_bench(params, urls, progress=progress)
+            results, floors, where = await run_bench(params, urls, progress=progress)
         finally:
             progress.close()
         if args.json:
@@ -769,6 +777,7 @@ def command(
                 },
                 "backings": where,
                 "results": [asdict(r) for r in results],
+                "floors": [asdict(f) for f in floors],
             }
             print(json.dumps(payload, indent=2), file=stream)
         else:
@@ -776,8 +785,8 @@ def command(
                 print(f"{kind}: {place}", file=stream)
             print(format_table(results), file=stream)
             print(
-                "x floor = ops/s divided by the floor's ops/s at the same concurrency: the "
-                "share of a raw round trip's rate the library reaches",
+                "x floor = ops/s divided by the floor's ops/s, measured right after the "
+                "scenario at the same concurrency: 1.0 is one raw round trip per operation",
                 file=stream,
             )
         return 0

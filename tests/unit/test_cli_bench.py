@@ -48,20 +48,18 @@ def test_json_has_every_scenario_with_ops_and_ratio() -> None:
     assert code == 0, err
     payload = json.loads(out)
     results = payload["results"]
-    scenarios = [r["scenario"] for r in results if not r["scenario"].startswith("floor.")]
-    assert scenarios == SCENARIOS
-    floors = {
-        (r["floor"], r["concurrency"]): r["ops_per_s"]
-        for r in results
-        if r["scenario"].startswith("floor.")
-    }
-    assert {name for name, _ in floors} == {"dict+asyncio.Lock"}
-    assert {c for _, c in floors} == {1, 4, 10}
-    for r in results:
-        assert r["backing"] == "memory"
-        assert r["ops_per_s"] > 0
-        assert r["floor_ops_per_s"] == floors[(r["floor"], r["concurrency"])]
-        assert r["ratio"] == pytest.approx(r["ops_per_s"] / r["floor_ops_per_s"])
+    assert [r["scenario"] for r in results] == SCENARIOS
+    floors = payload["floors"]
+    # one floor sample per scenario, taken right after it, at its concurrency
+    assert [f["extra"]["after"] for f in floors] == SCENARIOS
+    for result, floor in zip(results, floors, strict=True):
+        assert result["backing"] == floor["backing"] == "memory"
+        assert result["floor"] == floor["floor"] == "dict+asyncio.Lock"
+        assert result["concurrency"] == floor["concurrency"]
+        assert result["ops_per_s"] > 0
+        assert result["floor_ops_per_s"] == floor["ops_per_s"] > 0
+        assert result["ratio"] == pytest.approx(result["ops_per_s"] / floor["ops_per_s"])
+        assert floor["seconds"] >= _bench.FLOOR_MIN_SECONDS
     by_name = {r["scenario"]: r for r in results}
     assert by_name["tx.independent"]["ops"] == 12
     assert by_name["queue.claim_ack.w10"]["ops"] == 12
