@@ -394,3 +394,38 @@ async def test_create_retried_after_others_wrote_reports_success(
     proxy.heal()
     stored = await asyncio.wait_for(put, 10.0)
     assert stored.data == {"who": "created-by-me"}
+
+
+# -- a redis-py race the boundary must translate ------------------------------------------------
+
+
+async def test_write_on_a_connection_closed_under_it_is_a_dropped_connection() -> None:
+    """redis-py 8.1 leaks a write on a connection closed under it as a bare AttributeError
+    (seen during a cluster failover); the boundary treats it as a dropped connection."""
+    from redis.asyncio.connection import Connection
+
+    from statepact.storage.redis._client import Failover, is_transient
+
+    connection = Connection(host="127.0.0.1", port=1)  # never connected: no writer
+    with pytest.raises(AttributeError) as leaked:
+        await connection._send_packed_command([b"PING\r\n"])
+    assert is_transient(leaked.value)
+    # The same error from anywhere but redis-py or asyncio is a bug, not a connection.
+    with pytest.raises(AttributeError) as ours:
+        getattr(None, "writelines")  # noqa: B009 - raise it from this module
+    assert not is_transient(ours.value)
+
+    calls = 0
+
+    async def flaky() -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            await connection._send_packed_command([b"PING\r\n"])
+        return "ok"
+
+    failover = Failover(
+        FAST_FAILOVER, lambda message: StatePersistenceError(message, reason="unavailable")
+    )
+    assert await failover.run("a call", flaky) == "ok"
+    assert calls == 2

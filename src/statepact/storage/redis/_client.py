@@ -6,7 +6,9 @@ public error tree before a caller can see it:
 
 - a dropped or refused connection, a timeout, a server still loading its data
   set, ``READONLY`` (a primary demoted under us), ``MASTERDOWN``, ``TRYAGAIN``
-  and ``CLUSTERDOWN`` are transient: retried within the budget, then
+  and ``CLUSTERDOWN``, and a write on a connection closed under it (which
+  redis-py leaks as a bare ``AttributeError``/``TypeError``), are transient:
+  retried within the budget, then
   ``StatePersistenceError(reason="unavailable")`` for state or
   ``QueueUnavailableError`` for the queue (both retryable);
 - an exhausted connection pool (``ConnectionPool`` at ``max_connections``, or a
@@ -36,7 +38,14 @@ from redis import exceptions as rex
 from statepact._retry import RetryPolicy, call_with_failover
 from statepact.errors import PoolExhaustedError, StatepactError
 
-__all__ = ["Failover", "as_text", "is_pool_exhausted", "is_transient", "new_op_id"]
+__all__ = [
+    "Failover",
+    "as_text",
+    "is_pool_exhausted",
+    "is_transient",
+    "is_write_race",
+    "new_op_id",
+]
 
 T = TypeVar("T")
 
@@ -58,10 +67,31 @@ def is_pool_exhausted(exc: BaseException) -> bool:
     )
 
 
+def is_write_race(exc: BaseException) -> bool:
+    """A connection closed under a write, leaked by redis-py as a bare ``AttributeError`` or
+    ``TypeError`` about ``None`` from its own connection code or asyncio's transport.
+
+    redis-py 8.1 does not turn these into ``ConnectionError`` (redis/redis-py#3546,
+    #4287); a cluster client meets them when a failover makes it drop connections
+    another call is writing on. Nothing was sent, so it is a dropped connection.
+    """
+    if not isinstance(exc, AttributeError | TypeError) or "NoneType" not in str(exc):
+        return False
+    frame = exc.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    if frame is None:
+        return False
+    module = str(frame.tb_frame.f_globals.get("__name__", ""))
+    return module.startswith(("redis.", "asyncio."))
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether waiting and calling again can help: the server is (re)starting or moving."""
     if is_pool_exhausted(exc):
         return False
+    if is_write_race(exc):
+        return True
     if isinstance(exc, rex.AuthenticationError | rex.AuthorizationError):
         return False
     # BusyLoadingError (LOADING) is a ConnectionError; ClusterError covers CLUSTERDOWN,
