@@ -611,7 +611,12 @@ async def run_bench(
     for kind in params.backings:
         tag = f"bench{uuid.uuid4().hex[:8]}"
         async with open_backings(
-            kind, urls.get(kind), clock=SystemClock(), policy=QueuePolicy(), tag=tag
+            kind,
+            urls.get(kind),
+            clock=SystemClock(),
+            policy=QueuePolicy(),
+            tag=tag,
+            notes=progress.stream,
         ) as b:
             where[kind] = b.where
             measured, samples = await _Runner(b, params, progress, tag).run_all()
