@@ -231,18 +231,30 @@ async def _server_durability(client: Any, notes: TextIO) -> bool:
     return True
 
 
+def redis_client(url: str, **options: Any) -> Any:
+    """A ``redis.asyncio.Redis`` for ``url``; a URL redis-py cannot read is a ``CommandError``."""
+    from redis.asyncio import Redis
+
+    try:
+        return Redis.from_url(url, **options)
+    except ValueError as exc:
+        raise CommandError(
+            f"--redis {redact_dsn(url)!r} is not a Redis URL; use "
+            "redis://[:password@]host:port/db (or rediss:// for TLS)"
+        ) from exc
+
+
 @asynccontextmanager
 async def _redis_backings(
     url: str, *, clock: Clock, policy: QueuePolicy, tag: str, notes: TextIO
 ) -> AsyncIterator[Backings]:
     from redis import exceptions as rex
-    from redis.asyncio import Redis
 
     from statepact.settings import RedisStoreSettings
     from statepact.storage.redis import RedisStateStore, RedisWorkQueue
     from statepact.storage.redis.backend import RedisBackend
 
-    client: Any = Redis.from_url(url, socket_connect_timeout=5.0, max_connections=200)
+    client: Any = redis_client(url, socket_connect_timeout=5.0, max_connections=200)
     try:
         try:
             await client.ping()

@@ -18,7 +18,13 @@ import sys
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from statepact._demo import add_debug_argument, add_server_arguments, run_command
+from statepact._demo import (
+    CommandError,
+    add_debug_argument,
+    add_server_arguments,
+    redis_client,
+    run_command,
+)
 from statepact.errors import StatepactError
 from statepact.settings import redact_dsn
 
@@ -64,13 +70,23 @@ _PERSISTENCE_FIX = (
 async def check_redis(url: str, *, durable: bool = True) -> list[Check]:
     """preflight()'s checks against the Redis at ``url``, one ``Check`` each."""
     from redis import exceptions as rex
-    from redis.asyncio import Redis
 
     from statepact.storage.redis.preflight import read_server_configs, refusals
 
-    client: Any = Redis.from_url(
-        url, socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=CONNECT_TIMEOUT
-    )
+    try:
+        client = redis_client(
+            url, socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=CONNECT_TIMEOUT
+        )
+    except CommandError:
+        return [
+            Check(
+                "redis",
+                "reachable",
+                False,
+                "the --redis value is not a Redis URL",
+                "use redis://[:password@]host:port/db (or rediss:// for TLS)",
+            )
+        ]
     checks: list[Check] = []
     try:
         try:

@@ -91,3 +91,35 @@ def test_an_unknown_backing_for_bench_is_a_usage_error(capsys: pytest.CaptureFix
     err = capsys.readouterr().err
     assert "usage: statepact bench" in err
     assert "unknown backing sqlite; choose from memory, redis, postgres" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["demo", "--redis", "foo://:hunter2@x"],
+            "statepact demo: error: --redis 'foo://:***@x' is not a Redis URL; "
+            "use redis://[:password@]host:port/db (or rediss:// for TLS)",
+        ),
+        (
+            ["demo", "--postgres", "not a url"],
+            "statepact demo: error: --postgres 'not a url' is not a database URL; "
+            "use postgresql://user[:password]@host:port/database",
+        ),
+        (
+            ["bench", "--backend", "redis"],
+            "statepact bench: error: --backend redis needs --redis URL "
+            "(the server to measure); nothing was run",
+        ),
+    ],
+)
+def test_a_mistake_is_one_line_saying_what_to_do(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bad URL or a missing one is one line on stderr, password masked; exit code 1."""
+    pytest.importorskip("redis")
+    pytest.importorskip("sqlalchemy")
+    assert cli.main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.err == expected + "\n"
+    assert "hunter2" not in captured.out + captured.err
