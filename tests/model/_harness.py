@@ -1,0 +1,350 @@
+"""The harness of the model-based, fuzz and security lanes: one event loop per run, empty
+stores per example on every backing, and one way to compare what two calls did.
+
+Hypothesis' stateful API is synchronous and every statepact call is async, so a
+:class:`LoopRunner` owns ONE event loop for one machine run (one example) and
+drives each call through it. Every client a :class:`Backing` opens for that run
+is opened inside that loop and closed before the loop is, so nothing (a
+connection, a pending task) outlives its example.
+
+A backing opens *empty* stores each time it is asked:
+
+- memory builds new objects;
+- Redis opens a client on the session server (``statepact_redis_url``), FLUSHes
+  that database (the plugin's own server, or the one the environment named for
+  tests) and uses a namespace/prefix no earlier example used;
+- PostgreSQL opens an engine on the test database the PostgreSQL fixtures
+  provide and empties the tables first (TRUNCATE), so an example sees nothing
+  an earlier one wrote.
+
+Outcomes: :func:`attempt` turns a call into an :class:`Outcome`, either the
+normalized value or a summary of a *documented* error (a ``StatepactError``,
+``ValueError`` or ``TypeError``). Anything else (a driver's exception) is not
+caught: the test fails with it, which is the point.
+
+This module must never mock or fake a server, never FLUSHALL, and never touch a
+database it was not handed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+import pytest
+
+from statepact.clock import ManualClock
+from statepact.errors import (
+    LeaseLostError,
+    RunNotFoundError,
+    StateConflictError,
+    StatepactError,
+    StatePersistenceError,
+)
+from statepact.models import Lease, Page, QueueStats, RunRecord, SessionRecord, WorkItem
+from statepact.queue import QueuePolicy, WorkQueue
+from statepact.state import StateStore
+from statepact.storage.memory import MemoryBackend, MemoryStateStore, MemoryWorkQueue
+from statepact.tx import StorageBackend
+
+T = TypeVar("T")
+Closer = Callable[[], Awaitable[None]]
+Snapshot = Callable[[], Awaitable[Any]]
+
+# Errors a public call may raise on purpose; anything else escaping a call is a bug.
+DOCUMENTED = (StatepactError, ValueError, TypeError)
+
+_names = itertools.count(1)
+
+
+def fresh_name(prefix: str) -> str:
+    """A namespace/prefix no other example of this process used."""
+    return f"{prefix}{next(_names)}"
+
+
+# -- one loop per run ------------------------------------------------------------------
+
+
+class LoopRunner:
+    """One event loop for one machine run; every async call of the run goes through it."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._closers: list[Closer] = []
+
+    def run(self, awaitable: Awaitable[T]) -> T:
+        async def _await() -> T:
+            return await awaitable
+
+        return self._loop.run_until_complete(_await())
+
+    def open(self, opening: Awaitable[Opened[T]]) -> Opened[T]:
+        """Open a store in this loop and remember to close it in :meth:`close`."""
+        opened = self.run(opening)
+        self._closers.append(opened.close)
+        return opened
+
+    def close(self) -> None:
+        try:
+            while self._closers:
+                self.run(self._closers.pop()())
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+        finally:
+            self._loop.close()
+
+
+# -- backings ------------------------------------------------------------------------------
+
+
+async def _nothing() -> None:
+    return None
+
+
+@dataclass
+class Opened(Generic[T]):
+    """A store opened for one run: ``close`` releases it; ``raw`` (servers only) reads every
+    key or row the store owns, for the "a refused call changes nothing" checks."""
+
+    value: T
+    close: Closer = _nothing
+    raw: Snapshot | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class Backing(Protocol):
+    """Opens empty stores of one backing, inside the caller's running loop."""
+
+    name: str
+
+    async def state_store(self, clock: ManualClock) -> Opened[StateStore]: ...
+
+    async def work_queue(self, clock: ManualClock, policy: QueuePolicy) -> Opened[WorkQueue]: ...
+
+    async def tx_backend(self, clock: ManualClock) -> Opened[StorageBackend]: ...
+
+
+class MemoryBacking:
+    name = "memory"
+
+    async def state_store(self, clock: ManualClock) -> Opened[StateStore]:
+        return Opened(MemoryStateStore(clock=clock))
+
+    async def work_queue(self, clock: ManualClock, policy: QueuePolicy) -> Opened[WorkQueue]:
+        return Opened(MemoryWorkQueue(clock=clock, policy=policy))
+
+    async def tx_backend(self, clock: ManualClock) -> Opened[StorageBackend]:
+        # As the memory_backend fixture builds it: GC on, 64 versions kept per key.
+        backend = MemoryBackend(clock=clock, retain_versions=64)
+        return Opened(backend, close=backend.close)
+
+
+class RedisBacking:
+    """Redis stores on the session server; each open FLUSHes the test database first."""
+
+    name = "redis"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    async def _client(self) -> Any:
+        from redis.asyncio import Redis
+
+        client = Redis.from_url(self.url)
+        await client.flushdb()
+        return client
+
+    @staticmethod
+    def _raw(client: Any) -> Snapshot:
+        async def snapshot() -> Any:
+            return await redis_contents(client)
+
+        return snapshot
+
+    async def state_store(self, clock: ManualClock) -> Opened[StateStore]:
+        from statepact.storage.redis import RedisStateStore, RedisStoreSettings
+
+        client = await self._client()
+        settings = RedisStoreSettings(namespace=fresh_name("mdl"))
+        store = RedisStateStore(client, clock=clock, settings=settings)
+        return Opened(store, close=client.aclose, raw=self._raw(client))
+
+    async def work_queue(self, clock: ManualClock, policy: QueuePolicy) -> Opened[WorkQueue]:
+        from statepact.storage.redis import RedisStoreSettings, RedisWorkQueue
+
+        client = await self._client()
+        settings = RedisStoreSettings(namespace=fresh_name("mdl"))
+        queue = RedisWorkQueue(client, clock=clock, settings=settings, policy=policy)
+        return Opened(queue, close=client.aclose, raw=self._raw(client))
+
+    async def tx_backend(self, clock: ManualClock) -> Opened[StorageBackend]:
+        from statepact.storage.redis import RedisBackend
+
+        client = await self._client()
+        backend = RedisBackend(client, prefix=fresh_name("mdl-tx"), clock=clock)
+
+        async def close() -> None:
+            await backend.close()
+            await client.aclose()
+
+        return Opened(backend, close=close, raw=self._raw(client))
+
+
+async def redis_contents(client: Any) -> dict[bytes, Any]:
+    """Every key of the client's database with its type and full contents (TTLs left out)."""
+    contents: dict[bytes, Any] = {}
+    async for key in client.scan_iter(count=1000):
+        kind = await client.type(key)
+        kind = kind.decode() if isinstance(kind, bytes) else kind
+        if kind == "string":
+            value: Any = await client.get(key)
+        elif kind == "hash":
+            value = sorted((await client.hgetall(key)).items())
+        elif kind == "zset":
+            value = await client.zrange(key, 0, -1, withscores=True)
+        elif kind == "set":
+            value = sorted(await client.smembers(key))
+        elif kind == "list":
+            value = await client.lrange(key, 0, -1)
+        else:
+            value = kind
+        contents[key] = (kind, value)
+    return contents
+
+
+# -- rule budgets ------------------------------------------------------------------------------
+# Hypothesis likes runs that repeat one rule (fifty enqueues in a row); a budget per
+# rule and run makes every run mix its rules. The machine keeps ``self.used``, a
+# Counter that each budgeted rule bumps when it runs.
+
+
+def within_budget(name: str, limit: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A precondition: rule ``name`` ran fewer than ``limit`` times in this run."""
+    from hypothesis.stateful import precondition
+
+    return precondition(lambda machine: machine.used[name] < limit)
+
+
+# -- outcomes ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a call did: ``ok`` with the normalized value, or the summary of the error raised."""
+
+    ok: bool
+    value: Any
+    # The error itself, for checks beyond the summary; not part of the comparison.
+    error: BaseException | None = field(default=None, compare=False)
+
+    def __repr__(self) -> str:
+        return f"ok({self.value!r})" if self.ok else f"raised{self.value!r}"
+
+
+def error_summary(exc: BaseException) -> tuple[Any, ...]:
+    """The parts of an error two backings must agree on: its type and the fields it names."""
+    name = type(exc).__name__
+    if isinstance(exc, StateConflictError):
+        return (name, exc.kind, exc.tenant, exc.record_id, exc.expected, exc.actual)
+    if isinstance(exc, RunNotFoundError):
+        return (name, exc.tenant, exc.run_id)
+    if isinstance(exc, StatePersistenceError):
+        return (name, exc.reason)
+    if isinstance(exc, LeaseLostError):
+        return (name, exc.item_id)
+    if isinstance(exc, StatepactError):
+        return (name,)
+    # ValueError/TypeError: the message starts with the field it names ("tenant: ...").
+    return (name, str(exc).split(":", 1)[0])
+
+
+async def attempt(call: Awaitable[T], normalize: Callable[[T], Any]) -> tuple[Outcome, T | None]:
+    """Await ``call``: its normalized value, or the summary of a documented error."""
+    try:
+        value = await call
+    except DOCUMENTED as exc:
+        return Outcome(False, error_summary(exc), exc), None
+    return Outcome(True, normalize(value)), value
+
+
+def attempt_sync(call: Callable[[], T], normalize: Callable[[T], Any]) -> tuple[Outcome, T | None]:
+    try:
+        value = call()
+    except DOCUMENTED as exc:
+        return Outcome(False, error_summary(exc), exc), None
+    return Outcome(True, normalize(value)), value
+
+
+# -- normal forms -------------------------------------------------------------------------------
+# ``seq`` and lease tokens are opaque: the protocols promise their order, not their
+# values, so they are left out here and their order is checked by the machines.
+
+
+def run_form(record: RunRecord | None) -> Any:
+    return None if record is None else record.model_dump(exclude={"seq"})
+
+
+def session_form(record: SessionRecord | None) -> Any:
+    return None if record is None else record.model_dump(exclude={"seq"})
+
+
+def page_form(page: Page[Any]) -> Any:
+    return ([item.model_dump(exclude={"seq"}) for item in page.items], page.next is None)
+
+
+def item_form(item: WorkItem | None) -> Any:
+    return None if item is None else item.model_dump()
+
+
+def lease_form(lease: Lease | None) -> Any:
+    if lease is None:
+        return None
+    return {
+        "item": lease.item.model_dump(),
+        "worker_id": lease.worker_id,
+        "expires_at": lease.expires_at,
+        "lease_seconds": lease.lease_seconds,
+    }
+
+
+def stats_form(stats: QueueStats) -> Any:
+    return stats.model_dump()
+
+
+def same(value: Any) -> Any:
+    return value
+
+
+# -- fixtures ---------------------------------------------------------------------------------
+# Imported by tests/model/conftest.py and tests/fuzz/conftest.py. The tests using them
+# are synchronous (they run their own loop), so only synchronous fixtures feed them.
+
+BACKINGS = [
+    pytest.param("memory"),
+    pytest.param("redis", marks=pytest.mark.integration),
+    pytest.param("postgres", marks=pytest.mark.integration),
+]
+
+
+@pytest.fixture
+def memory_model_backing() -> Backing:
+    return MemoryBacking()
+
+
+@pytest.fixture
+def redis_model_backing(statepact_redis_url: str) -> Backing:
+    return RedisBacking(statepact_redis_url)
+
+
+@pytest.fixture(params=BACKINGS)
+def model_backing(request: pytest.FixtureRequest) -> Backing:
+    """Each backing in turn, reached as ``{backing}_model_backing`` (as tests/conformance does)."""
+    backing: Backing = request.getfixturevalue(f"{request.param}_model_backing")
+    return backing
+
+
+@pytest.fixture
+def postgres_model_backing() -> Backing:
+    pytest.skip("the PostgreSQL fixtures are not in tests/fixtures/postgres.py yet")
