@@ -123,3 +123,21 @@ def test_a_mistake_is_one_line_saying_what_to_do(
     captured = capsys.readouterr()
     assert captured.err == expected + "\n"
     assert "hunter2" not in captured.out + captured.err
+
+
+def test_the_command_line_loads_no_driver_until_a_server_is_asked_for() -> None:
+    """Building the parser and running the memory demo import neither redis nor SQLAlchemy."""
+    probe = (
+        "import io, json, sys\n"
+        "from statepact import _demo, cli\n"
+        "parser = cli.build_parser()\n"
+        "args = parser.parse_args(['demo', '--seed', '1'])\n"
+        "assert _demo.command(args, out=io.StringIO()) == 0\n"
+        "drivers = ('redis', 'hiredis', 'sqlalchemy', 'asyncpg', 'alembic')\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in drivers)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
