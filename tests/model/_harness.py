@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -192,6 +192,86 @@ class RedisBacking:
         return Opened(backend, close=close, raw=self._raw(client))
 
 
+class PostgresBacking:
+    """PostgreSQL stores on a database of the test's own; each open empties the tables first."""
+
+    name = "postgres"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    async def _engine(self) -> Any:
+        from sqlalchemy import text
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        engine = create_async_engine(self.url, pool_size=4, max_overflow=4)
+        async with engine.begin() as conn:
+            await conn.execute(text(f"TRUNCATE {', '.join(POSTGRES_STATE_TABLES)}"))
+        return engine
+
+    def _raw(self, engine: Any) -> Snapshot:
+        async def snapshot() -> Any:
+            return await postgres_contents(engine)
+
+        return snapshot
+
+    async def state_store(self, clock: ManualClock) -> Opened[StateStore]:
+        from statepact.storage.postgres import PostgresStateStore
+
+        engine = await self._engine()
+        store = PostgresStateStore(engine, clock=clock)
+        return Opened(store, close=engine.dispose, raw=self._raw(engine))
+
+    async def work_queue(self, clock: ManualClock, policy: QueuePolicy) -> Opened[WorkQueue]:
+        from statepact.storage.postgres import PostgresWorkQueue
+
+        engine = await self._engine()
+        queue = PostgresWorkQueue(engine, clock=clock, policy=policy)
+        return Opened(queue, close=engine.dispose, raw=self._raw(engine))
+
+    async def tx_backend(self, clock: ManualClock) -> Opened[StorageBackend]:
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        from statepact.storage.postgres import PostgresBackend
+
+        backend = await PostgresBackend.connect(
+            self.url, clock=clock, min_size=1, max_size=4, create_schema=False
+        )
+        await backend.clear()
+        probe = create_async_engine(self.url, pool_size=1, max_overflow=0)
+
+        async def close() -> None:
+            await backend.close()
+            await probe.dispose()
+
+        return Opened(backend, close=close, raw=self._raw(probe))
+
+
+# The tables the state store and the queue write (adk_schema holds the version: kept).
+POSTGRES_STATE_TABLES = ("adk_runs", "adk_sessions", "adk_work", "adk_queue_turns")
+
+
+async def postgres_contents(engine: Any) -> dict[str, list[str]]:
+    """Every row of every table of the database, as sorted JSON texts per table."""
+    from sqlalchemy import text
+
+    contents: dict[str, list[str]] = {}
+    async with engine.connect() as conn:
+        names = (
+            await conn.execute(
+                text(
+                    "SELECT quote_ident(table_schema) || '.' || quote_ident(table_name) "
+                    "FROM information_schema.tables WHERE table_type = 'BASE TABLE' "
+                    "AND table_schema NOT IN ('pg_catalog', 'information_schema')"
+                )
+            )
+        ).scalars()
+        for table in sorted(names):
+            rows = await conn.execute(text(f"SELECT to_jsonb(t)::text FROM {table} t"))
+            contents[table] = sorted(rows.scalars())
+    return contents
+
+
 async def redis_contents(client: Any) -> dict[bytes, Any]:
     """Every key of the client's database with its type and full contents (TTLs left out)."""
     contents: dict[bytes, Any] = {}
@@ -346,5 +426,22 @@ def model_backing(request: pytest.FixtureRequest) -> Backing:
 
 
 @pytest.fixture
-def postgres_model_backing() -> Backing:
-    pytest.skip("the PostgreSQL fixtures are not in tests/fixtures/postgres.py yet")
+def postgres_model_backing(
+    statepact_postgres_url: str, statepact_postgres_template: str
+) -> Iterator[Backing]:
+    """A database of this test's own, cloned from the migrated template; dropped after."""
+    from tests.fixtures.postgres import (
+        create_database,
+        drop_database,
+        run_in_thread,
+        unique_database_name,
+    )
+
+    name = unique_database_name("model")
+    url = run_in_thread(
+        lambda: create_database(statepact_postgres_url, name, template=statepact_postgres_template)
+    )
+    try:
+        yield PostgresBacking(url)
+    finally:
+        run_in_thread(lambda: drop_database(statepact_postgres_url, name))
