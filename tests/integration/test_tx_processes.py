@@ -18,22 +18,20 @@ over JSON lines (stdout) and wait for ``go`` on stdin so they start together.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import signal
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests._processes import Worker, reap_all, say, spawn
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
 HOT_PROCESSES = 4
 HOT_INCREMENTS = 250
 LEASE_TTL = 1.0
@@ -60,12 +58,8 @@ async def _build(spec: dict[str, Any]) -> Any:
     return await PostgresBackend.connect(spec["url"], clock=SystemClock(), max_size=2)
 
 
-def _say(**event: Any) -> None:
-    print(json.dumps(event), flush=True)
-
-
 async def _wait_for_go() -> None:
-    _say(event="ready")
+    say(event="ready")
     line = await asyncio.to_thread(sys.stdin.readline)
     if line.strip() != "go":
         raise SystemExit(f"worker: expected 'go', got {line!r}")
@@ -81,7 +75,7 @@ async def _hot_key_worker(manager: Any, spec: dict[str, Any]) -> None:
 
     await _wait_for_go()
     written = [await manager.run(increment, retries=1000) for _ in range(spec["increments"])]
-    _say(event="done", written=written)
+    say(event="done", written=written)
 
 
 async def _fenced_write(manager: Any, lease: Any, owner: str, n: int) -> None:
@@ -98,7 +92,7 @@ async def _holder_worker(manager: Any, spec: dict[str, Any]) -> None:
     lease = await manager.acquire_lease("job", owner, LEASE_TTL)
     if lease is None:
         raise SystemExit("holder: the lease was not free at the start")
-    _say(event="acquired", token=lease.token)
+    say(event="acquired", token=lease.token)
     acked: list[int] = []
     refused: list[dict[str, int]] = []
     renew_lost = False
@@ -113,12 +107,12 @@ async def _holder_worker(manager: Any, spec: dict[str, Any]) -> None:
             continue
         acked.append(n)
         if len(acked) == 1:
-            _say(event="holding", token=lease.token)
+            say(event="holding", token=lease.token)
         try:
             lease = await manager.renew_lease(lease)
         except LeaseLostError:
             renew_lost = True  # keep the old lease: the next write must be refused
-    _say(event="done", token=lease.token, acked=acked, refused=refused, renew_lost=renew_lost)
+    say(event="done", token=lease.token, acked=acked, refused=refused, renew_lost=renew_lost)
 
 
 async def _contender_worker(manager: Any, spec: dict[str, Any]) -> None:
@@ -138,7 +132,7 @@ async def _contender_worker(manager: Any, spec: dict[str, Any]) -> None:
             await asyncio.sleep(0.02)
             continue
         tokens.append(lease.token)
-        _say(event="acquired", token=lease.token)
+        say(event="acquired", token=lease.token)
         for _ in range(3):
             n += 1
             try:
@@ -152,7 +146,7 @@ async def _contender_worker(manager: Any, spec: dict[str, Any]) -> None:
         await manager.release_lease(lease)
         await asyncio.sleep(0.05)
     await stop
-    _say(event="done", tokens=tokens, acked=acked, refused=refused)
+    say(event="done", tokens=tokens, acked=acked, refused=refused)
 
 
 async def _worker_main(spec: dict[str, Any]) -> None:
@@ -175,34 +169,6 @@ async def _worker_main(spec: dict[str, Any]) -> None:
 # -- the test side --------------------------------------------------------------------------
 
 
-@dataclass
-class Worker:
-    """One worker process and the JSON events it printed."""
-
-    process: asyncio.subprocess.Process
-    events: list[dict[str, Any]]
-
-    async def next_event(self, timeout: float = 60.0) -> dict[str, Any]:  # noqa: ASYNC109
-        assert self.process.stdout is not None
-        line = await asyncio.wait_for(self.process.stdout.readline(), timeout)
-        if not line:
-            raise AssertionError(f"worker {self.process.pid} exited early")
-        event: dict[str, Any] = json.loads(line)
-        self.events.append(event)
-        return event
-
-    async def expect(self, name: str, timeout: float = 60.0) -> dict[str, Any]:  # noqa: ASYNC109
-        while True:
-            event = await self.next_event(timeout)
-            if event["event"] == name:
-                return event
-
-    async def send(self, line: str) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(line.encode() + b"\n")
-        await self.process.stdin.drain()
-
-
 @pytest.fixture(params=["redis", "postgres"])
 def spec(request: pytest.FixtureRequest) -> dict[str, Any]:
     """How a worker builds its backend: the server URL (and a fresh prefix or database)."""
@@ -218,27 +184,11 @@ async def workers() -> AsyncIterator[list[Worker]]:
     """Started workers; any still running at the end is resumed and killed."""
     started: list[Worker] = []
     yield started
-    for worker in started:
-        if worker.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                worker.process.send_signal(signal.SIGCONT)
-                worker.process.kill()
-            await worker.process.wait()
+    await reap_all(started)
 
 
 async def _start(workers: list[Worker], spec: dict[str, Any], **extra: Any) -> Worker:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tests.integration.test_tx_processes",
-        json.dumps({**spec, **extra}),
-        cwd=ROOT,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    worker = Worker(process, [])
-    workers.append(worker)
-    return worker
+    return await spawn(workers, "tests.integration.test_tx_processes", {**spec, **extra})
 
 
 async def _finish(worker: Worker) -> dict[str, Any]:
