@@ -10,6 +10,7 @@ the table's storage options.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -77,6 +78,124 @@ async def test_ten_workers_on_ten_connections_take_ten_different_items(
     assert len(set(taken)) == 10
     assert len({lease.token for lease in leases if lease is not None}) == 10
     assert await postgres_work_queue.claim("late", lease_for=LEASE) is None
+
+
+async def _open(pg_engine: AsyncEngine, count: int) -> list[AsyncConnection]:
+    """``count`` connections, each a distinct server process, idle (no transaction open)."""
+    connections = [await pg_engine.connect() for _ in range(count)]
+    pids = set()
+    for conn in connections:
+        pids.add((await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one())
+        await conn.commit()
+    assert len(pids) == count
+    return connections
+
+
+SPREAD_WORKERS = 4
+SPREAD_ROUNDS = 12
+# How long a worker of a ``held`` round waits for the others before it commits
+# anyway: claims that took one tenant wait on its turns row, and the round must
+# fail on its assertion rather than hang.
+ROUND_WAIT = 5.0
+
+
+async def _spread_round(
+    queue: PostgresWorkQueue, connections: list[AsyncConnection], *, held: bool
+) -> list[Lease | None]:
+    """Every connection claims at once, each in its own transaction."""
+    claimed = 0
+    everyone = asyncio.Event()
+
+    async def worker(index: int, conn: AsyncConnection) -> Lease | None:
+        nonlocal claimed
+        async with conn.begin():
+            lease = await queue.bound(conn).claim(f"w{index}", lease_for=LEASE)
+            claimed += 1
+            if claimed == len(connections):
+                everyone.set()
+            if held:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(everyone.wait(), timeout=ROUND_WAIT)
+            return lease
+
+    return await asyncio.gather(*(worker(index, conn) for index, conn in enumerate(connections)))
+
+
+@pytest.mark.parametrize("overlap", ["free", "held"])
+async def test_workers_claiming_at_once_spread_over_the_tenants_at_the_front(
+    postgres_work_queue: PostgresWorkQueue, pg_engine: AsyncEngine, overlap: str
+) -> None:
+    """k workers claiming at once, with k tenants holding due work, take k different tenants.
+
+    ``free``: each claim commits as soon as it returns, so a claim whose
+    snapshot predates another's commit may still repeat that tenant: at most
+    one repeat a round. ``held``: every claim's transaction stays open until
+    the whole round has claimed, so the claims overlap entirely: no repeat.
+    Over all rounds, every tenant gets its share.
+    """
+    k = SPREAD_WORKERS
+    tenants = [chr(ord("a") + n) for n in range(k)]
+    for tenant in tenants:
+        await _fill(postgres_work_queue, tenant, SPREAD_ROUNDS + k)
+    least = k if overlap == "held" else k - 1
+    connections = await _open(pg_engine, k)
+    rounds: list[list[str]] = []
+    taken: set[tuple[str, str]] = set()
+    try:
+        for _ in range(SPREAD_ROUNDS):
+            leases = await _spread_round(postgres_work_queue, connections, held=overlap == "held")
+            got = [lease for lease in leases if lease is not None]
+            assert len(got) == k
+            rounds.append([lease.item.tenant for lease in got])
+            taken.update((lease.item.tenant, lease.item.item_id) for lease in got)
+            assert len(set(rounds[-1])) >= least, rounds
+    finally:
+        for conn in connections:
+            await conn.close()
+    assert len(taken) == k * SPREAD_ROUNDS
+    shares = Counter(tenant for tenants_of_round in rounds for tenant in tenants_of_round)
+    assert set(shares) == set(tenants)
+    assert all(abs(share - SPREAD_ROUNDS) <= 2 for share in shares.values()), shares
+
+
+async def test_a_claim_passes_a_tenant_being_claimed_and_takes_work_when_all_are(
+    postgres_work_queue: PostgresWorkQueue, pg_engine: AsyncEngine
+) -> None:
+    """A claim passes over a tenant whose claim is still open; with every tenant busy it
+    still takes an item, from the tenant served longest ago, rather than come back empty."""
+    await _fill(postgres_work_queue, "a", 3)
+    await _fill(postgres_work_queue, "b", 3)
+    first, second, third, last = await _open(pg_engine, 4)
+
+    async def claim(conn: AsyncConnection, worker: str) -> tuple[str, str]:
+        lease = await postgres_work_queue.bound(conn).claim(worker, lease_for=LEASE)
+        assert lease is not None
+        return (lease.item.tenant, lease.item.item_id)
+
+    try:
+        for conn in (first, second, third):
+            await conn.begin()
+        assert await claim(first, "w1") == ("a", "i0000")
+        # A claim of a taken after a's claim would wait on a's turns row: bound the wait.
+        passing = asyncio.create_task(claim(second, "w2"))
+        await asyncio.wait([passing], timeout=ROUND_WAIT)
+        passed_over = passing.done()
+        # Both tenants busy: the third claim takes a's next item, and waits for the
+        # first claim to commit before it sends a to the back.
+        fallback = asyncio.create_task(claim(third, "w3"))
+        await asyncio.wait([fallback], timeout=0.2)
+        await first.commit()
+        assert passed_over, "the second claim waited on the first claim's tenant"
+        assert await passing == ("b", "i0000")
+        assert await fallback == ("a", "i0001")
+        await second.commit()
+        await third.commit()
+        # Committed, the rotation is exact again: b was served longest ago.
+        async with last.begin():
+            assert await claim(last, "w4") == ("b", "i0001")
+    finally:
+        for conn in (first, second, third, last):
+            await conn.close()
 
 
 async def test_many_workers_drain_a_queue_each_item_once(

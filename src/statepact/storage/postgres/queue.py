@@ -22,6 +22,40 @@ The claim is ONE statement (one round trip on an engine):
    them against the newest row version when the row was claimed and committed
    underneath us, so two workers can never take one item. No window function,
    no scan of the backlog.
+
+   Concurrent claims read the same snapshot of the rotation, so on their own
+   they would all walk to the same front tenant and SKIP LOCKED would only
+   hand them different items of it. So the walk first tries, without waiting,
+   a transaction-scoped advisory lock per ``(queue, tenant)``
+   (``pg_try_advisory_xact_lock``, as the Que job queue does in its walk) and
+   passes over a tenant another claim holds: claims that overlap in time take
+   the tenants at the front one each. The try sits in the filter of the
+   rotation's scan, so it runs on each tenant as the walk reaches it, before
+   that tenant's item probe, and LIMIT 1 stops the walk at the first tenant
+   locked and served: a claim tries the tenants up to its own and holds the
+   locks of the ones it got (its own, and any whose probe found nothing) until
+   its transaction ends; a failed try holds nothing. When every tenant with due
+   work is held, the second branch of a UNION ALL walks the rotation again
+   without the try (the Append runs its branches in order and the LIMIT stops
+   it at the first row, so that branch runs only then) and takes the best
+   unlocked item of the first tenant that has one: a claim never comes back
+   empty while an item it could take is due. Either walk reads only tenants
+   with due work, and the first passes over only those other running claims
+   hold (about one each): the cost grows with the claims in flight, not with
+   the tenants.
+
+   What this does not fix: a claim whose snapshot was taken before another
+   claim of the front tenant committed, and which tries that tenant's lock
+   after the commit released it, still takes the same tenant (rare, and the
+   rotation sends that tenant to the back, so it evens out over the next
+   claims). The key is two ``int4`` (a lock space apart from the one-bigint
+   keys, the migrations' among them): a hash of the table naming and the
+   queue, and ``hashtext(tenant)``. Two tenants whose keys collide keep each
+   other's concurrent claims apart: that costs fairness, never correctness,
+   since the item's row lock alone makes a claim exclusive. Inside ``bound``
+   the locks last until the caller commits: a ``claim_batch`` there holds one
+   per tenant it walked (mind ``max_locks_per_transaction`` for large batches
+   over many tenants); on an engine each claim is its own transaction.
 3. ``claimed``: the item becomes ``leased``, ``attempts + 1``, a new token from
    the sequence.
 4. ``turn``: the tenant goes to the back (``last_turn`` = the claim's token),
@@ -36,7 +70,8 @@ The claim is ONE statement (one round trip on an engine):
 Claims lock one ``adk_work`` row, then one ``adk_queue_turns`` row; every
 settle and enqueue writes in the same order (item, then turn), and the
 multi-row writes (reap) take turns rows in ``(queue, tenant)`` order, so claims
-and settles cannot deadlock each other.
+and settles cannot deadlock each other. The advisory tenant locks add no wait:
+a claim only tries them, and nothing here waits on one.
 
 Round trips on an engine: ``enqueue`` 1 (2 when the item already exists),
 ``claim`` 1, ``claim_batch`` one per item plus one that finds nothing (at
@@ -45,13 +80,14 @@ most ``limit``), ``heartbeat``/``ack``/``fail``/``release`` 1, ``requeue`` 1
 ``dead_letters``, ``stats`` 1.
 
 This module must never read the server's clock, never use a window function
-or a scan of the backlog in a claim, and never retry inside a caller's
-transaction (``bound``).
+or a scan of the backlog in a claim, never wait on an advisory lock (try it
+only), and never retry inside a caller's transaction (``bound``).
 """
 
 from __future__ import annotations
 
 import copy
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -60,6 +96,7 @@ from typing import Any, Self
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Integer,
     Select,
@@ -286,6 +323,30 @@ def rotation(turns: Table) -> CTE:
     )
 
 
+def _turn_lock_class(turns: Table) -> int:
+    """The first key of the tenant locks of claims on ``turns``: a signed 32-bit hash of its name.
+
+    Queues of two table namings in one database then take different locks.
+    """
+    name = f"{turns.schema}.{turns.name}" if turns.schema else turns.name
+    unsigned = zlib.crc32(name.encode("utf-8"))
+    return unsigned - (1 << 32) if unsigned >= 1 << 31 else unsigned
+
+
+def _try_tenant_lock(turns: Table, tenant: Any) -> ColumnElement[bool]:
+    """Try, without waiting, the transaction-scoped advisory lock of ``(queue, tenant)``.
+
+    The two-key form ``(int4, int4)``: a lock space apart from the one-bigint
+    keys (the migrations' lock among them). Key one mixes the table naming and
+    the queue, key two is the tenant. Two tenants whose keys collide only keep
+    each other's concurrent claimers apart, which costs fairness, never
+    correctness: the item's row lock, not this one, makes a claim exclusive.
+    """
+    table_key = literal_column(str(_turn_lock_class(turns)), Integer)
+    queue_key = func.hashtext(_p("queue")).op("#")(table_key)
+    return func.pg_try_advisory_xact_lock(queue_key, func.hashtext(tenant), type_=Boolean)
+
+
 def claim(tables: Tables) -> Select[Any]:
     """Lease the best due item of the tenant served longest ago, and send that tenant back."""
     work, turns = tables.work, tables.queue_turns
@@ -304,14 +365,23 @@ def claim(tables: Tables) -> Select[Any]:
         .with_for_update(skip_locked=True)
         .lateral("best")
     )
-    # No ORDER BY here: the rotation's order drives the nested loop, and LIMIT 1
-    # stops it at the first tenant whose probe locked an item.
-    picked = (
+    # No ORDER BY in either branch: the rotation's order drives the nested loop,
+    # and LIMIT 1 stops it at the first tenant whose probe locked an item. The
+    # lock filter references the rotation alone, so it runs on each tenant as
+    # the walk yields it, before that tenant's item probe.
+    free = (
         select(best.c.id, order.c.additions)
         .select_from(order.join(best, true()))
+        .where(_try_tenant_lock(turns, order.c.tenant))
         .limit(_ONE)
-        .cte("picked")
     )
+    # Every tenant at the front is being claimed by someone else: take work
+    # anyway, from the first tenant that still has an unlocked due item.
+    anyone = select(best.c.id, order.c.additions).select_from(order.join(best, true())).limit(_ONE)
+    # The Append runs its branches in order and the LIMIT stops it at the
+    # first row: the fallback runs only when the first branch found nothing.
+    branches = union_all(free, anyone).subquery("branches")
+    picked = select(branches.c.id, branches.c.additions).limit(_ONE).cte("picked")
     claimed = (
         update(work)
         .where(work.c.id == picked.c.id, work.c.status == QUEUED)
