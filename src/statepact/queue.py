@@ -17,7 +17,7 @@ from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from statepact._codec import check_size, encode_json, require_id, require_seconds
+from statepact._codec import check_size, encode_json, require_count, require_id, require_seconds
 from statepact.clock import Clock, SystemClock
 from statepact.models import ItemStatus, Lease, QueueStats, WorkItem
 
@@ -173,8 +173,23 @@ def _require_limit(limit: object) -> int:
 
 
 def _require_lease(lease: object) -> Lease:
+    """A lease whose fields a backing reads have the right types and ranges.
+
+    A lease rebuilt with ``model_copy``/``model_construct`` skips pydantic's
+    checks, so what the settle calls read is checked here, before anything is sent.
+    """
     if not isinstance(lease, Lease):
         raise TypeError(f"lease: must be a Lease, got {type(lease).__name__}")
+    if not isinstance(lease.item, WorkItem):
+        raise TypeError(f"lease.item: must be a WorkItem, got {type(lease.item).__name__}")
+    require_id("lease.item.tenant", lease.item.tenant)
+    require_id("lease.item.item_id", lease.item.item_id)
+    require_count("lease.item.attempts", lease.item.attempts)
+    token = lease.token
+    if isinstance(token, bool) or not isinstance(token, int):
+        raise TypeError(f"lease.token: must be an int, got {type(token).__name__}")
+    if not 0 <= token < 2**63:
+        raise ValueError(f"lease.token: {token} is not a token any queue issues")
     return lease
 
 
@@ -215,6 +230,8 @@ class BaseWorkQueue(ABC):
         item_id = require_id("item_id", item.item_id)
         if item.queue is not None and item.queue != self._name:
             raise ValueError(f"queue: the item names queue {item.queue!r}, this is {self._name!r}")
+        if isinstance(item.priority, bool) or not isinstance(item.priority, int):
+            raise TypeError(f"priority: must be an int, got {type(item.priority).__name__}")
         if not -MAX_PRIORITY <= item.priority <= MAX_PRIORITY:
             raise ValueError(f"priority: must be between -{MAX_PRIORITY} and {MAX_PRIORITY}")
         payload = encode_json("payload", item.payload)
@@ -252,8 +269,10 @@ class BaseWorkQueue(ABC):
 
     async def heartbeat(self, lease: Lease) -> Lease:
         checked = _require_lease(lease)
+        require_id("lease.worker_id", checked.worker_id)
+        seconds = require_seconds("lease.lease_seconds", checked.lease_seconds)
         now = self._clock.now()
-        return await self._heartbeat(checked, now, now + timedelta(seconds=checked.lease_seconds))
+        return await self._heartbeat(checked, now, now + timedelta(seconds=seconds))
 
     async def ack(self, lease: Lease) -> WorkItem:
         return await self._ack(_require_lease(lease), self._clock.now())
@@ -262,7 +281,9 @@ class BaseWorkQueue(ABC):
         checked = _require_lease(lease)
         if not isinstance(error, str):
             raise TypeError(f"error: must be a str, got {type(error).__name__}")
-        message = error.replace("\x00", "")[:MAX_ERROR_CHARS]
+        # Lone surrogates cannot be stored as UTF-8 anywhere; they become "?" like NULs go.
+        message = error.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+        message = message[:MAX_ERROR_CHARS]
         now = self._clock.now()
         outcome = self._policy.after_failure(checked.item.attempts, now, retryable=retryable)
         return await self._fail(checked, now, message, outcome)

@@ -173,9 +173,24 @@ def _require_limit(limit: object) -> int:
 def _parse_after(after: object) -> int:
     if after is None:
         return 0
-    if not isinstance(after, str) or not after.isdigit() or len(after) > 19:
+    # isascii: str.isdigit() also takes "²" and "٣", which int() refuses or reads.
+    if (
+        not isinstance(after, str)
+        or not (after.isascii() and after.isdigit())
+        or len(after) > 19
+        or int(after) >= 2**63
+    ):
         raise ValueError(f"after: {after!r} is not a cursor returned by this store")
     return int(after)
+
+
+def _require_version(version: object) -> int:
+    """A record's version as a store can compare it (a model_construct record skips pydantic)."""
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise TypeError(f"version: must be an int, got {type(version).__name__}")
+    if not 0 <= version < 2**63:
+        raise ValueError(f"version: must be between 0 and 2**63 - 1, got {version}")
+    return version
 
 
 def _require_status(status: object) -> RunStatus:
@@ -234,7 +249,7 @@ class BaseStateStore(ABC):
                 session_id=session_id,
                 status=_require_status(record.status),
                 data=data,
-                expected_version=record.version,
+                expected_version=_require_version(record.version),
                 now=self._clock.now(),
             )
         )
@@ -295,7 +310,7 @@ class BaseStateStore(ABC):
                 tenant=tenant,
                 session_id=session_id,
                 data=data,
-                expected_version=record.version,
+                expected_version=_require_version(record.version),
                 now=self._clock.now(),
             )
         )

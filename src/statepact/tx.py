@@ -470,8 +470,17 @@ def _require_mode(value: object) -> LockMode:
 
 
 def _require_lease(field: str, value: object) -> Lease:
+    """A lease whose resource, owner and token a backing can read (a ``Lease`` is a plain
+    dataclass: nothing checked its fields when it was built)."""
     if not isinstance(value, Lease):
         raise TypeError(f"{field}: must be a statepact.tx.Lease, got {type(value).__name__}")
+    require_id(f"{field}.resource", value.resource)
+    require_id(f"{field}.owner", value.owner)
+    token = value.token
+    if isinstance(token, bool) or not isinstance(token, int):
+        raise TypeError(f"{field}.token: must be an int, got {type(token).__name__}")
+    if not 0 <= token < 2**63:
+        raise ValueError(f"{field}.token: {token} is not a token any backing issues")
     return value
 
 
