@@ -22,7 +22,9 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 class StoreSettings(BaseModel):
     """What every server-backed store shares."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # hide_input_in_errors: a refused value (a DSN of the wrong type, a password passed
+    # as an unknown field) must not be echoed in the ValidationError.
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     dsn: SecretStr | None = Field(
         default=None, description="Server URL; optional when a client is injected."
@@ -84,20 +86,33 @@ class PostgresStoreSettings(StoreSettings):
         return value
 
 
-_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^@/]*@)")
+# A URL anywhere in the text: scheme://, then everything up to the next whitespace.
+_URL = re.compile(r"(?<![A-Za-z0-9+.\-])(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<rest>\S*)")
+# A keyword password (libpq "password = 'x y'", a URL's "?password=x"), quoted or not.
+_KEYWORD = re.compile(r"(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^&\s]*)")
+
+
+def _mask_userinfo(match: re.Match[str]) -> str:
+    scheme, rest = match.group("scheme"), match.group("rest")
+    first = rest.find("@")
+    if first < 0:
+        return match.group(0)
+    # Passwords hold '@', '/', '?', '#' unescaped often enough: the userinfo runs to the
+    # LAST '@' before the query, where the query is what follows the first '@' and a
+    # '?' or '#' ("u:p@ss/w@host/db?app=me@laptop" keeps "host/db?app=me@laptop").
+    stops = [i for i in (rest.find("?", first), rest.find("#", first)) if i >= 0]
+    last = rest.rfind("@", 0, min(stops, default=len(rest)))
+    userinfo, host = rest[:last], rest[last + 1 :]
+    if ":" not in userinfo:
+        return match.group(0)  # a user name alone is not a secret
+    return f"{scheme}{userinfo.split(':', 1)[0]}:***@{host}"
 
 
 def redact_dsn(dsn: str | SecretStr | None) -> str:
-    """A DSN with its password (and any ``password=`` query value) masked."""
+    """A DSN (or a text holding one) with every password masked: a URL's userinfo
+    password, whatever characters it holds, and ``password=`` keyword values."""
     if dsn is None:
         return "<no dsn>"
     text = dsn.get_secret_value() if isinstance(dsn, SecretStr) else dsn
-
-    def _mask_userinfo(match: re.Match[str]) -> str:
-        userinfo = match.group("userinfo")[:-1]
-        user = userinfo.split(":", 1)[0] if ":" in userinfo else userinfo
-        masked = f"{user}:***@" if ":" in userinfo else f"{user}@"
-        return match.group("scheme") + masked
-
-    text = _USERINFO.sub(_mask_userinfo, text)
-    return re.sub(r"(?i)(password=)[^&\s]*", r"\1***", text)
+    text = _URL.sub(_mask_userinfo, text)
+    return _KEYWORD.sub(r"\1***", text)
