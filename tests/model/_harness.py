@@ -273,7 +273,8 @@ async def postgres_contents(engine: Any) -> dict[str, list[str]]:
 
 
 async def redis_contents(client: Any) -> dict[bytes, Any]:
-    """Every key of the client's database with its type and full contents (TTLs left out)."""
+    """Every key of the client's database: its type, full contents and whether it expires
+    (a replay record or a lock may vanish on its own between two snapshots)."""
     contents: dict[bytes, Any] = {}
     async for key in client.scan_iter(count=1000):
         kind = await client.type(key)
@@ -290,8 +291,21 @@ async def redis_contents(client: Any) -> dict[bytes, Any]:
             value = await client.lrange(key, 0, -1)
         else:
             value = kind
-        contents[key] = (kind, value)
+        contents[key] = {"kind": kind, "value": value, "expires": await client.pttl(key) > 0}
     return contents
+
+
+def raw_changes(before: dict[Any, Any], after: dict[Any, Any]) -> list[str]:
+    """The keys or tables that differ, leaving out expiring keys that have expired."""
+    changed = []
+    for key in set(before) | set(after):
+        was, now = before.get(key), after.get(key)
+        if was == now:
+            continue
+        if now is None and isinstance(was, dict) and was.get("expires"):
+            continue
+        changed.append(str(key)[:100])
+    return sorted(changed)
 
 
 # -- rule budgets ------------------------------------------------------------------------------
