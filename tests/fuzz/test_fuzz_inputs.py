@@ -281,6 +281,7 @@ def check(
         "but the store's observable state changed"
     )
     if target.raw is not None:
+        assert raw_before is not None
         changed = raw_changes(raw_before, target.run(target.raw()))
         assert not changed, (
             f"{target.backing}: {what} was refused ({type(refused).__name__}: {refused}) "
@@ -399,7 +400,7 @@ def test_put_run(
 @given(
     record=st.one_of(
         WRONG_TYPES,
-        st.builds(dict),
+        st.just({"tenant": "acme"}),
         st.builds(SessionRecord, tenant=st.just("acme"), session_id=st.just("s9")),
     )
 )
@@ -481,6 +482,7 @@ def test_listings(
     after: Any,
 ) -> None:
     store = fuzz_state.store
+    call: Callable[[], Awaitable[Any]]
     if op == "list_runs":
         call = lambda: store.list_runs(  # noqa: E731
             tenant, session_id=session_id, status=status, limit=limit, after=after
@@ -593,6 +595,7 @@ def test_claim(
     queue = fuzz_queue.store
     fuzz_queue.run(queue.enqueue(WorkItem(tenant="acme", item_id=f"c-{fuzz_queue.clock.now()}")))
     fuzz_queue.clock.advance(1)
+    call: Callable[[], Awaitable[Any]]
     if batch:
         call = lambda: queue.claim_batch(worker_id, lease_for=lease_for, limit=limit)  # noqa: E731
     else:
@@ -637,13 +640,14 @@ def test_settle(
     fuzz_queue.run(queue.enqueue(WorkItem(tenant="acme", item_id=f"s-{stamp}")))
     live = fuzz_queue.run(queue.claim("w1", lease_for=3600))
     assert live is not None
-    item_fields = {k: forged[k] for k in ("tenant", "item_id", "queue", "status") if k in forged}
-    lease_fields = {
+    item_fields: dict[str, Any] = {
+        k: forged[k] for k in ("tenant", "item_id", "queue", "status") if k in forged
+    }
+    lease_fields: dict[str, Any] = {
         k: forged[k] for k in ("token", "lease_seconds", "worker_id", "expires_at") if k in forged
     }
-    lease = live.model_copy(
-        update={"item": live.item.model_copy(update=item_fields), **lease_fields}
-    )
+    update: dict[str, Any] = {"item": live.item.model_copy(update=item_fields), **lease_fields}
+    lease = live.model_copy(update=update)
     calls: dict[str, Callable[[], Awaitable[Any]]] = {
         "heartbeat": lambda: queue.heartbeat(lease),
         "ack": lambda: queue.ack(lease),
@@ -690,7 +694,11 @@ def test_inspect_and_recover(
 
 
 @FUZZ
-@given(item=st.one_of(WRONG_TYPES, st.builds(dict), st.just(RunRecord(tenant="a", run_id="b"))))
+@given(
+    item=st.one_of(
+        WRONG_TYPES, st.just({"tenant": "acme"}), st.just(RunRecord(tenant="a", run_id="b"))
+    )
+)
 def test_queue_calls_with_something_else(fuzz_queue: Target[WorkQueue], item: Any) -> None:
     queue = fuzz_queue.store
     for name, call in (

@@ -129,5 +129,5 @@ def test_a_refused_setting_does_not_echo_the_dsn(
 def test_a_dsn_of_the_wrong_type_is_not_echoed() -> None:
     """Even a refused DSN value is not printed back."""
     with pytest.raises(ValidationError) as caught:
-        RedisStoreSettings(dsn=["redis://u:PWa@host/0"])  # type: ignore[arg-type]
+        RedisStoreSettings(dsn=["redis://u:PWa@host/0"])
     assert not _leaks(str(caught.value)), str(caught.value)
