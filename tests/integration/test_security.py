@@ -243,7 +243,10 @@ def _cli_cases() -> list[Any]:
         pytest.param(["demo", "--redis", redis_url], True, id="demo-redis"),
         pytest.param(["demo", "--postgres", pg_url], True, id="demo-postgres"),
         pytest.param(["doctor", "--redis", redis_url, "--postgres", pg_url], False, id="doctor"),
-        pytest.param(["bench", "--redis", redis_url], True, id="bench-redis"),
+        pytest.param(["bench", "--backend", "redis", "--redis", redis_url], True, id="bench-redis"),
+        pytest.param(
+            ["bench", "--backend", "postgres", "--postgres", pg_url], True, id="bench-postgres"
+        ),
     ]
 
 
