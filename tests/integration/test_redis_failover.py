@@ -8,6 +8,7 @@ off, so the failover budget in ``RedisStoreSettings`` is the only one at work.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -109,28 +110,71 @@ async def test_a_server_back_within_the_budget_serves_the_call(
     assert sorted(lease.item.item_id for lease in leases) == ["after", "before"]
 
 
+class _Doorman:
+    """A plain TCP listener on a dead server's port: it accepts each connection, counts it and
+    closes it at once, so every connection attempt of a client is seen (a refused port would
+    leave no trace of them)."""
+
+    def __init__(self) -> None:
+        self.accepted = 0
+        self._server: asyncio.Server | None = None
+
+    async def open(self, port: int) -> None:
+        # reuse_address (asyncio's default on POSIX) binds past the stopped server's TIME_WAIT.
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", port)
+
+    async def _accept(self, _reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+
 async def test_a_server_that_stays_down_ends_in_retryable_errors(
     server: RedisServer, clients: Callable[..., Redis], clock: ManualClock
 ) -> None:
     """Past the budget: StatePersistenceError("unavailable") and QueueUnavailableError, both
-    retryable, naming the call and never the password."""
+    retryable, after exactly failover_attempts connection attempts each, within the budget,
+    naming the call and never the password."""
     await _add_user(server)
+    # _client turns redis-py's own retry off (Retry(NoBackoff(), 0)): one connection per
+    # attempt of the failover policy, so the count below is the policy's alone. With
+    # redis-py's default retry each attempt would open 1 + its retries connections.
     client = clients(server, username="app", password=PASSWORD)
     store = RedisStateStore(client, clock=clock, settings=IMPATIENT)
     queue = RedisWorkQueue(client, clock=clock, settings=IMPATIENT)
     await store.put_run(RunRecord(tenant="acme", run_id="r"))
     await queue.enqueue(WorkItem(tenant="acme", item_id="i"))
+    # Drop the pooled connection so every attempt has to connect and the listener sees it:
+    # redis-py would send the first attempt on the pooled connection the stopped server
+    # closed, and that attempt would fail without a connection the listener could count.
+    await client.connection_pool.disconnect()
     await asyncio.to_thread(server.stop)
+    doorman = _Doorman()
+    await doorman.open(server.port)
+    try:
+        began = time.monotonic()
+        with pytest.raises(StatePersistenceError) as state_error:
+            await store.get_run("acme", "r")
+        state_seconds = time.monotonic() - began
+        state_attempts = doorman.accepted
+        began = time.monotonic()
+        with pytest.raises(QueueUnavailableError) as queue_error:
+            await queue.claim("w", lease_for=30)
+        queue_seconds = time.monotonic() - began
+        queue_attempts = doorman.accepted - state_attempts
+    finally:
+        await doorman.close()
 
-    began = time.monotonic()
-    with pytest.raises(StatePersistenceError) as state_error:
-        await store.get_run("acme", "r")
-    state_seconds = time.monotonic() - began
-    began = time.monotonic()
-    with pytest.raises(QueueUnavailableError) as queue_error:
-        await queue.claim("w", lease_for=30)
-    queue_seconds = time.monotonic() - began
-
+    # Each call tried as often as the settings promise, no more and no fewer.
+    assert IMPATIENT.failover_attempts == 4
+    assert state_attempts == IMPATIENT.failover_attempts
+    assert queue_attempts == IMPATIENT.failover_attempts
     assert state_error.value.reason == "unavailable"
     assert state_error.value.retryable is True
     assert queue_error.value.retryable is True
@@ -139,7 +183,8 @@ async def test_a_server_that_stays_down_ends_in_retryable_errors(
     for error in (state_error.value, queue_error.value):
         assert PASSWORD not in str(error)
         assert PASSWORD not in repr(error.__cause__)
-    # Refused connections fail fast: the time is the backoff, bounded by the budget.
+    # Connections closed at once fail fast: the time is the backoff, bounded by the budget
+    # (0.25 s here) plus a generous margin for a noisy machine.
     budget = IMPATIENT.retry_policy.budget
     assert state_seconds < budget + 2.0
     assert queue_seconds < budget + 2.0
