@@ -62,6 +62,22 @@ def test_the_demo_tells_every_story_point_and_exits_0() -> None:
     # a transaction replayed by its idempotency key
     assert "replayed=True" in transcript
     assert "refused with IdempotencyConflictError" in transcript
+    # the closing summary names both: one agent took one attempt, the other two, nothing lost
+    conflict = re.search(
+        r"^conflict: planner and critic raced on budgets/acme; attempts "
+        r"\{'(planner|critic)': (\d), '(planner|critic)': (\d)\}; final \{'spent': 12\}$",
+        transcript,
+        re.M,
+    )
+    assert conflict is not None
+    assert {conflict.group(1), conflict.group(3)} == {"planner", "critic"}
+    assert sorted([conflict.group(2), conflict.group(4)]) == ["1", "2"]
+    # ... and the replay: the same version both times, the second one replayed
+    assert re.search(
+        r"^idempotent replay: first commit version (\d+), replay version \1, replayed=True$",
+        transcript,
+        re.M,
+    )
 
 
 async def test_the_report_matches_what_the_stores_hold() -> None:
