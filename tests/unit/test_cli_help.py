@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -69,10 +70,17 @@ def test_doctor_without_a_server_says_what_to_give(capsys: pytest.CaptureFixture
     )
 
 
+def _installed_statepact() -> Path:
+    """The ``statepact`` console script ``pip install`` put beside this interpreter."""
+    script = Path(sys.executable).parent / "statepact"
+    assert script.is_file(), f"no statepact console script at {script}; run pip install -e ."
+    return script
+
+
 def test_the_installed_command_runs_the_demo_in_a_fresh_process() -> None:
-    """``python -m statepact.cli demo`` in a new interpreter: exit 0, nothing on stderr."""
+    """The README's ``statepact demo``: the installed console script, exit 0, nothing on stderr."""
     result = subprocess.run(
-        [sys.executable, "-m", "statepact.cli", "demo", "--seed", "2"],
+        [str(_installed_statepact()), "demo", "--seed", "2"],
         capture_output=True,
         text=True,
         timeout=120,
