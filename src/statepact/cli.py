@@ -8,7 +8,8 @@ redis and ``statepact demo`` never loads SQLAlchemy unless asked for a server.
 
 ``statepact db upgrade|downgrade|current|check`` wraps the Alembic revisions
 (``statepact.storage.postgres.migrate``), so they run from an installed wheel
-too. The URL comes from ``--url`` or ``STATEPACT_DATABASE_URL``; a plain
+too. The URL comes from ``--url`` (before or after the action) or
+``STATEPACT_DATABASE_URL``; a plain
 ``postgresql://`` URL is run through asyncpg. Errors print one line (with
 ``--debug``, the traceback too), and never a password: the URL is shown
 redacted, and the password is scrubbed from any message that might echo it.
@@ -65,30 +66,55 @@ the database from matching this release and exits 1 if anything does.
 """
 
 
+URL_HELP = (
+    f"the database (postgresql://user[:password]@host:port/db); default: ${URL_ENV}. "
+    "Its password is never printed"
+)
+DEBUG_HELP = "show the full traceback when something fails"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``statepact db``."""
-    actions = parser.add_subparsers(dest="db_action", metavar="ACTION", required=True)
-    specs: list[tuple[str, str, str | None]] = [
-        ("upgrade", "apply revisions up to REVISION (default: head)", "head"),
-        ("downgrade", "undo revisions down to REVISION (e.g. base, or -1)", None),
-        ("current", "print the revision the database is at", ""),
-        ("check", "list differences from this release; exit 1 if there are any", ""),
+    """The options of ``statepact db`` and of each of its actions.
+
+    ``--url`` and ``--debug`` are taken before or after ACTION; the actions'
+    copies default to ``SUPPRESS`` so that one given before ACTION is kept.
+    """
+    parser.add_argument("--url", metavar="URL", default=None, help=URL_HELP)
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    actions = parser.add_subparsers(
+        dest="db_action",
+        metavar="ACTION",
+        required=True,
+        help="what to do; `statepact db ACTION --help` describes each",
+    )
+    specs: list[tuple[str, str, str | None, str]] = [
+        (
+            "upgrade",
+            "apply revisions up to REVISION (default: head)",
+            "head",
+            "the revision to go up to: head (the newest, the default) or a revision id",
+        ),
+        (
+            "downgrade",
+            "undo revisions down to REVISION (e.g. base, or -1)",
+            None,
+            "the revision to go down to: base (no statepact tables left), -1 (one step "
+            "back) or a revision id",
+        ),
+        ("current", "print the revision the database is at", "", ""),
+        ("check", "list differences from this release; exit 1 if there are any", "", ""),
     ]
-    for name, help_, default in specs:
+    for name, help_, default, revision_help in specs:
         action = actions.add_parser(name, help=help_, description=help_)
         if default is None:
-            action.add_argument("revision", metavar="REVISION")
+            action.add_argument("revision", metavar="REVISION", help=revision_help)
         elif default:
-            action.add_argument("revision", metavar="REVISION", nargs="?", default=default)
+            action.add_argument(
+                "revision", metavar="REVISION", nargs="?", default=default, help=revision_help
+            )
+        action.add_argument("--url", metavar="URL", default=argparse.SUPPRESS, help=URL_HELP)
         action.add_argument(
-            "--url",
-            metavar="URL",
-            default=None,
-            help=f"the database (postgresql://user[:password]@host:port/db); default: ${URL_ENV}. "
-            "Its password is never printed",
-        )
-        action.add_argument(
-            "--debug", action="store_true", help="show the full traceback when something fails"
+            "--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP
         )
 
 
@@ -171,7 +197,12 @@ def build_parser(commands: Sequence[Subcommand] = COMMANDS) -> argparse.Argument
         description="Durable state, fair work queues and coordination transactions for "
         "fleets of AI agents, on memory, Redis and PostgreSQL.",
     )
-    subcommands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    subcommands = parser.add_subparsers(
+        dest="command",
+        metavar="COMMAND",
+        required=True,
+        help="what to run; `statepact COMMAND --help` lists its options",
+    )
     for spec in commands:
         module = _load(spec)
         sub = subcommands.add_parser(

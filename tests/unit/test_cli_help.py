@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from statepact import cli
 
-OPTIONS = {
+DB_OPTIONS = ["--url URL", "--debug"]
+OPTIONS: dict[str, list[str]] = {
     "demo": ["--redis URL", "--postgres URL", "--seed N", "--debug"],
     "bench": [
         "--backend LIST",
@@ -26,31 +29,78 @@ OPTIONS = {
         "--debug",
     ],
     "doctor": ["--redis URL", "--postgres URL", "--no-durable", "--debug"],
+    "db": ["ACTION", *DB_OPTIONS],
+    "db upgrade": ["REVISION", *DB_OPTIONS],
+    "db downgrade": ["REVISION", *DB_OPTIONS],
+    "db current": DB_OPTIONS,
+    "db check": DB_OPTIONS,
 }
+
+
+def _help(command: str, capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*command.split(), "--help"])
+    assert exc.value.code == 0
+    return capsys.readouterr().out
 
 
 @pytest.mark.parametrize("name", sorted(OPTIONS))
 def test_help_describes_the_command_and_lists_every_option(
     name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Each command's --help has a description and every option with its help text."""
-    with pytest.raises(SystemExit) as exc:
-        cli.main([name, "--help"])
-    assert exc.value.code == 0
-    text = capsys.readouterr().out
+    """Each command's and db action's --help has a description and every option with its help."""
+    text = _help(name, capsys)
     assert text.startswith(f"usage: statepact {name} ")
+    # a description paragraph between the usage and the argument lists
+    description = text.split("\n\n")[1]
+    assert len(description.split()) >= 5, description
     for option in OPTIONS[name]:
         # the option, then at least a few words of help on its line or the next
-        assert re.search(rf"{re.escape(option)}\s+\S+(\s+\S+){{2,}}", text), option
+        assert re.search(rf"^  {re.escape(option)}\s+\S+(\s+\S+){{2,}}", text, re.M), option
 
 
-def test_the_top_level_help_lists_the_three_commands(capsys: pytest.CaptureFixture[str]) -> None:
-    """``statepact --help`` names demo, bench and doctor with a line each."""
-    with pytest.raises(SystemExit):
-        cli.main(["--help"])
-    text = capsys.readouterr().out
-    for name in ("demo", "bench", "doctor"):
-        assert re.search(rf"^\s+{name}\s+\w+", text, re.M), name
+def test_db_help_says_what_url_is_and_names_each_action(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``statepact db --help``: the URL's form and variable, and a line for each action."""
+    text = _help("db", capsys)
+    assert re.search(r"--url URL\s+the database \(postgresql://user\[:password\]@", text)
+    assert "$STATEPACT_DATABASE_URL" in text
+    for action in ("upgrade", "downgrade", "current", "check"):
+        assert re.search(rf"^    {action}\s+\S+(\s+\S+){{2,}}", text, re.M), action
+
+
+def _parsers(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, (*path, name))
+
+
+def test_every_option_of_every_command_has_help_text() -> None:
+    """Walking the whole parser: every argument of every (sub)command says what it is."""
+    seen = set()
+    for path, parser in _parsers(cli.build_parser()):
+        seen.add(" ".join(path))
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            what = " ".join(path) + " " + (action.option_strings or [str(action.metavar)])[0]
+            assert action.help and len(action.help.split()) >= 3, what
+            assert action.help != argparse.SUPPRESS, what
+    assert seen == {"", *OPTIONS}
+
+
+def test_the_top_level_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    """``statepact --help`` names demo, bench, doctor and db with a line each."""
+    text = _help("", capsys)
+    assert text.startswith("usage: statepact ")
+    assert re.search(r"^  COMMAND\s+\w+(\s+\S+){2,}", text, re.M)
+    for name in ("demo", "bench", "doctor", "db"):
+        assert re.search(rf"^    {name}\s+\S+(\s+\S+){{2,}}", text, re.M), name
 
 
 def test_demo_through_the_entry_point_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
@@ -149,3 +199,18 @@ def test_the_command_line_loads_no_driver_until_a_server_is_asked_for() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["db", "--url", "postgresql://u@h/d", "--debug", "check"],
+        ["db", "check", "--url", "postgresql://u@h/d", "--debug"],
+    ],
+)
+def test_db_takes_url_and_debug_before_or_after_the_action(argv: list[str]) -> None:
+    """``statepact db --help`` lists --url, so it works there as well as after the action."""
+    args = cli.build_parser().parse_args(argv)
+    assert (args.db_action, args.url, args.debug) == ("check", "postgresql://u@h/d", True)
+    args = cli.build_parser().parse_args(["db", "current"])
+    assert (args.url, args.debug) == (None, False)
