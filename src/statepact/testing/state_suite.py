@@ -539,35 +539,57 @@ class StateStoreConformance:
         for run_id in original:
             await _create(state_store, run_id, status=RunStatus.RUNNING)
         stop = asyncio.Event()
+        wrote = asyncio.Event()
+        writes = 0  # puts, patches and creates the churn task has completed
+
+        def count_write() -> None:
+            nonlocal writes
+            writes += 1
+            wrote.set()
 
         async def churn() -> None:
             # Rewrites every run (blob, status, counters) and keeps creating new ones.
             round_ = 0
-            while not stop.is_set():
-                round_ += 1
-                for run_id in original[::-1]:
-                    run = await state_store.get_run("acme", run_id)
-                    assert run is not None
-                    await state_store.put_run(
-                        run.model_copy(
-                            update={"data": {"round": round_}, "status": RunStatus.SUCCEEDED}
+            try:
+                while not stop.is_set():
+                    round_ += 1
+                    for run_id in original[::-1]:
+                        run = await state_store.get_run("acme", run_id)
+                        assert run is not None
+                        await state_store.put_run(
+                            run.model_copy(
+                                update={"data": {"round": round_}, "status": RunStatus.SUCCEEDED}
+                            )
                         )
-                    )
-                    await state_store.patch_run("acme", run_id, iterations=1)
+                        count_write()
+                        await state_store.patch_run("acme", run_id, iterations=1)
+                        count_write()
+                        await asyncio.sleep(0)
+                    await _create(state_store, f"new_{round_:03d}")
+                    count_write()
                     await asyncio.sleep(0)
-                await _create(state_store, f"new_{round_:03d}")
-                await asyncio.sleep(0)
+            finally:
+                wrote.set()  # a churn that died wakes the pager; awaiting it raises why
+
+        # The churn's write count when each page arrived.
+        writes_at_page: list[int] = []
 
         async def page_through() -> list[str]:
             seen: list[str] = []
             after: str | None = None
             while True:
                 page = await state_store.list_runs("acme", limit=4, after=after)
+                writes_at_page.append(writes)
                 seen.extend(r.run_id for r in page.items)
-                await asyncio.sleep(0)
                 if page.next is None:
                     return seen
                 after = page.next
+                # Small pages, and no next page before the churn has completed another write:
+                # a server's round trips (or the memory store, which never yields) could
+                # otherwise let every page come before the churn's first write.
+                while writes == writes_at_page[-1] and not churner.done():
+                    wrote.clear()
+                    await asyncio.wait_for(wrote.wait(), timeout=30)
 
         churner = asyncio.create_task(churn())
         try:
@@ -575,6 +597,10 @@ class StateStoreConformance:
         finally:
             stop.set()
             await churner
+        # The churn really wrote between every two pages, or this test would prove nothing.
+        assert len(writes_at_page) >= len(original) // 4
+        assert writes_at_page[-1] - writes_at_page[0] > 0, "no write landed while paging"
+        assert writes_at_page == sorted(set(writes_at_page)), "pages came with no write between"
         assert len(seen) == len(set(seen)), "a run was listed twice"
         assert set(original) <= set(seen), "a run that existed when paging began was skipped"
         assert [s for s in seen if s in set(original)] == original
