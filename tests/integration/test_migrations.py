@@ -9,6 +9,8 @@
   the revisions once.
 - ``statepact db ...`` works in this checkout and from the wheel installed in a
   fresh virtualenv (the wheel ships the revisions; marked slow).
+- the installed ``statepact db check`` passes right after ``db upgrade`` and
+  fails, naming the drift, after a manual ``ALTER TABLE`` or ``DROP INDEX``.
 """
 
 from __future__ import annotations
@@ -240,6 +242,82 @@ def test_statepact_db_errors_are_one_line_without_the_password() -> None:
     code, _out, err = _statepact("db", "upgrade")
     assert code == 2
     assert "STATEPACT_DATABASE_URL" in err
+
+
+def _installed_statepact() -> Path:
+    """The ``statepact`` console script installed beside this interpreter."""
+    script = Path(sys.executable).parent / "statepact"
+    assert script.is_file(), f"no statepact console script at {script}; run pip install -e ."
+    return script
+
+
+def _statepact_process(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(_installed_statepact()), *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+async def _execute(url: str, statement: str) -> None:
+    engine = create_async_engine(url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text(statement))
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("drift", "named"),
+    [
+        pytest.param(
+            "ALTER TABLE adk_runs ADD COLUMN stray integer",
+            "remove_column: adk_runs, adk_runs.stray",
+            id="stray-column",
+        ),
+        pytest.param(
+            "DROP INDEX ix_adk_runs_status_seq",
+            "add_index: adk_runs.ix_adk_runs_status_seq",
+            id="dropped-index",
+        ),
+        pytest.param(
+            "ALTER TABLE adk_work SET (autovacuum_vacuum_scale_factor = 0.2)",
+            "table adk_work: storage option autovacuum_vacuum_scale_factor is 0.2, expected 0.01",
+            id="autovacuum-option",
+        ),
+    ],
+)
+def test_db_check_passes_after_upgrade_and_fails_after_a_manual_alter_table(
+    empty_database_url_sync: str, drift: str, named: str
+) -> None:
+    """The installed ``statepact db check``: exit 0 right after ``db upgrade``; after a hand-made
+    change to a scratch database, exit 1 with a line naming what drifted, password masked."""
+    url = make_url(empty_database_url_sync)
+    # The test server trusts loopback, so a password it does not need still rides in the URL.
+    password = url.password or "s3cret-drift-pw"
+    plain = url.set(drivername="postgresql", password=password).render_as_string(
+        hide_password=False
+    )
+    upgrade = _statepact_process("db", "upgrade", "--url", plain)
+    assert upgrade.returncode == 0, upgrade.stderr
+    assert f"at revision {migrate.head()}" in upgrade.stdout
+    clean = _statepact_process("db", "check", "--url", plain)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert f"matches this release (revision {migrate.head()})" in clean.stdout
+    assert str(password) not in clean.stdout + clean.stderr
+
+    run_in_thread(lambda: _execute(empty_database_url_sync, drift))
+    drifted = _statepact_process("db", "check", "--url", plain)
+    assert drifted.returncode == 1, drifted.stdout + drifted.stderr
+    assert drifted.stderr == ""
+    lines = drifted.stdout.splitlines()
+    assert lines[0] == f"  {named}"
+    assert lines[-1].endswith(": 1 difference(s) from this release")
+    assert ":***@" in lines[-1]
+    assert str(password) not in drifted.stdout
 
 
 @pytest.mark.slow
