@@ -37,7 +37,10 @@ Hermitage-style tests script two transactions step by step (after Martin
 Kleppmann's Hermitage) and assert what each isolation level allows: dirty
 writes and dirty reads never; lost updates refused under ``snapshot`` and
 ``serializable``; read skew refused under ``snapshot``; write skew allowed under
-``snapshot`` and refused under ``serializable``.
+``snapshot`` and refused under ``serializable``. Three-transaction cases
+follow: Fekete, O'Neil and O'Neil's read-only transaction anomaly (allowed
+under ``snapshot``, one of the three refused under ``serializable``), a write
+skew cycle over three transactions, and a lost update among three writers.
 """
 
 from __future__ import annotations
@@ -636,6 +639,87 @@ class TransactionConformance:
             await t2.commit()  # the write skew snapshot allows
             assert await _read_value(manager, "bob") is False
         assert await _read_value(manager, "alice") is False
+
+    # -- three-transaction interleavings ---------------------------------------------------
+
+    @pytest.mark.parametrize("isolation", ISOLATIONS)
+    async def test_read_only_anomaly(self, manager: TransactionManager, isolation: str) -> None:
+        """Fekete's read-only anomaly: all three commit under snapshot; serializable refuses one."""
+        await self._seed(manager, checking=0, savings=0)
+        withdraw = await manager.begin(isolation)
+        seen = [await withdraw.read(R, "checking"), await withdraw.read(R, "savings")]
+        assert seen == [0, 0]
+        deposit = await manager.begin(isolation)
+        deposit.write(R, "savings", await deposit.read(R, "savings") + 20)
+        await deposit.commit()
+        report = await manager.begin(isolation)
+        # The report sees the deposit but not the withdrawal: deposit, report, withdrawal in
+        # any serial order. The withdrawal saw no deposit (and charges the overdraft fee of
+        # 1): withdrawal before deposit. If all three commit, no serial order exists.
+        assert [await report.read(R, "checking"), await report.read(R, "savings")] == [0, 20]
+        await report.commit()
+        withdraw.write(R, "checking", seen[0] - 10 - (1 if sum(seen) < 10 else 0))
+        if isolation == "serializable":
+            with pytest.raises(ConflictError) as caught:
+                await withdraw.commit()  # what it read of savings was replaced
+            assert (caught.value.resource, caught.value.key) == (R, "savings")
+            expected = [0, 20]
+        else:
+            await withdraw.commit()  # the anomaly: no serial order shows the report [0, 20]
+            expected = [-11, 20]
+        stored = [await _read_value(manager, key) for key in ("checking", "savings")]
+        assert stored == expected
+
+    @pytest.mark.parametrize("isolation", ISOLATIONS)
+    async def test_three_transaction_write_skew(
+        self, manager: TransactionManager, isolation: str
+    ) -> None:
+        """G2 over three: each overwrites what the previous one read; serializable refuses one."""
+        await self._seed(manager, x=0, y=0, z=0)
+        t1, t2, t3 = [await manager.begin(isolation) for _ in range(3)]
+        # Read-write dependencies t1 -> t3 (x), t3 -> t2 (z), t2 -> t1 (y): a cycle.
+        t1.write(R, "y", await t1.read(R, "x") + 1)
+        t2.write(R, "z", await t2.read(R, "y") + 1)
+        t3.write(R, "x", await t3.read(R, "z") + 1)
+        await t1.commit()
+        if isolation == "serializable":
+            with pytest.raises(ConflictError) as caught:
+                await t2.commit()  # read y, which t1 has since replaced
+            assert (caught.value.resource, caught.value.key) == (R, "y")
+            await t3.commit()  # z was never replaced: t1 then t3 is a serial order
+            expected = (1, 1, 0)
+        else:
+            await t2.commit()
+            await t3.commit()  # all three read 0: no serial order gives every key 1
+            expected = (1, 1, 1)
+        stored = tuple([await _read_value(manager, key) for key in ("x", "y", "z")])
+        assert stored == expected
+
+    @pytest.mark.parametrize("isolation", ISOLATIONS)
+    async def test_three_transaction_lost_update(
+        self, manager: TransactionManager, isolation: str
+    ) -> None:
+        """Three read-modify-writes of one key: read_committed keeps the last; others the first."""
+        await self._seed(manager, counter=0)
+        txns = [await manager.begin(isolation) for _ in range(3)]
+        for tx, amount in zip(txns, (1, 10, 100), strict=True):
+            tx.write(R, "counter", await tx.read(R, "counter") + amount)
+        outcomes: list[str] = []
+        for tx in txns:
+            try:
+                await tx.commit()
+                outcomes.append("committed")
+            except ConflictError as exc:
+                assert (exc.resource, exc.key) == (R, "counter")
+                outcomes.append("refused")
+        if isolation == "read_committed":
+            assert outcomes == ["committed"] * 3
+            assert await _read_value(manager, "counter") == 100  # two updates lost
+        else:
+            assert outcomes == ["committed", "refused", "refused"]
+            assert await _read_value(manager, "counter") == 1
+        history = await manager.history(R, "counter")
+        assert len(history) == 1 + outcomes.count("committed")
 
     async def test_serializable_validates_reads_of_absent_keys(
         self, manager: TransactionManager
