@@ -67,6 +67,8 @@ and removes it afterwards.
 BACKINGS = ("memory", "redis", "postgres")
 LEASE_SECONDS = 60.0
 FLOOR_MIN_SECONDS = 0.25
+#: The one table the bench creates outside the migrations: the PostgreSQL write floor's rows.
+FLOOR_TABLE = "bench_floor"
 
 
 @dataclass
@@ -239,6 +241,11 @@ class _Floors:
         if self.b.kind == "redis":
             return await _redis_floor(self.b.raw, kind, self.tag)
         return await _postgres_floor(self.b.raw, kind, self.tag)
+
+    async def close(self) -> None:
+        """Remove what the floors created beside the backing (the PostgreSQL floor's table)."""
+        if self.b.kind == "postgres" and "write" in self._ops:
+            await _drop_postgres_floor(self.b.raw, self.tag)
 
 
 class _Runner:
@@ -523,14 +530,18 @@ class _Runner:
         )
 
     async def run_all(self) -> tuple[list[BenchResult], list[BenchResult]]:
-        """Every scenario, then the floors measured beside them."""
-        await self.tx_independent()
-        await self.tx_hot_key()
-        await self.tx_read_only()
-        await self.state_ops()
-        await self.queue_ops()
-        for tenants, queued in self.p.claim_cells:
-            await self.claim_cost(tenants, queued)
+        """Every scenario, then the floors measured beside them; the floors' table is
+        dropped whatever happens."""
+        try:
+            await self.tx_independent()
+            await self.tx_hot_key()
+            await self.tx_read_only()
+            await self.state_ops()
+            await self.queue_ops()
+            for tenants, queued in self.p.claim_cells:
+                await self.claim_cost(tenants, queued)
+        finally:
+            await self.floors.close()
         return self.results, self.floors.samples
 
 
@@ -558,12 +569,15 @@ async def _postgres_floor(
 
     Both run in AUTOCOMMIT, so each is one round trip (no BEGIN, no COMMIT), and
     each caller updates its own row, so the writes never wait on each other. The
-    table lives in the bench's own schema (first on ``search_path``), which is
-    dropped with everything else at the end.
+    table (``FLOOR_TABLE``) is named with the bench's own scratch schema,
+    ``tag``, rather than left to ``search_path``, so it is created nowhere else;
+    :func:`_drop_postgres_floor` drops it when the floors are done, before the
+    schema itself goes. It cannot be a ``TEMPORARY`` table: the callers run on
+    different pooled connections.
     """
     from sqlalchemy import text
 
-    del tag
+    table = _floor_table(tag)
     if kind == "read":
         statement = text("SELECT 1")
 
@@ -575,15 +589,15 @@ async def _postgres_floor(
         return select_one
     async with engine.begin() as conn:
         await conn.execute(
-            text("CREATE TABLE IF NOT EXISTS bench_floor (id integer PRIMARY KEY, n bigint)")
+            text(f"CREATE TABLE IF NOT EXISTS {table} (id integer PRIMARY KEY, n bigint)")
         )
         await conn.execute(
             text(
-                "INSERT INTO bench_floor (id, n) SELECT g, 0 FROM generate_series(0, 999) g "
+                f"INSERT INTO {table} (id, n) SELECT g, 0 FROM generate_series(0, 999) g "
                 "ON CONFLICT DO NOTHING"
             )
         )
-    update = text("UPDATE bench_floor SET n = n + 1 WHERE id = :id")
+    update = text(f"UPDATE {table} SET n = n + 1 WHERE id = :id")
 
     async def update_row(caller: int, _i: int) -> None:
         async with engine.connect() as conn:
@@ -591,6 +605,25 @@ async def _postgres_floor(
             await auto.execute(update, {"id": caller % 1000})
 
     return update_row
+
+
+def _floor_table(tag: str) -> str:
+    """The write floor's table, qualified by the bench's scratch schema.
+
+    ``tag`` is ``bench`` and hex digits (``run_bench`` makes it), so quoting it
+    as an identifier is safe; anything else is refused rather than interpolated.
+    """
+    if not tag.isascii() or not tag.replace("_", "").isalnum():
+        raise ValueError(f"tag: {tag!r} is not a plain schema name")
+    return f'"{tag}".{FLOOR_TABLE}'
+
+
+async def _drop_postgres_floor(engine: Any, tag: str) -> None:
+    """Drop the write floor's table (a no-op when the bench never made it)."""
+    from sqlalchemy import text
+
+    async with engine.begin() as conn:
+        await conn.execute(text(f"DROP TABLE IF EXISTS {_floor_table(tag)}"))
 
 
 def steps_per_backing(params: BenchParams) -> int:

@@ -1,0 +1,93 @@
+"""``statepact bench`` on PostgreSQL leaves the database as it found it.
+
+The bench runs against a database of the test's own, so a before/after
+inventory of its schemas and relations shows exactly what the run left behind
+(nothing). The write floor's table is created in the bench's scratch schema by
+name, whatever the connection's ``search_path`` says.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from sqlalchemy import pool, text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from statepact import _bench
+from tests.fixtures.postgres import create_database, drop_database, unique_database_name
+
+pytestmark = pytest.mark.integration
+
+# Everything in a database that is not PostgreSQL's own.
+INVENTORY = text(
+    "SELECT n.nspname, coalesce(c.relname, '') "
+    "FROM pg_namespace n LEFT JOIN pg_class c ON c.relnamespace = n.oid "
+    "WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast') "
+    "AND n.nspname NOT LIKE 'pg_temp_%' AND n.nspname NOT LIKE 'pg_toast_temp_%' "
+    "ORDER BY 1, 2"
+)
+
+
+@pytest.fixture
+async def own_database(statepact_postgres_url: str) -> AsyncIterator[str]:
+    """An empty database for this test alone; dropped after."""
+    name = unique_database_name("bench")
+    url = await create_database(statepact_postgres_url, name)
+    try:
+        yield url
+    finally:
+        await drop_database(statepact_postgres_url, name)
+
+
+async def _inventory(url: str) -> list[tuple[str, str]]:
+    engine = create_async_engine(url, poolclass=pool.NullPool)
+    try:
+        async with engine.connect() as conn:
+            return [(row[0], row[1]) for row in await conn.execute(INVENTORY)]
+    finally:
+        await engine.dispose()
+
+
+async def test_a_bench_run_leaves_no_table_or_schema_behind(own_database: str) -> None:
+    """After a tiny bench run (floors included) the database holds what it held before."""
+    before = await _inventory(own_database)
+    parser = argparse.ArgumentParser()
+    _bench.add_arguments(parser)
+    tiny = ["--concurrency", "2", "--ops", "2", "--tenants", "2", "--queued", "4", "--claims", "2"]
+    args = parser.parse_args(["--backend", "postgres", "--postgres", own_database, *tiny, "--json"])
+    out, err = io.StringIO(), io.StringIO()
+    code = await asyncio.to_thread(lambda: _bench.command(args, out=out, err=err))
+    assert code == 0, err.getvalue()
+    floors = {r["floor"] for r in json.loads(out.getvalue())["results"]}
+    assert floors == {"raw SELECT 1", "raw one-row UPDATE"}  # the write floor did run
+    after = await _inventory(own_database)
+    assert after == before
+    assert not [rel for _, rel in after if rel == _bench.FLOOR_TABLE]
+    assert not [schema for schema, _ in after if schema.startswith("bench")]
+
+
+async def test_the_floor_table_lives_in_the_scratch_schema_by_name(own_database: str) -> None:
+    """With ``search_path`` at its default (``public`` first), the write floor still creates its
+    table in the bench's schema, and dropping it leaves the schema empty."""
+    tag = "bench0123abcd"
+    engine = create_async_engine(own_database, poolclass=pool.NullPool)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text(f'CREATE SCHEMA "{tag}"'))
+        update = await _bench._postgres_floor(engine, "write", tag)
+        await update(0, 0)
+        assert (tag, _bench.FLOOR_TABLE) in await _inventory(own_database)
+        assert ("public", _bench.FLOOR_TABLE) not in await _inventory(own_database)
+        await _bench._drop_postgres_floor(engine, tag)
+        assert [(s, r) for s, r in await _inventory(own_database) if s == tag] == [(tag, "")]
+        with pytest.raises(ValueError, match="not a plain schema name"):
+            await _bench._drop_postgres_floor(engine, 'x"; DROP SCHEMA public; --')
+    finally:
+        async with engine.begin() as conn:
+            await conn.execute(text(f'DROP SCHEMA IF EXISTS "{tag}" CASCADE'))
+        await engine.dispose()
