@@ -83,6 +83,127 @@ def test_distinct_state_identities_build_distinct_keys(
         assert _state_keys(*first) == _state_keys(*second)
 
 
+# Near-collisions on purpose: one string of the key grammar's own pieces (digits that
+# read as lengths, ':', braces, kind words and separators), split at two different
+# points into (tenant, id), mostly at the pieces' seams and mostly with one kind.
+# Independent draws almost never come this close.
+_GRAMMAR_PIECES = st.sampled_from(
+    [
+        *("0", "1", "2", "9", "10", ":", "1:", ":1:", "{", "}", "}:", "{1:", "é", "x"),
+        *("run", "runh", ":run:", "}:run:", "}:session:", "}:run:1:", "}:runh:2:"),
+    ]
+)
+_GRAMMAR_TEXT = st.lists(_GRAMMAR_PIECES, min_size=1, max_size=12).map("".join)
+
+
+@st.composite
+def near_collisions(draw: st.DrawFn) -> tuple[tuple[str, str, str], tuple[str, str, str]]:
+    """Two (tenant, kind, id) whose tenant + id is the same string, cut in different places."""
+    pieces = draw(st.lists(_GRAMMAR_PIECES, min_size=1, max_size=8))
+    whole = "".join(pieces)
+    seams = [sum(len(piece) for piece in pieces[:n]) for n in range(len(pieces) + 1)]
+    cuts = st.one_of(st.sampled_from(seams), st.integers(0, len(whole)))
+    cut = draw(cuts)
+    other_cut = draw(cuts.filter(lambda c: c != cut))
+    kind = draw(STATE_KINDS)
+    other_kind = draw(st.one_of(st.just(kind), STATE_KINDS))
+    return (
+        (whole[:cut], kind, whole[cut:]),
+        (whole[:other_cut], other_kind, whole[other_cut:]),
+    )
+
+
+@settings(max_examples=500, deadline=None)
+@given(pair=near_collisions())
+def test_near_collisions_build_distinct_keys(
+    pair: tuple[tuple[str, str, str], tuple[str, str, str]],
+) -> None:
+    """One string split into (tenant, id) at two points never builds one key twice, whatever
+    the kinds; nor one item key or reference."""
+    first, second = pair
+    assert first != second
+    assert _state_keys(*first) != _state_keys(*second)
+    assert QUEUE.item(first[0], first[2]) != QUEUE.item(second[0], second[2])
+    assert ref(first[0], first[2]) != ref(second[0], second[2])
+
+
+# The kind words of _state_keys, as the key layout spells them.
+_KIND_WORDS = {
+    "run": "run",
+    "runh": "run_meta",
+    "session": "session",
+    "sessionh": "session_meta",
+    "runs-session": "runs_by_session",
+    "runs-ss": "runs_by_session_status",
+}
+
+
+def _parse_state_key(key: str) -> tuple[str, str, str]:
+    """Read (tenant, kind, id) back from ``adk:state:{<len>:<tenant>}:<kind>:<len>:<id>``
+    (``runs-ss`` keys end in one more segment, the status), refusing anything else.
+
+    Written from the documented layout, not with the codec's own reader.
+    """
+    raw = key.encode("utf-8")
+    pos = 0
+
+    def expect(literal: bytes) -> None:
+        nonlocal pos
+        assert raw[pos : pos + len(literal)] == literal, (key, pos, literal)
+        pos += len(literal)
+
+    def segment() -> str:
+        nonlocal pos
+        colon = raw.index(b":", pos)
+        digits = raw[pos:colon]
+        assert digits.isdigit() and (digits == b"0" or not digits.startswith(b"0")), key
+        end = colon + 1 + int(digits)
+        assert end <= len(raw), key
+        value = raw[colon + 1 : end].decode("utf-8")
+        pos = end
+        return value
+
+    expect(b"adk:state:{")
+    tenant = segment()
+    expect(b"}:")
+    colon = raw.index(b":", pos)
+    kind = _KIND_WORDS[raw[pos:colon].decode("ascii")]
+    pos = colon + 1
+    record_id = segment()
+    if kind == "runs_by_session_status":
+        expect(b":")
+        assert segment() == RunStatus.RUNNING.value, key
+    assert pos == len(raw), f"trailing bytes in {key!r}"
+    return tenant, kind, record_id
+
+
+# Any NUL-free Unicode, short, empty, grammar-like or long (well past one length digit).
+_ANY_ID = st.one_of(
+    IDS,
+    _GRAMMAR_TEXT,
+    st.just(""),
+    st.text(
+        alphabet=st.characters(codec="utf-8", exclude_characters="\x00"),
+        min_size=200,
+        max_size=2000,
+    ),
+)
+
+
+def test_the_parser_reads_the_documented_example() -> None:
+    """The test's reader agrees with DESIGN section 3's example (and so with the layout)."""
+    assert _parse_state_key("adk:state:{4:acme}:run:5:run_1") == ("acme", "run", "run_1")
+    with pytest.raises(AssertionError):
+        _parse_state_key("adk:state:{4:acme}:run:5:run_12")
+
+
+@settings(max_examples=500, deadline=None)
+@given(identity=st.tuples(_ANY_ID, STATE_KINDS, _ANY_ID))
+def test_a_state_key_parses_back_to_its_identity(identity: tuple[str, str, str]) -> None:
+    """parse(key(tenant, kind, id)) == (tenant, kind, id): the key builder is injective."""
+    assert _parse_state_key(_state_keys(*identity)) == identity
+
+
 @settings(max_examples=300, deadline=None)
 @given(first=st.tuples(IDS, IDS), second=st.tuples(IDS, IDS))
 def test_distinct_items_build_distinct_queue_keys(
