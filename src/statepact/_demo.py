@@ -11,8 +11,9 @@ the fleet's rounds, so leases lapse and backoffs pass in milliseconds.
 By default everything runs on the memory backing, with no server. ``--redis``
 or ``--postgres`` runs the same story on a server (state, queue and
 transactions all there), under a namespace unique to the run, which is removed
-afterwards. This module also holds what ``bench`` and ``doctor`` share with it:
-opening backings from a URL and turning an error into one line.
+afterwards; given both, the story runs on Redis and then on PostgreSQL. This
+module also holds what ``bench`` and ``doctor`` share with it: opening backings
+from a URL and turning an error into one line.
 
 It must never print a DSN in clear (``redact_dsn``), never leave data behind on
 a server, and never import redis or SQLAlchemy unless a server was asked for.
@@ -64,9 +65,10 @@ Run a small multi-tenant agent fleet and narrate what statepact does: runs and
 their counters, fair claims across tenants, a crashed worker's lease reaped and
 finished by another, a poison item dead-lettered, two agents conflicting on one
 key, and a transaction replayed by its idempotency key. Runs on the in-process
-memory backing unless --redis or --postgres is given; on a server it uses a
-namespace of its own and removes it afterwards. Time is simulated, so it takes
-a few seconds.
+memory backing unless --redis or --postgres is given; given both, it tells the
+story on Redis, then on PostgreSQL, each with its own summary. On a server it
+uses a namespace (Redis) or schema (PostgreSQL) of its own and removes it
+afterwards. Time is simulated, so it takes a few seconds.
 """
 
 # -- shared by demo, bench and doctor --------------------------------------------
@@ -844,35 +846,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_debug_argument(parser)
 
 
-def command(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
-    """Run ``statepact demo`` with parsed ``args``; the exit code."""
-    stream = out or sys.stdout
-    if args.redis and args.postgres:
-        print(
-            "statepact demo: error: give --redis or --postgres, not both "
-            "(run the demo once per server)",
-            file=sys.stderr,
-        )
-        return 2
-    kind, url = "memory", None
+def _targets(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """The backings to tell the story on, in order: Redis, then PostgreSQL; else memory."""
+    targets: list[tuple[str, str | None]] = []
     if args.redis:
-        kind, url = "redis", args.redis
-    elif args.postgres:
-        kind, url = "postgres", args.postgres
+        targets.append(("redis", args.redis))
+    if args.postgres:
+        targets.append(("postgres", args.postgres))
+    return targets or [("memory", None)]
+
+
+def command(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
+    """Run ``statepact demo`` with parsed ``args``; the exit code.
+
+    Given both ``--redis`` and ``--postgres``, the story is told on Redis and then
+    on PostgreSQL, each under its own heading and with its own summary, from the
+    same seed (so the counters match); the first failure ends the run.
+    """
+    stream = out or sys.stdout
+    targets = _targets(args)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10_000)
 
     async def body() -> int:
-        clock = ManualClock()
-        print(f"statepact demo on {kind}, seed {seed}", file=stream)
-        if url is not None:
-            print(f"server: {redact_dsn(url)}", file=stream)
-        async with open_backings(kind, url, clock=clock, policy=DEMO_POLICY) as b:
-            await run_demo(b, clock, seed=seed, out=stream)
-        if url is not None:
-            print("the demo's namespace was removed from the server", file=stream)
+        for number, (kind, url) in enumerate(targets, start=1):
+            of = f" ({number} of {len(targets)})" if len(targets) > 1 else ""
+            if number > 1:
+                print(f"\n{'=' * 72}\n", file=stream)
+            clock = ManualClock()
+            print(f"statepact demo on {kind}, seed {seed}{of}", file=stream)
+            if url is not None:
+                print(f"server: {redact_dsn(url)}", file=stream)
+            async with open_backings(kind, url, clock=clock, policy=DEMO_POLICY) as b:
+                await run_demo(b, clock, seed=seed, out=stream)
+            if url is not None:
+                print(f"the demo's {_SCRATCH[kind]} was removed from the server", file=stream)
+        if len(targets) > 1:
+            print(
+                f"\nthe same story, seed {seed}, ran on "
+                + " and then ".join(kind for kind, _ in targets),
+                file=stream,
+            )
         return 0
 
     return run_command("demo", body, debug=args.debug)
+
+
+_SCRATCH = {"redis": "namespace", "postgres": "schema"}
 
 
 def main(argv: list[str] | None = None) -> int:

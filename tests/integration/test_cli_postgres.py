@@ -1,6 +1,7 @@
 """``statepact demo``, ``bench`` and ``doctor`` on a real PostgreSQL (and the bench on all three).
 
 The demo and the bench work in a scratch schema that must be gone afterwards;
+the demo given both servers tells its story on Redis, then on PostgreSQL;
 the doctor must pass a migrated database with a statement_timeout and refuse,
 naming the setting and the fix, one without.
 """
@@ -11,7 +12,11 @@ import argparse
 import asyncio
 import io
 import json
+import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -70,6 +75,93 @@ async def test_demo_tells_the_story_on_postgres_and_drops_its_schema(
     ]:
         assert point in transcript, point
     assert "schema 'statepact_cli_" in transcript
+    assert await _schemas(statepact_postgres_url, "statepact_cli_%") == []
+
+
+#: What the demo must show on each backing: the story as it happens, then the summary.
+STORY_AND_SUMMARY = [
+    "round 1 claims: ",
+    "CRASHED after step 1",
+    "lease expired; back to queued",
+    "counters kept from the crashed attempt",
+    "failed attempt 3 of 3",
+    "DEAD-LETTERED",
+    "its commit was refused (ConflictError",
+    "spent=12 (= 5 + 7, no lost update)",
+    "replayed=True",
+    "refused with IdempotencyConflictError",
+    "runs: 28 in 3 tenants, 1 failed, 27 succeeded",
+    "fair claims: the first ",
+    "dead letter: globex/run-poison after 3 attempts",
+    "conflict: planner and critic raced on budgets/acme",
+    "idempotent replay: first commit version",
+]
+
+
+def _summary_table(section: str) -> list[str]:
+    lines = section.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("tenant"))
+    return lines[start : start + 4]
+
+
+async def _redis_keys(url: str, pattern: str) -> list[Any]:
+    redis_asyncio: Any = pytest.importorskip("redis.asyncio")
+    client: Any = redis_asyncio.Redis.from_url(url)
+    try:
+        return [key async for key in client.scan_iter(match=pattern, count=1000)]
+    finally:
+        await client.aclose()
+
+
+async def test_demo_on_redis_and_postgres_tells_the_story_on_each_in_turn(
+    statepact_redis_url: str, statepact_postgres_url: str
+) -> None:
+    """The installed ``statepact demo --redis URL --postgres URL --seed 1``: the whole story and
+    its summary on Redis, then on PostgreSQL, each headed; exit 0; nothing left behind; the
+    seed gives both (and memory) the same counters."""
+    script = Path(sys.executable).parent / "statepact"
+    assert script.is_file(), f"no statepact console script at {script}; run pip install -e ."
+    argv = [str(script), "demo", "--redis", statepact_redis_url]
+    argv += ["--postgres", statepact_postgres_url, "--seed", "1"]
+    result = await asyncio.to_thread(
+        lambda: subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    # The plugin's Redis is durable and the schema is fresh: nothing to note on stderr.
+    assert result.stderr == ""
+    transcript = result.stdout
+    assert transcript.startswith("statepact demo on redis, seed 1 (1 of 2)\n")
+    head, on_postgres = transcript.split("statepact demo on postgres, seed 1 (2 of 2)\n")
+    on_redis = head.removeprefix("statepact demo on redis, seed 1 (1 of 2)\n")
+    for kind, section in (("redis", on_redis), ("postgres", on_postgres)):
+        for point in STORY_AND_SUMMARY:
+            assert section.count(point) >= 1, (kind, point)
+        assert f"== summary ({kind}: " in section, kind
+        # Four workers claim at once on a server, so the exact shares vary from run to run;
+        # what must hold is that the tenants took turns (backlogs 14/9/5, shares level).
+        fair = re.search(
+            r"^fair claims: the first (\d+) claims, while every tenant had work: "
+            r"acme (\d+), globex (\d+), initech (\d+) \(backlog 14/9/5\)",
+            section,
+            re.M,
+        )
+        assert fair is not None, kind
+        total, *shares = (int(n) for n in fair.groups())
+        assert sum(shares) == total, (kind, fair.group(0))
+        assert max(shares) - min(shares) <= 2, (kind, fair.group(0))
+    assert "namespace 'statepact_cli_" in on_redis
+    assert "the demo's namespace was removed from the server" in on_redis
+    assert "schema 'statepact_cli_" in on_postgres
+    assert "the demo's schema was removed from the server" in on_postgres
+    assert transcript.rstrip().endswith("the same story, seed 1, ran on redis and then postgres")
+    # --seed repeats the numbers: both servers' tables equal the memory demo's for seed 1.
+    memory = io.StringIO()
+    args = _parse(_demo.add_arguments, "--seed", "1")
+    assert await asyncio.to_thread(lambda: _demo.command(args, out=memory)) == 0
+    assert _summary_table(on_redis) == _summary_table(on_postgres)
+    assert _summary_table(on_postgres) == _summary_table(memory.getvalue())
+    # Each server is left as it was found.
+    assert await _redis_keys(statepact_redis_url, "*statepact_cli_*") == []
     assert await _schemas(statepact_postgres_url, "statepact_cli_%") == []
 
 

@@ -120,20 +120,6 @@ def test_the_same_seed_tells_the_same_story() -> None:
     assert first != other
 
 
-def test_redis_and_postgres_together_are_refused_in_one_line(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """One server per run; the refusal is one line with what to do, not a traceback."""
-    code = _demo.command(
-        _args("--redis", "redis://:hunter2@localhost/0", "--postgres", "postgresql://x@y/z")
-    )
-    err = capsys.readouterr().err
-    assert code == 2
-    assert err.count("\n") == 1
-    assert "not both" in err
-    assert "hunter2" not in err
-
-
 def test_an_unreachable_server_is_one_line_without_the_password(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -159,3 +145,32 @@ def test_debug_shows_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 1
     assert "Traceback (most recent call last)" in err
     assert err.strip().splitlines()[-1].startswith("statepact demo: error: ")
+
+
+def test_with_both_servers_the_first_failure_ends_the_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--redis and --postgres: Redis goes first; when it cannot be reached the run stops there,
+    in one line without the password, and PostgreSQL is not tried."""
+    pytest.importorskip("redis")
+    out = io.StringIO()
+    code = _demo.command(
+        _args(
+            "--redis",
+            "redis://:hunter2@127.0.0.1:1/0",
+            "--postgres",
+            "postgresql://someone:hunter3@127.0.0.1:1/z",
+            "--seed",
+            "1",
+        ),
+        out=out,
+    )
+    err = capsys.readouterr().err
+    assert code == 1
+    assert out.getvalue().startswith("statepact demo on redis, seed 1 (1 of 2)\n")
+    assert "on postgres" not in out.getvalue()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("statepact demo: error: cannot reach Redis at redis://:***@")
+    assert "hunter2" not in err + out.getvalue()
+    assert "hunter3" not in err + out.getvalue()
