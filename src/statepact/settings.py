@@ -27,7 +27,9 @@ class StoreSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     dsn: SecretStr | None = Field(
-        default=None, description="Server URL; optional when a client is injected."
+        default=None,
+        description="Server URL, read by the factories (create_engine, create_client); "
+        "optional when a client is injected.",
     )
     max_value_bytes: int = Field(
         default=262_144, gt=0, description="Largest serialized blob or payload accepted."
@@ -39,7 +41,12 @@ class StoreSettings(BaseModel):
     failover_attempts: int = Field(default=6, ge=1, le=100)
     failover_base_delay: float = Field(default=0.05, ge=0)
     failover_max_delay: float = Field(default=2.0, ge=0)
-    pool_size: int = Field(default=10, ge=1, description="Connections a factory opens at most.")
+    pool_size: int = Field(
+        default=10,
+        ge=1,
+        description="Connections a factory opens at most: create_engine's pool_size, "
+        "create_client's max_connections (per node on a cluster).",
+    )
 
     @property
     def retry_policy(self) -> RetryPolicy:
@@ -55,9 +62,28 @@ class RedisStoreSettings(StoreSettings):
 
     ``namespace`` prefixes every key (``adk:state:...``, ``{adk:queue}:...``):
     run more than one namespace to shard queues across cluster slots.
+
+    The client-side fields (``dsn``, ``pool_size``, ``socket_timeout``,
+    ``socket_connect_timeout``) are read only by
+    ``statepact.storage.redis.create_client(settings)``, which builds the
+    ``redis.asyncio.Redis`` (or, with ``cluster=True``, ``RedisCluster``) the
+    stores take; a client you build yourself carries its own. The stores read
+    the rest: ``namespace``, ``queue_name``, ``max_value_bytes``, ``durable``
+    and the failover budget.
     """
 
     namespace: str = Field(default="adk", min_length=1, max_length=100)
+    socket_timeout: float | None = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds create_client's client waits for a reply before the call counts "
+        "as a dropped connection (and the failover budget takes over); None waits forever.",
+    )
+    socket_connect_timeout: float | None = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds create_client's client waits to connect; None waits forever.",
+    )
 
     @field_validator("namespace")
     @classmethod

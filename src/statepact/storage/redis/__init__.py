@@ -1,7 +1,10 @@
 """The Redis backings: ``RedisStateStore`` and ``RedisWorkQueue`` (redis-py asyncio).
 
 Both take a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster`` the
-caller owns. ``await RedisStateStore.open(redis, clock=, settings=)`` and
+caller owns; :func:`create_client` builds one from ``RedisStoreSettings``
+(``dsn``, ``pool_size`` as ``max_connections``, the socket timeouts, redis-py's
+own retry off so the failover budget is the only one).
+``await RedisStateStore.open(redis, clock=, settings=)`` and
 ``await RedisWorkQueue.open(redis, clock=, settings=, policy=)`` run
 :func:`preflight` first, which refuses a server that could evict or forget
 data; the plain constructors skip it (tests do that). ``RedisBackend`` (the
@@ -14,9 +17,17 @@ Importing this package imports redis-py; ``import statepact`` never does.
 """
 
 from statepact.settings import RedisStoreSettings
+from statepact.storage.redis._client import create_client
 from statepact.storage.redis.backend import RedisBackend
 from statepact.storage.redis.preflight import preflight
 from statepact.storage.redis.queue import RedisWorkQueue
 from statepact.storage.redis.state import RedisStateStore
 
-__all__ = ["RedisBackend", "RedisStateStore", "RedisStoreSettings", "RedisWorkQueue", "preflight"]
+__all__ = [
+    "RedisBackend",
+    "RedisStateStore",
+    "RedisStoreSettings",
+    "RedisWorkQueue",
+    "create_client",
+    "preflight",
+]

@@ -31,16 +31,21 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from redis import exceptions as rex
+from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from statepact._retry import RetryPolicy, call_with_failover
 from statepact.errors import PoolExhaustedError, StatepactError
+from statepact.settings import RedisStoreSettings, redact_dsn
 
 __all__ = [
     "Failover",
     "as_text",
+    "create_client",
     "is_pool_exhausted",
     "is_transient",
     "is_write_race",
@@ -167,3 +172,64 @@ class Failover:
             give_up=give_up,
             translate=translate,
         )
+
+
+@overload
+def create_client(
+    settings: RedisStoreSettings, *, cluster: Literal[False] = False, **client_options: Any
+) -> Redis: ...
+
+
+@overload
+def create_client(
+    settings: RedisStoreSettings, *, cluster: Literal[True], **client_options: Any
+) -> RedisCluster: ...
+
+
+@overload
+def create_client(
+    settings: RedisStoreSettings, *, cluster: bool, **client_options: Any
+) -> Redis | RedisCluster: ...
+
+
+def create_client(
+    settings: RedisStoreSettings, *, cluster: bool = False, **client_options: Any
+) -> Redis | RedisCluster:
+    """A redis-py asyncio client for ``settings.dsn``, sized and timed by ``settings``.
+
+    - ``max_connections`` is ``settings.pool_size``, on a pool that does not
+      wait: a call beyond it raises ``PoolExhaustedError`` at once;
+    - ``socket_timeout`` and ``socket_connect_timeout`` come from the settings,
+      so a stalled server becomes a dropped connection the failover budget
+      waits out, instead of a call that never returns;
+    - redis-py's own retry is off (``Retry(NoBackoff(), 0)``), so
+      ``settings.failover_attempts`` is the only count of attempts.
+
+    ``cluster=True`` builds a ``RedisCluster`` from the same URL (any node;
+    the others are discovered): ``pool_size`` is then per node, and redis-py's
+    cluster retry is kept, since it re-reads the slot map between its attempts.
+    Extra keyword arguments go to ``from_url`` and win over the above. The
+    caller owns the client: ``await client.aclose()`` when done. Raises
+    ``ValueError`` (naming the URL with its password masked) for a missing or
+    unreadable DSN; nothing connects until the first call.
+    """
+    if settings.dsn is None:
+        raise ValueError("dsn: RedisStoreSettings.dsn is needed to create a client")
+    options: dict[str, Any] = {
+        "max_connections": settings.pool_size,
+        "socket_timeout": settings.socket_timeout,
+        "socket_connect_timeout": settings.socket_connect_timeout,
+    }
+    if not cluster:
+        options["retry"] = Retry(NoBackoff(), 0)
+    options.update(client_options)
+    factory: Any = RedisCluster if cluster else Redis
+    try:
+        client: Redis | RedisCluster = factory.from_url(settings.dsn.get_secret_value(), **options)
+    except ValueError:
+        # ``from None``: redis-py's message or its cause may quote the URL.
+        raise ValueError(
+            f"dsn: {redact_dsn(settings.dsn)!r} is not a Redis URL; use "
+            "redis://[user:password@]host:port/db, rediss:// for TLS, or unix://path"
+        ) from None
+    return client

@@ -1,0 +1,254 @@
+"""``create_client(settings)`` on real servers: the DSN, pool size and timeouts take effect.
+
+- a state store and a work queue opened (preflight included) on a client from
+  ``create_client`` serve; so does a cluster client from ``cluster=True``;
+- ``pool_size`` is the client's connection limit: one call past it raises
+  ``PoolExhaustedError`` at once;
+- ``socket_timeout`` bounds a reply, and redis-py's own retry is off, so a
+  server that is down costs only statepact's failover budget;
+- the DSN's password appears in no repr, error (whole cause chain) or log line.
+
+The passwords here are made up; this module must never print a real one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+from redis import exceptions as rex
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ConstantBackoff
+
+from statepact.clock import ManualClock
+from statepact.errors import PoolExhaustedError, StatepactError, StatePersistenceError
+from statepact.models import RunRecord, WorkItem
+from statepact.storage.redis import (
+    RedisStateStore,
+    RedisStoreSettings,
+    RedisWorkQueue,
+    create_client,
+)
+from statepact.testing.cluster import LocalRedisCluster, cluster_unavailable_reason
+from statepact.testing.plugin import RedisServerFactory
+from statepact.testing.servers import RedisServer, free_port, missing_server
+
+pytestmark = pytest.mark.integration
+
+SECRET = "Vx7-cl1entPW-q52"
+FAST: dict[str, Any] = {
+    "failover_attempts": 2,
+    "failover_base_delay": 0.01,
+    "failover_max_delay": 0.02,
+}
+
+
+def _settings(url: str, **fields: Any) -> RedisStoreSettings:
+    """Settings for ``url`` under a namespace of the test's own."""
+    namespace = f"cc{uuid.uuid4().hex[:10]}"
+    return RedisStoreSettings(dsn=SecretStr(url), namespace=namespace, **fields)
+
+
+def _chain(exc: BaseException) -> str:
+    """str and repr of the error and of every error behind it."""
+    parts: list[str] = []
+    current: BaseException | None = exc
+    while current is not None and len(parts) < 40:
+        parts += [str(current), repr(current)]
+        current = current.__cause__ or current.__context__
+    return "\n".join(parts)
+
+
+async def _hold(client: Redis, key: str) -> object:
+    """Hold one pooled connection for a second (a blocking pop on a key that stays empty)."""
+    popped: object = await client.blpop([key], timeout=1)
+    return popped
+
+
+@pytest.fixture
+def durable_server(statepact_redis_server_factory: RedisServerFactory) -> RedisServer:
+    """A server of this test's own that preflight accepts (append-only file on)."""
+    return statepact_redis_server_factory(["--appendonly", "yes"])
+
+
+async def test_stores_opened_on_a_created_client_serve(
+    statepact_redis_url: str, clock: ManualClock
+) -> None:
+    """open() (preflight included) works on create_client's client, for state and queue."""
+    settings = _settings(statepact_redis_url)
+    client = create_client(settings)
+    try:
+        store = await RedisStateStore.open(client, clock=clock, settings=settings)
+        queue = await RedisWorkQueue.open(client, clock=clock, settings=settings)
+        run = await store.put_run(RunRecord(tenant="acme", run_id="r1", data={"step": 1}))
+        await store.patch_run("acme", "r1", iterations=2)
+        found = await store.get_run("acme", "r1")
+        assert found is not None
+        assert (found.data, found.iterations, found.version) == ({"step": 1}, 2, run.version + 1)
+        await queue.enqueue(WorkItem(tenant="acme", item_id="job-1", payload={"run": "r1"}))
+        lease = await queue.claim("w1", lease_for=30)
+        assert lease is not None and lease.item.payload == {"run": "r1"}
+        assert (await queue.ack(lease)).status.value == "done"
+        assert await store.delete_run("acme", "r1") is True
+    finally:
+        await client.aclose()
+
+
+async def test_pool_size_is_the_connection_limit(
+    durable_server: RedisServer, clock: ManualClock
+) -> None:
+    """With pool_size connections busy, the next call raises PoolExhaustedError at once; once
+    one is back, the same store serves again."""
+    settings = _settings(durable_server.url, pool_size=2, socket_timeout=5.0)
+    client = create_client(settings)
+    try:
+        store = RedisStateStore(client, clock=clock, settings=settings)
+        await store.put_run(RunRecord(tenant="t", run_id="r"))
+        # Two blocking pops hold both connections of the pool for a second.
+        holders = [asyncio.create_task(_hold(client, f"nothing-{n}")) for n in range(2)]
+        await asyncio.sleep(0.2)
+        began = time.monotonic()
+        with pytest.raises(PoolExhaustedError) as caught:
+            await store.get_run("t", "r")
+        assert time.monotonic() - began < 0.2
+        assert caught.value.retryable is False
+        assert await asyncio.gather(*holders) == [None, None]
+        assert await store.get_run("t", "r") is not None
+    finally:
+        await client.aclose()
+
+
+async def test_socket_timeout_bounds_a_reply(durable_server: RedisServer) -> None:
+    """A reply slower than settings.socket_timeout is a timeout, not a wait without end."""
+    client = create_client(_settings(durable_server.url, socket_timeout=0.3))
+    try:
+        began = time.monotonic()
+        with pytest.raises(rex.TimeoutError):
+            await client.blpop(["nothing-ever"], timeout=3)
+        assert time.monotonic() - began < 2.0
+    finally:
+        await client.aclose()
+
+
+async def test_a_server_that_is_down_costs_only_the_failover_budget(
+    durable_server: RedisServer, clock: ManualClock
+) -> None:
+    """redis-py's own retry is off: a stopped server fails after statepact's two attempts, at
+    once, with a retryable StatePersistenceError. A ``retry=`` passed to create_client wins,
+    and then its waits come on top (the contrast shows the default really is off)."""
+    settings = _settings(durable_server.url, **FAST)
+    default = create_client(settings)
+    own_retry = create_client(settings, retry=Retry(ConstantBackoff(0.25), 2))
+    try:
+        await RedisStateStore(default, clock=clock, settings=settings).put_run(
+            RunRecord(tenant="t", run_id="r")
+        )
+        durable_server.stop()
+        seconds: list[float] = []
+        for client in (default, own_retry):
+            store = RedisStateStore(client, clock=clock, settings=settings)
+            began = time.monotonic()
+            with pytest.raises(StatePersistenceError) as caught:
+                await store.get_run("t", "r")
+            seconds.append(time.monotonic() - began)
+            assert caught.value.retryable is True
+        # Two statepact attempts, each with two redis-py retries 0.25 s apart: at least 1 s.
+        assert seconds[0] < 0.5 <= 1.0 <= seconds[1]
+    finally:
+        await default.aclose()
+        await own_retry.aclose()
+
+
+async def test_the_dsn_password_is_never_shown(
+    durable_server: RedisServer, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No repr, error (cause chain included) or log line shows the DSN's password: with the
+    right password, a wrong one, an unreachable server, and a URL redis-py cannot read."""
+    caplog.set_level(logging.DEBUG)
+    admin = create_client(_settings(durable_server.url))
+    await admin.config_set("requirepass", SECRET)
+    texts: list[str] = []
+    try:
+        right = _settings(f"redis://:{SECRET}@127.0.0.1:{durable_server.port}/0", **FAST)
+        client = create_client(right)
+        try:
+            store = await RedisStateStore.open(client, clock=clock, settings=right)
+            await store.put_run(RunRecord(tenant="t", run_id="r"))
+            texts += [repr(client), repr(right), str(right), repr(store)]
+        finally:
+            await client.aclose()
+        for url in (
+            f"redis://:wrong-{SECRET}@127.0.0.1:{durable_server.port}/0",
+            f"redis://app:{SECRET}@127.0.0.1:{free_port()}/0",
+        ):
+            settings = _settings(url, **FAST)
+            refused = create_client(settings)
+            try:
+                with pytest.raises(StatepactError) as opening:
+                    await RedisStateStore.open(refused, clock=clock, settings=settings)
+                with pytest.raises(StatepactError) as calling:
+                    await RedisWorkQueue(refused, clock=clock, settings=settings).claim(
+                        "w", lease_for=1
+                    )
+                texts += [repr(refused), _chain(opening.value), _chain(calling.value)]
+            finally:
+                await refused.aclose()
+        with pytest.raises(ValueError) as unreadable:
+            create_client(_settings(f"redis://app:{SECRET}@127.0.0.1:not-a-port/0"))
+        assert "is not a Redis URL" in str(unreadable.value)
+        texts.append(_chain(unreadable.value))
+    finally:
+        await admin.config_set("requirepass", "")
+        await admin.aclose()
+    for text in [*texts, caplog.text]:
+        assert SECRET not in text, f"a password got out: {text!r}"
+
+
+@pytest.fixture(scope="module")
+def local_cluster() -> Iterator[LocalRedisCluster]:
+    """Three masters, no replicas, AOF on: the smallest real cluster."""
+    why = cluster_unavailable_reason()
+    if why is not None:
+        missing_server(why, os.environ)
+    with LocalRedisCluster(masters=3, replicas=0) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def cluster_settings(local_cluster: LocalRedisCluster) -> RedisStoreSettings:
+    """Settings naming one node of the cluster; the client finds the others."""
+    return _settings(local_cluster.url, pool_size=4)
+
+
+async def test_cluster_true_builds_a_cluster_client_a_store_serves_on(
+    cluster_settings: RedisStoreSettings, clock: ManualClock
+) -> None:
+    """cluster=True: a RedisCluster from one node's URL, the pool size per node; state for
+    tenants in different slots and a queue both serve through it."""
+    from redis.asyncio import RedisCluster
+
+    client = create_client(cluster_settings, cluster=True)
+    try:
+        assert isinstance(client, RedisCluster)
+        store = await RedisStateStore.open(client, clock=clock, settings=cluster_settings)
+        queue = await RedisWorkQueue.open(client, clock=clock, settings=cluster_settings)
+        tenants = [f"tenant-{n}" for n in range(12)]
+        for tenant in tenants:
+            await store.put_run(RunRecord(tenant=tenant, run_id="r"))
+        assert all([await store.get_run(tenant, "r") for tenant in tenants])
+        await queue.enqueue(WorkItem(tenant="acme", item_id="job"))
+        lease = await queue.claim("w1", lease_for=30)
+        assert lease is not None
+        await queue.ack(lease)
+        for node in client.get_nodes():
+            assert node.max_connections == cluster_settings.pool_size
+    finally:
+        await client.aclose()
