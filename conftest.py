@@ -1,11 +1,31 @@
 """Root conftest: registers the per-backing fixture modules under ``tests/fixtures``.
 
 Server discovery (environment URL, testcontainers, local binaries) comes from
-the ``statepact.testing.plugin`` pytest plugin, installed with the package.
+the ``statepact.testing.plugin`` pytest plugin, installed with the package. The
+plugin marks ``integration`` every test whose fixtures reach its servers; this
+file adds the fixtures of this repository that start servers of their own, so
+``pytest -m "not integration"`` starts none (see docs/testing.md).
 """
+
+from __future__ import annotations
+
+import pytest
+
+from statepact.testing.plugin import mark_server_tests
 
 pytest_plugins = [
     "tests.fixtures.memory",
     "tests.fixtures.redis",
     "tests.fixtures.postgres",
 ]
+
+#: Fixtures here that start servers without the plugin's fixtures (tests/faults, the cluster
+#: tests); tests reaching the plugin's servers through tests/fixtures are marked by the plugin.
+REPO_SERVER_FIXTURES = frozenset(
+    {"cluster", "fault_postgres_server", "fault_redis_server", "local_cluster", "redis_cluster"}
+)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    mark_server_tests(items, REPO_SERVER_FIXTURES)

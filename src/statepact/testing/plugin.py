@@ -14,6 +14,16 @@ statepact can use these fixtures:
 
 Servers come from the environment, testcontainers or local binaries (see
 :mod:`statepact.testing.servers`); the end of the run prints which were used.
+
+The ``integration`` marker makes ``pytest -m "not integration"`` a lane that
+starts no server and reaches no network. The plugin registers the marker (if
+the project has not), and at collection adds it to every test whose fixture
+closure holds a server fixture: the four above, plus any listed in the
+``statepact_server_fixtures`` ini option. A test that reaches a server through
+``request.getfixturevalue`` cannot be seen at collection: it must carry the
+marker itself (or its parametrised fixture's param must), and if it does not,
+it fails when it asks, before anything is started.
+
 This module must never import redis or SQLAlchemy at import time, never start a
 server unless a test asks for one, and never use async fixtures at session
 scope (they would tie the server to one event loop).
@@ -22,7 +32,7 @@ scope (they would tie the server to one event loop).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -42,14 +52,30 @@ from statepact.testing.servers import (
 )
 
 __all__ = [
+    "SERVER_FIXTURES",
     "PostgresServerFactory",
     "RedisServerFactory",
     "clock",
+    "mark_server_tests",
     "statepact_postgres_server_factory",
     "statepact_postgres_url",
     "statepact_redis_server_factory",
     "statepact_redis_url",
 ]
+
+
+#: The plugin's fixtures that start or reach a server: a test using any of them, directly or
+#: through other fixtures, is marked ``integration`` at collection.
+SERVER_FIXTURES = frozenset(
+    {
+        "statepact_postgres_server_factory",
+        "statepact_postgres_url",
+        "statepact_redis_server_factory",
+        "statepact_redis_url",
+    }
+)
+INTEGRATION = "integration"
+_INI_SERVER_FIXTURES = "statepact_server_fixtures"
 
 
 class RedisServerFactory(Protocol):
@@ -90,13 +116,88 @@ class _ServerLog:
 
 
 _LOG_KEY = pytest.StashKey[_ServerLog]()
+# The test being run (setup, call and teardown), for the guard in _refuse_unmarked.
+_RUNNING_KEY = pytest.StashKey["pytest.Item | None"]()
 
 
 def _log(config: pytest.Config) -> _ServerLog:
     return config.stash.setdefault(_LOG_KEY, _ServerLog())
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        _INI_SERVER_FIXTURES,
+        type="linelist",
+        default=[],
+        help="More fixtures that start or reach a server: tests using them are marked "
+        "integration, like those using statepact_redis_url or statepact_postgres_url.",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register ``integration`` unless the project already has, so --strict-markers holds."""
+    registered = {
+        line.split(":", 1)[0].split("(", 1)[0].strip() for line in config.getini("markers")
+    }
+    if INTEGRATION not in registered:
+        config.addinivalue_line(
+            "markers",
+            f"{INTEGRATION}: needs a real Redis or PostgreSQL server (statepact adds it to "
+            "tests whose fixtures start one)",
+        )
+
+
+def mark_server_tests(items: Sequence[pytest.Item], fixtures: Collection[str]) -> int:
+    """Add ``integration`` to every item whose fixture closure holds one of ``fixtures``.
+
+    Returns how many items were newly marked. Items already marked are left as they are.
+    """
+    wanted = frozenset(fixtures)
+    marked = 0
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        if wanted.intersection(names) and item.get_closest_marker(INTEGRATION) is None:
+            item.add_marker(INTEGRATION)
+            marked += 1
+    return marked
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark server tests before ``-m`` selects (pytest's own hook runs after this one)."""
+    extra: list[str] = config.getini(_INI_SERVER_FIXTURES)
+    mark_server_tests(items, SERVER_FIXTURES.union(extra))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    item.config.stash[_RUNNING_KEY] = item
+    try:
+        return (yield)
+    finally:
+        item.config.stash[_RUNNING_KEY] = None
+
+
+def _refuse_unmarked(config: pytest.Config, what: str) -> None:
+    """Fail the running test if it reaches a server without the ``integration`` marker.
+
+    Only a test that asks through ``request.getfixturevalue`` can get here unmarked:
+    the rest were marked at collection. Failing (not skipping) keeps the
+    ``-m "not integration"`` lane honest: it must never start a server.
+    """
+    item = config.stash.get(_RUNNING_KEY, None)
+    if item is not None and item.get_closest_marker(INTEGRATION) is None:
+        pytest.fail(
+            f"{item.nodeid} asks for {what} but is not marked {INTEGRATION!r}; a test that "
+            "reaches a server through request.getfixturevalue must carry "
+            f"@pytest.mark.{INTEGRATION} itself (or its fixture param must), so that "
+            f'-m "not {INTEGRATION}" stays a lane that starts no server',
+            pytrace=False,
+        )
+
+
 def _session_server(request: pytest.FixtureRequest, kind: ServerKind) -> Iterator[str]:
+    _refuse_unmarked(request.config, f"a {kind} server")
     log = _log(request.config)
     try:
         server = provide_server(kind)
@@ -150,6 +251,7 @@ def statepact_redis_server_factory(request: pytest.FixtureRequest) -> Iterator[R
     log = _log(request.config)
 
     def factory(args: Sequence[str] = (), *, port: int | None = None) -> RedisServer:
+        _refuse_unmarked(request.config, "a local redis server")
         _need_local(request, "redis")
         server = RedisServer(args, port=port)
         started.append(server)
@@ -177,6 +279,7 @@ def statepact_postgres_server_factory(
     def factory(
         *, durable: bool = False, settings: Mapping[str, object] | None = None
     ) -> PostgresServer:
+        _refuse_unmarked(request.config, "a local postgres server")
         _need_local(request, "postgres")
         server = PostgresServer(durable=durable, settings=settings)
         started.append(server)
