@@ -1,0 +1,79 @@
+"""docs/testing.md's conformance examples work as a user's test modules, not only as programs.
+
+``test_docs_examples`` runs each block as a program, which only defines the
+fixtures and classes. Here the blocks are written out as test modules of a
+small project and run by pytest in a subprocess, as a user would: the memory
+one passes all three suites; the Redis one is collected with every test
+marked ``integration`` (so the no-server lane leaves it out) without a server
+being started. Its run against a real Redis is left to the integration lane.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.unit.test_docs_examples import ALL
+
+SUITES = ("StateStoreConformance", "WorkQueueConformance", "TransactionConformance")
+EXAMPLES = [e for e in ALL if e.page == "testing.md" and all(s in e.code for s in SUITES)]
+
+
+def _project(tmp_path: Path) -> None:
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n"
+        "addopts = --strict-markers\n"
+    )
+    for example in EXAMPLES:
+        name = "server" if example.needs else "memory"
+        (tmp_path / f"test_docs_{name}.py").write_text(example.code)
+
+
+def _pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STATEPACT_", "PYTEST_"))}
+    empty_bin = tmp_path / "bin"
+    empty_bin.mkdir(exist_ok=True)
+    env |= {"PATH": str(empty_bin), "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_there_is_a_memory_and_a_redis_example() -> None:
+    """One block on a backing of your own (memory standing in), one on Redis."""
+    assert sorted(tuple(sorted(e.needs)) for e in EXAMPLES) == [(), ("redis",)]
+
+
+def test_the_memory_example_passes_every_suite(tmp_path: Path) -> None:
+    """All three suites pass on the memory example's fixtures, as written in the docs."""
+    _project(tmp_path)
+    collected = _pytest(tmp_path, "--collect-only", "test_docs_memory.py").stdout
+    for cls in ("TestMyStateStore", "TestMyWorkQueue", "TestMyBackend"):
+        assert f"test_docs_memory.py::{cls}::" in collected
+    run = _pytest(tmp_path, "test_docs_memory.py")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr
+    assert f"{collected.count('test_docs_memory.py::')} passed" in run.stdout
+
+
+def test_the_redis_example_is_marked_integration_and_left_out_of_the_lane(tmp_path: Path) -> None:
+    """Every test of the Redis example is marked integration at collection, so
+    -m "not integration" runs only the memory example and starts nothing."""
+    _project(tmp_path)
+    marked = _pytest(tmp_path, "--collect-only", "-m", "integration")
+    assert marked.returncode == 0, marked.stdout + marked.stderr
+    ids = [line for line in marked.stdout.splitlines() if "::" in line]
+    assert ids and all(line.startswith("test_docs_server.py::") for line in ids)
+    everything = _pytest(tmp_path, "--collect-only")
+    assert len(ids) == everything.stdout.count("test_docs_server.py::")
+    lane = _pytest(tmp_path, "-m", "not integration")
+    assert lane.returncode == 0, lane.stdout[-3000:] + lane.stderr
+    assert f"{len(ids)} deselected" in lane.stdout
+    assert "statepact test servers" not in lane.stdout
