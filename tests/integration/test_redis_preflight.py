@@ -7,7 +7,8 @@ not answer, that test skips, or fails under ``STATEPACT_REQUIRE_SERVERS=1``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -28,13 +29,16 @@ NOTHING_ON_DISK = ["--appendonly", "no", "--save", ""]
 MACHINE_REDIS = "redis://127.0.0.1:6379/0"
 
 
+Connect = Callable[..., Redis]
+
+
 @pytest.fixture
-async def connect() -> AsyncIterator[object]:
+async def connect() -> AsyncIterator[Connect]:
     """Open clients on given URLs; all closed after the test."""
     clients: list[Redis] = []
 
-    def _connect(url: str, **kwargs: object) -> Redis:
-        client = Redis.from_url(url, **kwargs)  # type: ignore[arg-type]
+    def _connect(url: str, **kwargs: Any) -> Redis:
+        client = Redis.from_url(url, **kwargs)
         clients.append(client)
         return client
 
@@ -51,7 +55,7 @@ async def _reasons(client: Redis, *, durable: bool = True) -> tuple[str, ...]:
 
 @pytest.mark.parametrize("policy", ["allkeys-lru", "allkeys-lfu", "allkeys-random", "volatile-ttl"])
 async def test_an_evicting_policy_is_refused(
-    statepact_redis_server_factory: RedisServerFactory, connect, policy: str
+    statepact_redis_server_factory: RedisServerFactory, connect: Connect, policy: str
 ) -> None:
     """maxmemory-policy allkeys-* and volatile-ttl are refused, naming the policy."""
     server = statepact_redis_server_factory([*DURABLE, "--maxmemory-policy", policy])
@@ -62,7 +66,7 @@ async def test_an_evicting_policy_is_refused(
 
 @pytest.mark.parametrize("policy", ["noeviction", "volatile-lru", "volatile-lfu"])
 async def test_a_policy_that_spares_our_keys_passes(
-    statepact_redis_server_factory: RedisServerFactory, connect, policy: str
+    statepact_redis_server_factory: RedisServerFactory, connect: Connect, policy: str
 ) -> None:
     """noeviction and the volatile-* policies other than volatile-ttl are accepted."""
     server = statepact_redis_server_factory([*DURABLE, "--maxmemory-policy", policy])
@@ -70,7 +74,7 @@ async def test_a_policy_that_spares_our_keys_passes(
 
 
 async def test_nothing_on_disk_is_refused(
-    statepact_redis_server_factory: RedisServerFactory, connect
+    statepact_redis_server_factory: RedisServerFactory, connect: Connect
 ) -> None:
     """appendonly no together with save "" is refused; durable=False lifts it."""
     server = statepact_redis_server_factory(NOTHING_ON_DISK)
@@ -84,7 +88,7 @@ async def test_nothing_on_disk_is_refused(
 
 @pytest.mark.parametrize("persistence", [["--appendonly", "yes", "--save", ""], ["--save", "60 1"]])
 async def test_either_kind_of_persistence_passes(
-    statepact_redis_server_factory: RedisServerFactory, connect, persistence: list[str]
+    statepact_redis_server_factory: RedisServerFactory, connect: Connect, persistence: list[str]
 ) -> None:
     """AOF alone or RDB snapshots alone are enough."""
     server = statepact_redis_server_factory(["--appendonly", "no", *persistence])
@@ -92,7 +96,7 @@ async def test_either_kind_of_persistence_passes(
 
 
 async def test_every_reason_is_named_at_once(
-    statepact_redis_server_factory: RedisServerFactory, connect
+    statepact_redis_server_factory: RedisServerFactory, connect: Connect
 ) -> None:
     """An evicting, non-persistent server gets both reasons in one PreflightError."""
     server = statepact_redis_server_factory([*NOTHING_ON_DISK, "--maxmemory-policy", "allkeys-lru"])
@@ -110,7 +114,7 @@ async def test_every_reason_is_named_at_once(
     assert len(only) == 1 and "allkeys-lru" in only[0]
 
 
-async def test_the_machines_own_redis_is_refused(connect) -> None:
+async def test_the_machines_own_redis_is_refused(connect: Connect) -> None:
     """The machine's Redis on 127.0.0.1:6379 keeps nothing on disk: refused."""
     client = connect(MACHINE_REDIS, socket_connect_timeout=2.0)
     try:
@@ -123,7 +127,7 @@ async def test_the_machines_own_redis_is_refused(connect) -> None:
 
 
 async def test_preflight_only_reads(
-    statepact_redis_server_factory: RedisServerFactory, connect
+    statepact_redis_server_factory: RedisServerFactory, connect: Connect
 ) -> None:
     """preflight runs CONFIG GET (or INFO) and nothing that sets or rewrites anything."""
     server = statepact_redis_server_factory(NOTHING_ON_DISK)
@@ -142,7 +146,7 @@ async def test_preflight_only_reads(
 
 
 async def test_without_config_it_reads_info(
-    statepact_redis_server_factory: RedisServerFactory, connect
+    statepact_redis_server_factory: RedisServerFactory, connect: Connect
 ) -> None:
     """CONFIG renamed away (managed Redis): INFO memory and persistence decide instead."""
     disabled = ["--rename-command", "CONFIG", ""]
@@ -163,7 +167,7 @@ async def test_without_config_it_reads_info(
 
 
 async def test_without_config_an_rdb_snapshot_counts(
-    statepact_redis_server_factory: RedisServerFactory, connect
+    statepact_redis_server_factory: RedisServerFactory, connect: Connect
 ) -> None:
     """From INFO alone, RDB is believed once the server has been seen to snapshot."""
     server = statepact_redis_server_factory(
@@ -177,7 +181,7 @@ async def test_without_config_an_rdb_snapshot_counts(
 
 
 async def test_a_user_without_config_permission_falls_back_to_info(
-    statepact_redis_server_factory: RedisServerFactory, connect
+    statepact_redis_server_factory: RedisServerFactory, connect: Connect
 ) -> None:
     """NOPERM on CONFIG (an ACL user of a managed service) falls back to INFO too."""
     server = statepact_redis_server_factory(DURABLE)
@@ -198,7 +202,7 @@ async def test_a_user_without_config_permission_falls_back_to_info(
 
 
 async def test_open_runs_preflight(
-    statepact_redis_server_factory: RedisServerFactory, connect
+    statepact_redis_server_factory: RedisServerFactory, connect: Connect
 ) -> None:
     """open() refuses a server preflight refuses; the constructor does not check."""
     bad = connect(statepact_redis_server_factory(NOTHING_ON_DISK).url)
@@ -218,7 +222,7 @@ async def test_open_runs_preflight(
     assert isinstance(await RedisStateStore.open(good), RedisStateStore)
 
 
-async def test_an_unreachable_server_is_unavailable_not_refused(connect) -> None:
+async def test_an_unreachable_server_is_unavailable_not_refused(connect: Connect) -> None:
     """A server that never answers is a retryable unavailability, not a PreflightError."""
     client = connect(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=0.5)
     with pytest.raises(StatePersistenceError) as caught:
