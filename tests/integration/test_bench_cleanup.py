@@ -12,14 +12,12 @@ import argparse
 import asyncio
 import io
 import json
-from collections.abc import AsyncIterator
 
 import pytest
 from sqlalchemy import pool, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from statepact import _bench
-from tests.fixtures.postgres import create_database, drop_database, unique_database_name
 
 pytestmark = pytest.mark.integration
 
@@ -33,17 +31,6 @@ INVENTORY = text(
 )
 
 
-@pytest.fixture
-async def own_database(statepact_postgres_url: str) -> AsyncIterator[str]:
-    """An empty database for this test alone; dropped after."""
-    name = unique_database_name("bench")
-    url = await create_database(statepact_postgres_url, name)
-    try:
-        yield url
-    finally:
-        await drop_database(statepact_postgres_url, name)
-
-
 async def _inventory(url: str) -> list[tuple[str, str]]:
     engine = create_async_engine(url, poolclass=pool.NullPool)
     try:
@@ -53,38 +40,40 @@ async def _inventory(url: str) -> list[tuple[str, str]]:
         await engine.dispose()
 
 
-async def test_a_bench_run_leaves_no_table_or_schema_behind(own_database: str) -> None:
+async def test_a_bench_run_leaves_no_table_or_schema_behind(empty_database_url: str) -> None:
     """After a tiny bench run (floors included) the database holds what it held before."""
-    before = await _inventory(own_database)
+    before = await _inventory(empty_database_url)
     parser = argparse.ArgumentParser()
     _bench.add_arguments(parser)
     tiny = ["--concurrency", "2", "--ops", "2", "--tenants", "2", "--queued", "4", "--claims", "2"]
-    args = parser.parse_args(["--backend", "postgres", "--postgres", own_database, *tiny, "--json"])
+    args = parser.parse_args(
+        ["--backend", "postgres", "--postgres", empty_database_url, *tiny, "--json"]
+    )
     out, err = io.StringIO(), io.StringIO()
     code = await asyncio.to_thread(lambda: _bench.command(args, out=out, err=err))
     assert code == 0, err.getvalue()
     floors = {r["floor"] for r in json.loads(out.getvalue())["results"]}
     assert floors == {"raw SELECT 1", "raw one-row UPDATE"}  # the write floor did run
-    after = await _inventory(own_database)
+    after = await _inventory(empty_database_url)
     assert after == before
     assert not [rel for _, rel in after if rel == _bench.FLOOR_TABLE]
     assert not [schema for schema, _ in after if schema.startswith("bench")]
 
 
-async def test_the_floor_table_lives_in_the_scratch_schema_by_name(own_database: str) -> None:
+async def test_the_floor_table_lives_in_the_scratch_schema_by_name(empty_database_url: str) -> None:
     """With ``search_path`` at its default (``public`` first), the write floor still creates its
     table in the bench's schema, and dropping it leaves the schema empty."""
     tag = "bench0123abcd"
-    engine = create_async_engine(own_database, poolclass=pool.NullPool)
+    engine = create_async_engine(empty_database_url, poolclass=pool.NullPool)
     try:
         async with engine.begin() as conn:
             await conn.execute(text(f'CREATE SCHEMA "{tag}"'))
         update = await _bench._postgres_floor(engine, "write", tag)
         await update(0, 0)
-        assert (tag, _bench.FLOOR_TABLE) in await _inventory(own_database)
-        assert ("public", _bench.FLOOR_TABLE) not in await _inventory(own_database)
+        assert (tag, _bench.FLOOR_TABLE) in await _inventory(empty_database_url)
+        assert ("public", _bench.FLOOR_TABLE) not in await _inventory(empty_database_url)
         await _bench._drop_postgres_floor(engine, tag)
-        assert [(s, r) for s, r in await _inventory(own_database) if s == tag] == [(tag, "")]
+        assert [(s, r) for s, r in await _inventory(empty_database_url) if s == tag] == [(tag, "")]
         with pytest.raises(ValueError, match="not a plain schema name"):
             await _bench._drop_postgres_floor(engine, 'x"; DROP SCHEMA public; --')
     finally:

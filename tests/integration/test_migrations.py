@@ -21,7 +21,7 @@ import os
 import subprocess
 import sys
 import venv
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -46,17 +46,6 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 OWN_TABLES = frozenset(metadata.tables)
-
-
-@pytest.fixture
-async def empty_database_url(statepact_postgres_url: str) -> AsyncIterator[str]:
-    """A database with nothing in it (not cloned from the migrated template); dropped after."""
-    name = unique_database_name("m")
-    url = await create_database(statepact_postgres_url, name)
-    try:
-        yield url
-    finally:
-        await drop_database(statepact_postgres_url, name)
 
 
 @pytest.fixture

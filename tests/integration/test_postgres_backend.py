@@ -42,7 +42,6 @@ from statepact.tx import (
     TransactionManager,
     WriteRecord,
 )
-from tests.fixtures.postgres import create_database, drop_database, unique_database_name
 
 pytestmark = pytest.mark.integration
 
@@ -50,17 +49,6 @@ R = "orders"
 FAST_FAILOVER = RetryPolicy(attempts=4, base_delay=0.05, max_delay=0.2)
 ISOLATIONS = [i.value for i in Isolation]
 _LOCK_ROW = "SELECT 1 FROM statepact_values WHERE resource = :r AND key = :k FOR UPDATE"
-
-
-@pytest.fixture
-async def empty_database_url(statepact_postgres_url: str) -> AsyncIterator[str]:
-    """A database with no statepact table at all, dropped after the test."""
-    name = unique_database_name("pgb_empty")
-    url = await create_database(statepact_postgres_url, name)
-    try:
-        yield url
-    finally:
-        await drop_database(statepact_postgres_url, name)
 
 
 @pytest.fixture

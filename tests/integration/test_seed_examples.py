@@ -11,7 +11,6 @@ then the seed's operations: ``health_check``, ``clear``, ``close``.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
@@ -22,7 +21,6 @@ from statepact import TransactionManager
 from statepact.storage.memory import MemoryBackend
 from statepact.storage.postgres import PostgresBackend
 from statepact.storage.redis import RedisBackend
-from tests.fixtures.postgres import create_database, drop_database, unique_database_name
 
 R = "orders"
 
@@ -39,17 +37,6 @@ async def commit_read_clear(manager: TransactionManager, backend: object) -> Non
     async with manager.transaction() as tx:
         assert await tx.read(R, "o1") is None
     await manager.close()
-
-
-@pytest.fixture
-async def empty_database_url(statepact_postgres_url: str) -> AsyncIterator[str]:
-    """A database with no statepact table, dropped after the test."""
-    name = unique_database_name("seed")
-    url = await create_database(statepact_postgres_url, name)
-    try:
-        yield url
-    finally:
-        await drop_database(statepact_postgres_url, name)
 
 
 async def statepact_tables(url: str) -> list[str]:
