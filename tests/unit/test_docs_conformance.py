@@ -10,11 +10,10 @@ being started. Its run against a real Redis is left to the integration lane.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
+from tests._inner_pytest import run_pytest_without_servers
 from tests.unit.test_docs_examples import ALL
 
 SUITES = ("StateStoreConformance", "WorkQueueConformance", "TransactionConformance")
@@ -32,19 +31,7 @@ def _project(tmp_path: Path) -> None:
 
 
 def _pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("STATEPACT_", "PYTEST_"))}
-    empty_bin = tmp_path / "bin"
-    empty_bin.mkdir(exist_ok=True)
-    env |= {"PATH": str(empty_bin), "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    return run_pytest_without_servers(tmp_path, "-q", *args, timeout=300)
 
 
 def test_there_is_a_memory_and_a_redis_example() -> None:

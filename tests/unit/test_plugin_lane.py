@@ -8,12 +8,12 @@ unset, an empty PATH and a Docker socket that does not exist, under
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests._inner_pytest import run_pytest_without_servers
 
 INNER_TESTS = """
 import pytest
@@ -98,19 +98,7 @@ def _run_inner(tmp_path: Path, *args: str, ini: str = "") -> subprocess.Complete
     ) + ini
     (tmp_path / "pytest.ini").write_text(ini)
     (tmp_path / "test_inner.py").write_text(INNER_TESTS)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("STATEPACT_", "PYTEST_"))}
-    empty_bin = tmp_path / "bin"
-    empty_bin.mkdir(exist_ok=True)
-    env |= {"PATH": str(empty_bin), "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rfE", *args, "test_inner.py"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_pytest_without_servers(tmp_path, "-rfE", *args, "test_inner.py")
 
 
 def _ids(output: str) -> set[str]:

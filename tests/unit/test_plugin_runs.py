@@ -6,10 +6,10 @@ and a Docker socket that does not exist, so no provider has a Redis.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
+
+from tests._inner_pytest import run_pytest_without_servers
 
 INNER_TESTS = """
 def test_wants_redis(statepact_redis_url):
@@ -27,20 +27,7 @@ def _run_inner(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     ini = "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
     (tmp_path / "pytest.ini").write_text(ini)
     (tmp_path / "test_inner.py").write_text(INNER_TESTS)
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("STATEPACT_", "PYTEST_"))}
-    empty_bin = tmp_path / "bin"
-    empty_bin.mkdir()
-    clean |= {"PATH": str(empty_bin), "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
-    clean |= env
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rsE", "test_inner.py"],
-        cwd=tmp_path,
-        env=clean,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_pytest_without_servers(tmp_path, "-rsE", "test_inner.py", env=env)
 
 
 def test_missing_redis_skips_with_every_reason(tmp_path: Path) -> None:
