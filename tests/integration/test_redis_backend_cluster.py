@@ -9,9 +9,7 @@ each script's keys are local to one node.
 
 from __future__ import annotations
 
-import os
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from redis.asyncio import RedisCluster
@@ -21,37 +19,24 @@ from statepact.clock import ManualClock
 from statepact.errors import PreflightError
 from statepact.storage.redis import RedisBackend
 from statepact.storage.redis._keys import TxKeys
-from statepact.testing.cluster import LocalRedisCluster, cluster_unavailable_reason
-from statepact.testing.servers import missing_server
+from statepact.testing.cluster import LocalRedisCluster
 from statepact.tx import TransactionManager
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalRedisCluster]:
-    """Three masters, no replicas, AOF on: started once for this module."""
-    why = cluster_unavailable_reason()
-    if why is not None:
-        missing_server(why, os.environ)
-    local = LocalRedisCluster(masters=3, replicas=0, startup_timeout=60.0)
-    local.start()
-    try:
-        yield local
-    finally:
-        local.close()
-
-
 async def test_connect_preflights_and_keeps_a_backend_in_one_slot(
-    cluster: LocalRedisCluster,
+    local_cluster: LocalRedisCluster,
 ) -> None:
     """connect(cluster=True) checks every primary; all keys share the prefix's slot and
     commits, snapshots, locks, leases and clear work across resources."""
     clock = ManualClock()
     prefix = f"sp-cl-{uuid.uuid4().hex[:8]}"
-    backend = await RedisBackend.connect(cluster.url, cluster=True, prefix=prefix, clock=clock)
+    backend = await RedisBackend.connect(
+        local_cluster.url, cluster=True, prefix=prefix, clock=clock
+    )
     manager = TransactionManager(backend)
-    probe = RedisCluster.from_url(cluster.url)
+    probe = RedisCluster.from_url(local_cluster.url)
     try:
         async with manager.transaction("serializable", idempotency_key="k1") as tx:
             for i in range(12):  # resources and keys that hash to every node
@@ -84,16 +69,16 @@ async def test_connect_preflights_and_keeps_a_backend_in_one_slot(
 
 
 async def test_connect_refuses_a_cluster_with_an_evicting_primary(
-    cluster: LocalRedisCluster,
+    local_cluster: LocalRedisCluster,
 ) -> None:
     """One primary set to evict keys is enough for connect(cluster=True) to refuse, naming it."""
-    port = cluster.ports[1]
-    cluster.call(port, "CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+    port = local_cluster.ports[1]
+    local_cluster.call(port, "CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
     try:
         with pytest.raises(PreflightError) as caught:
-            await RedisBackend.connect(cluster.url, cluster=True)
+            await RedisBackend.connect(local_cluster.url, cluster=True)
         assert len(caught.value.reasons) == 1
         assert str(port) in caught.value.reasons[0]
         assert "maxmemory-policy" in caught.value.reasons[0]
     finally:
-        cluster.call(port, "CONFIG", "SET", "maxmemory-policy", "noeviction")
+        local_cluster.call(port, "CONFIG", "SET", "maxmemory-policy", "noeviction")

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -37,9 +35,9 @@ from statepact.storage.redis import (
     RedisWorkQueue,
     create_client,
 )
-from statepact.testing.cluster import LocalRedisCluster, cluster_unavailable_reason
+from statepact.testing.cluster import LocalRedisCluster
 from statepact.testing.plugin import RedisServerFactory
-from statepact.testing.servers import RedisServer, free_port, missing_server
+from statepact.testing.servers import RedisServer, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -210,16 +208,6 @@ async def test_the_dsn_password_is_never_shown(
         await admin.aclose()
     for text in [*texts, caplog.text]:
         assert SECRET not in text, f"a password got out: {text!r}"
-
-
-@pytest.fixture(scope="module")
-def local_cluster() -> Iterator[LocalRedisCluster]:
-    """Three masters, no replicas, AOF on: the smallest real cluster."""
-    why = cluster_unavailable_reason()
-    if why is not None:
-        missing_server(why, os.environ)
-    with LocalRedisCluster(masters=3, replicas=0) as cluster:
-        yield cluster
 
 
 @pytest.fixture

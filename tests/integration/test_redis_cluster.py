@@ -8,8 +8,7 @@ to several nodes; a queue is one slot by design.
 
 from __future__ import annotations
 
-import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio.cluster import ClusterNode, RedisCluster
@@ -22,22 +21,11 @@ from statepact.queue import QueuePolicy
 from statepact.storage.redis import RedisStateStore, RedisWorkQueue, preflight
 from statepact.storage.redis._keys import StateKeys
 from statepact.storage.redis.preflight import read_server_configs
-from statepact.testing.cluster import LocalRedisCluster, cluster_unavailable_reason
+from statepact.testing.cluster import LocalRedisCluster
 from statepact.testing.queue_suite import WorkQueueConformance
-from statepact.testing.servers import missing_server
 from statepact.testing.state_suite import StateStoreConformance
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def local_cluster() -> Iterator[LocalRedisCluster]:
-    """Three masters, no replicas, AOF on: the smallest real cluster."""
-    why = cluster_unavailable_reason()
-    if why is not None:
-        missing_server(why, os.environ)
-    with LocalRedisCluster(masters=3, replicas=0) as cluster:
-        yield cluster
 
 
 @pytest.fixture
