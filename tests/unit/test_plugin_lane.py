@@ -133,6 +133,21 @@ def test_the_lane_without_integration_starts_no_server(tmp_path: Path) -> None:
     assert "no redis-server on PATH" not in out
 
 
+def test_a_run_that_does_not_select_by_the_marker_leaves_unmarked_tests_alone(
+    tmp_path: Path,
+) -> None:
+    """Without -m, a test asking for a server through getfixturevalue unmarked is not failed
+    for it: with no Redis anywhere it skips with the providers' reasons, like a marked one.
+    (Only the Redis tests run: local PostgreSQL binaries may be found outside PATH.)"""
+    run = _run_inner(tmp_path, "-v", "-rs", "-k", "dynamic and not factory")
+    out = run.stdout
+    assert run.returncode == 0, out + run.stderr
+    assert "is not marked 'integration'" not in out
+    assert "test_inner.py::test_dynamic_unmarked SKIPPED" in out, out
+    assert "test_inner.py::test_dynamic_marked SKIPPED" in out, out
+    assert "no redis-server on PATH" in out
+
+
 @pytest.mark.parametrize("registered", [False, True])
 def test_the_marker_is_registered_once(tmp_path: Path, registered: bool) -> None:
     """The plugin registers ``integration`` only when the project has not; a project's own
