@@ -5,6 +5,7 @@ in ``statepact.storage.{memory,redis,postgres}`` and load their drivers only
 when imported.
 """
 
+from statepact._retry import RetryPolicy
 from statepact.clock import Clock, ManualClock, SystemClock
 from statepact.errors import (
     ConflictError,
@@ -61,6 +62,7 @@ __all__ = [
     "QueueStats",
     "QueueUnavailableError",
     "RedisStoreSettings",
+    "RetryPolicy",
     "RunNotFoundError",
     "RunRecord",
     "RunStatus",

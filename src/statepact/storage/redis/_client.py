@@ -19,8 +19,9 @@ public error tree before a caller can see it:
 
 Retrying a write is safe because every script that changes something takes a
 call id and recognises its own retry (see ``lua/_common.lua``). Note that
-redis-py clients retry connection errors themselves too (``retry=`` on the
-client); the budget here comes on top of theirs.
+A redis-py client may retry connection errors itself too (``retry=``: on by
+default for ``Redis(host=...)``, off for ``Redis.from_url`` in redis-py 8.1, and
+off in :func:`create_client`); its attempts come on top of this budget.
 
 Messages name the call and the error type, never the server URL or a password.
 This module must never retry anything but the transient errors above.
