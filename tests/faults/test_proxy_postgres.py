@@ -6,6 +6,12 @@
   idempotency key, and gets ``replayed=True``: one version in the history. With
   the default budget the executor sends the commit again itself; the commit
   function recognises its own transaction id and reports it once.
+- An ambiguous state write (``put_run``, ``patch_run``): the statement
+  committed and the reply was lost. It carries a call id, so the failover
+  sends it again and the resend finds its first attempt's row in
+  ``adk_run_writes``: the call succeeds and applies once, even when the resend
+  comes after other writes to the run, or races its first attempt still
+  running on the server.
 - A stall longer than the budget ends in ``StatePersistenceError(reason=
   "unavailable")`` / ``QueueUnavailableError`` within the budget and a margin.
   That needs client-side timeouts on asyncpg (``connect_args={"timeout": ...,
@@ -27,7 +33,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -37,6 +43,7 @@ from statepact.errors import QueueUnavailableError, StatePersistenceError
 from statepact.models import RunRecord, WorkItem
 from statepact.settings import PostgresStoreSettings
 from statepact.storage.postgres import PostgresStateStore, PostgresWorkQueue
+from statepact.storage.postgres._client import sqlstate_of
 from statepact.storage.postgres.backend import PostgresBackend
 from statepact.testing.faults import FaultProxy
 from statepact.testing.servers import PostgresServer
@@ -189,35 +196,235 @@ async def test_ambiguous_commit_absorbed_by_failover_applies_once(
     )
 
 
-async def test_ambiguous_patch_is_reported_not_retried(
+def resending_settings() -> PostgresStoreSettings:
+    """A budget that outlasts a test holding the failover's resends out for a while."""
+    return PostgresStoreSettings(
+        failover_attempts=20, failover_base_delay=0.05, failover_max_delay=0.2
+    )
+
+
+async def _write_rows(engine: AsyncEngine, run_id: str) -> int:
+    """How many rows of adk_run_writes the run has: one per write that applied."""
+    async with engine.connect() as conn:
+        result = await conn.execute(
+            text("SELECT count(*) FROM adk_run_writes WHERE run_id = :r"), {"r": run_id}
+        )
+        return int(result.scalar_one())
+
+
+async def test_ambiguous_patch_is_resent_and_applied_once(
     proxy: FaultProxy,
     proxied_engine: AsyncEngine,
     direct_engine: AsyncEngine,
     clock: ManualClock,
     fault_figures: FaultFigures,
 ) -> None:
-    """A patch cut after it committed is not sent again (it is not idempotent): the caller gets
-    the retryable error saying the outcome is unknown, and the patch landed exactly once."""
+    """A patch cut after it committed is sent again by the failover (it carries a call id): the
+    resend finds its first attempt's row, the call succeeds and the patch counts once."""
     settings = PostgresStoreSettings(**failover_settings(FAST_FAILOVER))
     store = PostgresStateStore(proxied_engine, clock=clock, settings=settings)
     await store.put_run(RunRecord(tenant="acme", run_id="r1", data={"who": "ambiguous-patch"}))
     # The patch's parameters carry the tenant and run id; the put above already went by.
     armed = proxy.cut_after_reply(b"acme", b"r1")
-    with pytest.raises(StatePersistenceError) as caught:
-        await store.patch_run("acme", "r1", input_tokens=7)
+    patched = await store.patch_run("acme", "r1", input_tokens=7)
     await armed.wait(1.0)
-    assert caught.value.reason == "unavailable"
-    assert "may or may not" in str(caught.value)
+    assert armed.swallowed, "the server answered the patch"
+    assert proxy.stats.cut == 1
+    assert (patched.input_tokens, patched.version) == (7, 2)
     found = await PostgresStateStore(direct_engine, clock=clock).get_run("acme", "r1")
     assert found is not None
-    assert found.input_tokens == 7
+    assert (found.input_tokens, found.version) == (7, 2)
+    assert await _write_rows(direct_engine, "r1") == 2
     fault_figures.outcome(
-        "ambiguous patch, reported (not resent)",
+        "ambiguous patch, resent by the failover",
         "postgres",
-        acknowledged=0,
-        found=1,
-        ambiguous=1,
+        acknowledged=7,
+        found=found.input_tokens,
         faults=proxy.stats.cut,
+        unit="tokens",
+    )
+
+
+async def test_patch_resent_after_others_wrote_is_applied_once(
+    proxy: FaultProxy,
+    proxied_engine: AsyncEngine,
+    direct_engine: AsyncEngine,
+    clock: ManualClock,
+    fault_figures: FaultFigures,
+) -> None:
+    """A patch cut after it committed, whose resend comes after five other patches of the same
+    run landed, is still counted once."""
+    store = PostgresStateStore(proxied_engine, clock=clock, settings=resending_settings())
+    other = PostgresStateStore(direct_engine, clock=clock)
+    await store.put_run(RunRecord(tenant="acme", run_id="r1"))
+    # Cut after the patch committed, and keep the failover's resends out until healed.
+    armed = proxy.cut_after_reply(b"acme", b"r1", then="refuse")
+    patch = asyncio.create_task(store.patch_run("acme", "r1", input_tokens=7))
+    await armed.wait(2.0)
+    assert armed.swallowed
+    for _ in range(5):
+        await other.patch_run("acme", "r1", output_tokens=1)
+    proxy.heal()
+    patched = await asyncio.wait_for(patch, 10.0)
+    # The resend answers with the run as it is now, as the first attempt's success.
+    assert (patched.input_tokens, patched.output_tokens, patched.version) == (7, 5, 7)
+    found = await other.get_run("acme", "r1")
+    assert found is not None
+    assert (found.input_tokens, found.output_tokens, found.version) == (7, 5, 7)
+    fault_figures.outcome(
+        "ambiguous patch resent after 5 other writes",
+        "postgres",
+        acknowledged=7 + 5,
+        found=found.input_tokens + found.output_tokens,
+        unit="tokens",
+    )
+
+
+async def test_ambiguous_create_is_resent_and_reports_success(
+    proxy: FaultProxy,
+    proxied_engine: AsyncEngine,
+    direct_engine: AsyncEngine,
+    clock: ManualClock,
+    fault_figures: FaultFigures,
+) -> None:
+    """A create (version 0) cut after it committed: the resend answers version 1, not a
+    conflict with itself; resent after five patches, it answers the run as it is now."""
+    store = PostgresStateStore(proxied_engine, clock=clock, settings=resending_settings())
+    other = PostgresStateStore(direct_engine, clock=clock)
+    armed = proxy.cut_after_reply(b"created-by-me-1")
+    created = await store.put_run(
+        RunRecord(tenant="acme", run_id="r1", data={"who": "created-by-me-1"})
+    )
+    await armed.wait(1.0)
+    assert armed.swallowed
+    assert (created.version, created.data) == (1, {"who": "created-by-me-1"})
+
+    armed = proxy.cut_after_reply(b"created-by-me-2", then="refuse")
+    put = asyncio.create_task(
+        store.put_run(RunRecord(tenant="acme", run_id="r2", data={"who": "created-by-me-2"}))
+    )
+    await armed.wait(2.0)
+    assert armed.swallowed
+    for _ in range(5):
+        await other.patch_run("acme", "r2", iterations=1)
+    proxy.heal()
+    stored = await asyncio.wait_for(put, 10.0)
+    assert (stored.version, stored.data, stored.iterations) == (6, {"who": "created-by-me-2"}, 5)
+    assert await _write_rows(direct_engine, "r1") == 1
+    assert await _write_rows(direct_engine, "r2") == 6
+    fault_figures.outcome(
+        "ambiguous create, resent by the failover",
+        "postgres",
+        acknowledged=2,
+        found=2,
+        faults=proxy.stats.cut,
+    )
+
+
+async def test_ambiguous_update_is_resent_and_reports_the_next_version(
+    proxy: FaultProxy,
+    proxied_engine: AsyncEngine,
+    direct_engine: AsyncEngine,
+    clock: ManualClock,
+    fault_figures: FaultFigures,
+) -> None:
+    """A put at version 3 cut after it committed: the resend answers version 4 with the data it
+    wrote, not StateConflictError(expected=3, actual=4) against its own first attempt."""
+    store = PostgresStateStore(proxied_engine, clock=clock, settings=resending_settings())
+    run = await store.put_run(RunRecord(tenant="acme", run_id="r1"))
+    for n in range(2):
+        run = await store.put_run(run.model_copy(update={"data": {"n": n}}))
+    assert run.version == 3
+    armed = proxy.cut_after_reply(b"updated-by-me")
+    written = await store.put_run(run.model_copy(update={"data": {"who": "updated-by-me"}}))
+    await armed.wait(1.0)
+    assert armed.swallowed
+    assert (written.version, written.data) == (4, {"who": "updated-by-me"})
+    found = await PostgresStateStore(direct_engine, clock=clock).get_run("acme", "r1")
+    assert found is not None
+    assert (found.version, found.data) == (4, {"who": "updated-by-me"})
+    fault_figures.outcome(
+        "ambiguous update, resent by the failover",
+        "postgres",
+        acknowledged=1,
+        found=found.version - run.version,
+        faults=proxy.stats.cut,
+    )
+
+
+async def _waiting_on_locks(engine: AsyncEngine, count: int, within: float = 5.0) -> None:
+    """Wait until ``count`` sessions of the database wait on a lock (the held run row)."""
+    deadline = time.monotonic() + within
+    waiting = 0
+    while time.monotonic() < deadline:
+        async with engine.connect() as conn:
+            waiting = int(
+                (
+                    await conn.execute(
+                        text(
+                            "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                            "current_database() AND wait_event_type = 'Lock'"
+                        )
+                    )
+                ).scalar_one()
+            )
+        if waiting >= count:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{waiting} session(s) waiting on a lock, expected {count}")
+
+
+@pytest.mark.parametrize("write", ["patch", "put"])
+async def test_a_resend_racing_its_running_first_attempt_applies_once(
+    write: str,
+    proxy: FaultProxy,
+    proxied_engine: AsyncEngine,
+    direct_engine: AsyncEngine,
+    clock: ManualClock,
+    fault_figures: FaultFigures,
+) -> None:
+    """The first attempt is held on the server (another session holds the run's row lock), the
+    client's connection is cut, and the resend arrives while the first attempt still runs. When
+    the lock is released exactly one applies: a patch's resend hits the call's row (23505) and
+    is sent once more, a put's finds the version moved by its own first attempt; either
+    answers success."""
+    store = PostgresStateStore(proxied_engine, clock=clock, settings=resending_settings())
+    run = await store.put_run(RunRecord(tenant="acme", run_id="r1"))
+    unique_violations: list[str | None] = []
+
+    def seen(context: Any) -> None:
+        unique_violations.append(sqlstate_of(context.original_exception))
+
+    event.listen(proxied_engine.sync_engine, "handle_error", seen)
+    async with direct_engine.connect() as locker:
+        await locker.execute(text("SELECT 1 FROM adk_runs WHERE run_id = 'r1' FOR UPDATE"))
+        if write == "patch":
+            call = asyncio.create_task(store.patch_run("acme", "r1", input_tokens=7))
+        else:
+            call = asyncio.create_task(store.put_run(run.model_copy(update={"data": {"n": 1}})))
+        await _waiting_on_locks(direct_engine, 1)
+        assert proxy.cut() >= 1
+        # The resend reaches the server and waits behind the first attempt.
+        await _waiting_on_locks(direct_engine, 2)
+        assert not call.done()
+        await locker.commit()
+    result = await asyncio.wait_for(call, 10.0)
+    event.remove(proxied_engine.sync_engine, "handle_error", seen)
+    found = await PostgresStateStore(direct_engine, clock=clock).get_run("acme", "r1")
+    assert found is not None
+    assert found.version == result.version == 2
+    if write == "patch":
+        assert found.input_tokens == result.input_tokens == 7
+        assert "23505" in unique_violations
+    else:
+        assert found.data == result.data == {"n": 1}
+    assert await _write_rows(direct_engine, "r1") == 2
+    fault_figures.outcome(
+        f"resend racing its first attempt ({write})",
+        "postgres",
+        acknowledged=1,
+        found=found.version - run.version,
+        faults=1,
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -24,13 +25,15 @@ from statepact.clock import ManualClock
 from statepact.errors import (
     PoolExhaustedError,
     QueueUnavailableError,
+    RunNotFoundError,
+    SchemaVersionError,
     StateConflictError,
     StatePersistenceError,
 )
 from statepact.models import ItemStatus, RunRecord, RunStatus, SessionRecord, WorkItem
 from statepact.settings import PostgresStoreSettings
-from statepact.storage.postgres import PostgresStateStore, PostgresWorkQueue, StateTables
-from statepact.storage.postgres.schema import tables_for
+from statepact.storage.postgres import PostgresStateStore, PostgresWorkQueue, StateTables, migrate
+from statepact.storage.postgres.schema import WRITE_RETENTION, tables_for
 
 pytestmark = pytest.mark.integration
 
@@ -272,25 +275,134 @@ async def test_an_owned_read_is_retried_past_a_dropped_connection(
     assert len(statements) - before == 2
 
 
-async def test_a_write_that_may_have_run_is_not_retried(
+async def _drop_the_pooled_connection(engine: AsyncEngine, url: str) -> None:
+    """Kill the one pooled connection behind the pool's back."""
+    async with engine.connect() as conn:
+        pid = int((await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one())
+        await conn.commit()
+    await _terminate_backend(url, pid)
+
+
+async def test_a_run_write_on_a_dropped_connection_is_resent_and_applied_once(
     pg_database_url: str, clock: ManualClock
 ) -> None:
-    """A patch whose connection died mid-call is not sent again (it might double-count)."""
+    """A put or patch whose connection died mid-call carries a call id: the executor sends it
+    again on a new connection and it applies once."""
     engine = create_async_engine(pg_database_url, pool_size=1, max_overflow=0)
     try:
         store = PostgresStateStore(engine, clock=clock)
-        await store.put_run(_run("r1"))
-        async with engine.connect() as conn:
-            pid = int((await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one())
-            await conn.commit()
-        await _terminate_backend(pg_database_url, pid)
-        with pytest.raises(StatePersistenceError) as caught:
-            await store.patch_run("acme", "r1", input_tokens=5)
-        assert caught.value.reason == "unavailable"
-        assert "may or may not have been applied" in str(caught.value)
+        created = await store.put_run(_run("r1"))
+        await _drop_the_pooled_connection(engine, pg_database_url)
+        patched = await store.patch_run("acme", "r1", input_tokens=5)
+        assert (patched.input_tokens, patched.version) == (5, 2)
+        await _drop_the_pooled_connection(engine, pg_database_url)
+        put = await store.put_run(created.model_copy(update={"version": 2, "data": {"n": 1}}))
+        assert (put.version, put.data, put.input_tokens) == (3, {"n": 1}, 5)
         stored = await store.get_run("acme", "r1")
         assert stored is not None
-        assert (stored.input_tokens, stored.version) == (0, 1)
+        assert (stored.input_tokens, stored.version, stored.data) == (5, 3, {"n": 1})
+    finally:
+        await engine.dispose()
+
+
+async def test_a_session_write_that_may_have_run_is_not_retried(
+    pg_database_url: str, clock: ManualClock
+) -> None:
+    """A session put whose connection died mid-call is not sent again (it carries no call id):
+    the caller gets the retryable error saying the outcome is unknown."""
+    engine = create_async_engine(pg_database_url, pool_size=1, max_overflow=0)
+    try:
+        store = PostgresStateStore(engine, clock=clock)
+        await _drop_the_pooled_connection(engine, pg_database_url)
+        with pytest.raises(StatePersistenceError) as caught:
+            await store.put_session(SessionRecord(tenant="acme", session_id="s1"))
+        assert caught.value.reason == "unavailable"
+        assert "may or may not have been applied" in str(caught.value)
+        assert await store.get_session("acme", "s1") is None
+    finally:
+        await engine.dispose()
+
+
+# -- adk_run_writes: the rows that let a resend recognise its first attempt ------------------
+
+
+async def _write_rows(engine: AsyncEngine, run_id: str) -> int:
+    return int(
+        await _scalar(engine, f"SELECT count(*) FROM adk_run_writes WHERE run_id = '{run_id}'")
+    )
+
+
+async def test_each_applied_run_write_leaves_one_row_and_a_refused_one_none(
+    postgres_state_store: PostgresStateStore, pg_engine: AsyncEngine
+) -> None:
+    """put (create, update) and patch leave a row each; a conflict, a missing run and an
+    overflow leave none, and the stored run is unchanged."""
+    store = postgres_state_store
+    created = await store.put_run(_run("r1"))
+    updated = await store.put_run(created.model_copy(update={"data": {"n": 1}}))
+    await store.patch_run("acme", "r1", iterations=1)
+    assert await _write_rows(pg_engine, "r1") == 3
+    with pytest.raises(StateConflictError):
+        await store.put_run(created.model_copy(update={"data": {"n": 2}}))
+    with pytest.raises(StateConflictError):
+        await store.put_run(_run("r1"))
+    with pytest.raises(RunNotFoundError):
+        await store.patch_run("acme", "missing", iterations=1)
+    with pytest.raises(ValueError):
+        await store.patch_run("acme", "r1", iterations=2**63 - 1)
+    assert await _write_rows(pg_engine, "r1") == 3
+    assert await _write_rows(pg_engine, "missing") == 0
+    stored = await store.get_run("acme", "r1")
+    assert stored is not None
+    assert (stored.version, stored.data, stored.iterations) == (updated.version + 1, {"n": 1}, 1)
+
+
+async def test_a_write_sweeps_its_runs_rows_past_the_retention(
+    postgres_state_store: PostgresStateStore, pg_engine: AsyncEngine, clock: ManualClock
+) -> None:
+    """Each write deletes its run's rows older than WRITE_RETENTION (by the injected clock),
+    and only its run's; delete_run deletes all of the run's rows."""
+    store = postgres_state_store
+    await store.put_run(_run("r1"))
+    await store.put_run(_run("r2"))
+    for _ in range(3):
+        await store.patch_run("acme", "r1", iterations=1)
+    assert await _write_rows(pg_engine, "r1") == 4
+    clock.advance(WRITE_RETENTION - timedelta(seconds=1))
+    await store.patch_run("acme", "r1", iterations=1)
+    assert await _write_rows(pg_engine, "r1") == 5
+    clock.advance(timedelta(seconds=2))
+    await store.patch_run("acme", "r1", iterations=1)
+    # The four rows of the first minute are gone; the last two are within the retention.
+    assert await _write_rows(pg_engine, "r1") == 2
+    assert await _write_rows(pg_engine, "r2") == 1
+    assert await store.delete_run("acme", "r1") is True
+    assert await _write_rows(pg_engine, "r1") == 0
+    assert await _write_rows(pg_engine, "r2") == 1
+
+
+async def test_a_database_before_revision_0003_is_refused(
+    empty_database_url: str, clock: ManualClock
+) -> None:
+    """At revision 0002 (schema version 1, no adk_run_writes) open() refuses with
+    SchemaVersionError naming `statepact db upgrade`; after the upgrade it opens."""
+    await migrate.upgrade(empty_database_url, "0002")
+    engine = create_async_engine(
+        empty_database_url, connect_args={"server_settings": {"statement_timeout": "30s"}}
+    )
+    try:
+        with pytest.raises(SchemaVersionError) as caught:
+            await PostgresStateStore.open(engine, clock=clock)
+        assert caught.value.found == "1"
+        assert caught.value.expected == "2"
+        assert "statepact db upgrade" in str(caught.value)
+        await migrate.upgrade(empty_database_url)
+        store = await PostgresStateStore.open(engine, clock=clock)
+        await store.put_run(_run("r1"))
+        assert await store.patch_run("acme", "r1", iterations=1) is not None
+        await migrate.downgrade(empty_database_url, "0002")
+        assert await _scalar(engine, "SELECT version FROM adk_schema") == 1
+        assert await _scalar(engine, "SELECT to_regclass('adk_run_writes')") is None
     finally:
         await engine.dispose()
 
@@ -365,7 +477,7 @@ async def test_an_oversized_record_is_refused_with_nothing_written(
     with pytest.raises(StatePersistenceError):
         await postgres_work_queue.enqueue(WorkItem(tenant="acme", item_id="i1", payload=big))
     assert len(statements) == before
-    for table in ("adk_runs", "adk_sessions", "adk_work", "adk_queue_turns"):
+    for table in ("adk_runs", "adk_sessions", "adk_work", "adk_queue_turns", "adk_run_writes"):
         assert await _scalar(pg_engine, f"SELECT count(*) FROM {table}") == 0
 
 
@@ -398,6 +510,7 @@ async def test_custom_table_names_and_schema_are_used(
         work="my_work",
         queue_turns="my_turns",
         schema="my_schema_version",
+        run_writes="my_run_writes",
     )
     tables = tables_for(names, "agents")
     async with pg_engine.begin() as conn:
@@ -416,8 +529,10 @@ async def test_custom_table_names_and_schema_are_used(
     assert [r.run_id for r in (await store.list_runs("acme", session_id="s1")).items] == ["r1"]
     assert await _scalar(pg_engine, "SELECT output_tokens FROM agents.my_runs") == 3
     assert await _scalar(pg_engine, "SELECT status FROM agents.my_work") == "done"
+    assert await _scalar(pg_engine, "SELECT count(*) FROM agents.my_run_writes") == 2
     assert await _scalar(pg_engine, "SELECT count(*) FROM adk_runs") == 0
     assert await _scalar(pg_engine, "SELECT count(*) FROM adk_work") == 0
+    assert await _scalar(pg_engine, "SELECT count(*) FROM adk_run_writes") == 0
 
 
 # -- executors ----------------------------------------------------------------------------

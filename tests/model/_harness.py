@@ -248,7 +248,13 @@ class PostgresBacking:
 
 
 # The tables the state store and the queue write (adk_schema holds the version: kept).
-POSTGRES_STATE_TABLES = ("adk_runs", "adk_sessions", "adk_work", "adk_queue_turns")
+POSTGRES_STATE_TABLES = (
+    "adk_runs",
+    "adk_sessions",
+    "adk_work",
+    "adk_queue_turns",
+    "adk_run_writes",
+)
 
 
 async def postgres_contents(engine: Any) -> dict[str, list[str]]:

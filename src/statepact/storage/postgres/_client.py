@@ -17,8 +17,13 @@ Error translation (driver exceptions never get past this module):
 
 - connection errors (refused, reset, closed, admin shutdown, ``08xxx``,
   ``57P01-03``, too many connections) are transient. A call is retried only if
-  it is safe: it is idempotent (a read, an enqueue), or the error came before
-  its statement could reach the server (while checking out a connection).
+  it is safe: it is idempotent (a read, an enqueue), it is ``resend_safe`` (a
+  state write carrying a call id from :func:`new_op_id`, whose statement
+  recognises its own first attempt), or the error came before its statement
+  could reach the server (while checking out a connection). A resend_safe
+  call whose resend met its first attempt still running on the server raises
+  :class:`FirstAttemptCommitted` from its work once that attempt committed;
+  that is retried too, and the next resend answers as the first attempt did.
   Past the budget, or when retrying is not safe, ``StatePersistenceError(
   reason="unavailable")`` for state, ``QueueUnavailableError`` for the queue;
 - deadlock (``40P01``) and serialization failure (``40001``) abort the statement
@@ -37,6 +42,7 @@ server unless the call is idempotent.
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
@@ -59,9 +65,12 @@ __all__ = [
     "BoundExecutor",
     "EngineExecutor",
     "Executor",
+    "FirstAttemptCommitted",
     "Runner",
+    "constraint_of",
     "create_engine",
     "is_connection_error",
+    "new_op_id",
     "sqlstate_of",
 ]
 
@@ -82,6 +91,22 @@ class Runner(Protocol):
 Work = Callable[[Runner], Awaitable[T]]
 
 
+def new_op_id() -> str:
+    """A call id for a resend_safe write: 16 characters of [A-Za-z0-9_-], 96 bits."""
+    return secrets.token_urlsafe(12)
+
+
+class FirstAttemptCommitted(Exception):
+    """A resend's statement met its own first attempt (the call id's row was committed under it).
+
+    Raised by a store's work when the insert of the call id's row hit its
+    primary key: the first attempt was still running on the server when the
+    resend arrived, and has committed since. The statement was aborted, nothing
+    of the resend applied; the executor sends the call again, and that resend
+    finds the row and answers as the first attempt did.
+    """
+
+
 def sqlstate_of(exc: BaseException) -> str | None:
     """The SQLSTATE of a driver error, looking through SQLAlchemy's and the adapter's wrappers."""
     seen: set[int] = set()
@@ -93,6 +118,15 @@ def sqlstate_of(exc: BaseException) -> str | None:
             return state
         nested = getattr(current, "orig", None)
         current = nested if isinstance(nested, BaseException) else current.__cause__
+    return None
+
+
+def constraint_of(exc: BaseException) -> str | None:
+    """The constraint a driver error names (a unique violation's index), if any."""
+    for link in _chain(exc):
+        name = getattr(link, "constraint_name", None)
+        if isinstance(name, str) and name:
+            return name
     return None
 
 
@@ -208,7 +242,7 @@ class Executor(Protocol):
     @property
     def bound(self) -> bool: ...
 
-    async def run(self, work: Work[T], *, idempotent: bool) -> T: ...
+    async def run(self, work: Work[T], *, idempotent: bool, resend_safe: bool = False) -> T: ...
 
 
 class EngineExecutor:
@@ -251,7 +285,13 @@ class EngineExecutor:
         assert target is not None
         return target
 
-    async def run(self, work: Work[T], *, idempotent: bool) -> T:
+    async def run(self, work: Work[T], *, idempotent: bool, resend_safe: bool = False) -> T:
+        """Run ``work`` on an owned connection, waiting out a failover within the policy.
+
+        ``idempotent``: running it twice is harmless (a read). ``resend_safe``: a
+        write whose statement carries a call id and recognises its own first
+        attempt, so sending it again after a lost reply applies it once.
+        """
         sent = False
 
         async def attempt() -> T:
@@ -276,7 +316,9 @@ class EngineExecutor:
         def transient(exc: BaseException) -> bool:
             if is_rolled_back(exc):
                 return True
-            return is_connection_error(exc) and (idempotent or not sent)
+            if isinstance(exc, FirstAttemptCommitted):
+                return resend_safe
+            return is_connection_error(exc) and (idempotent or resend_safe or not sent)
 
         def translate(exc: BaseException) -> StatepactError | None:
             return self._failures.translate(exc, bound=False)
@@ -286,6 +328,12 @@ class EngineExecutor:
                 public = self._failures.translate(exc, bound=False)
                 assert public is not None
                 return public
+            if isinstance(exc, FirstAttemptCommitted):
+                return self._failures.unavailable(
+                    f"PostgreSQL {self._failures.what}: an earlier attempt of this write "
+                    "applied it, and the failover budget ran out before a resend could "
+                    "read the result; read the record to see it"
+                )
             return self._failures.give_up(exc, self._policy.attempts)
 
         return await call_with_failover(
@@ -317,7 +365,7 @@ class BoundExecutor:
         self._target = target
         self._failures = _Failures(unavailable, what)
 
-    async def run(self, work: Work[T], *, idempotent: bool) -> T:
+    async def run(self, work: Work[T], *, idempotent: bool, resend_safe: bool = False) -> T:
         try:
             return await work(self._target)
         except StatepactError:

@@ -12,6 +12,15 @@ Tables (``adk_*`` names can be changed with :class:`StateTables`):
   columns (``SET c = c + :n``), cost is ``NUMERIC(38,9)``, ``seq`` is an
   identity column assigned at creation and never rewritten; each listing filter
   has an index ending in ``seq``.
+- ``adk_run_writes``: one row per state write that changed a run (its call
+  id, the run's key and the write's clock reading; revision 0003). A write
+  whose reply was lost and which the failover sends again finds its own row
+  and answers as the first attempt did instead of applying twice. The primary
+  key ``(tenant, run_id, applied_at, op_id)`` serves both that lookup (a
+  resend carries the same clock reading) and the sweep: each write deletes
+  its run's rows older than ``WRITE_RETENTION``; ``delete_run`` deletes them
+  all. A run never written again keeps its last few minutes of rows until it
+  is deleted.
 - ``adk_work``: one row per work item. The claim reads the partial index
   ``(queue, tenant, priority DESC, id) WHERE status = 'queued'``; ``id`` is the
   enqueue order. Rewritten on every claim, heartbeat and settle, so it carries
@@ -64,6 +73,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from datetime import timedelta
 from functools import lru_cache
 from typing import Any
 
@@ -100,6 +110,7 @@ __all__ = [
     "NAMING_CONVENTION",
     "SCHEMA_COMPONENT",
     "SCHEMA_VERSION",
+    "WRITE_RETENTION",
     "ColumnShape",
     "IndexShape",
     "SchemaShape",
@@ -111,7 +122,7 @@ __all__ = [
 ]
 
 #: The version the head revision writes into ``adk_schema``; bump it in a new revision.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: Versions this release reads; ``verify()`` refuses anything else.
 COMPATIBLE_SCHEMA_VERSIONS: frozenset[int] = frozenset({SCHEMA_VERSION})
 #: The ``adk_schema.component`` of statepact's row.
@@ -142,6 +153,12 @@ TURNS_TABLE_OPTIONS: dict[str, Any] = {
 }
 RUNS_TABLE_OPTIONS: dict[str, Any] = {"fillfactor": 80}
 
+#: How long a run write's row in ``adk_run_writes`` is kept (by the injected
+#: clock of the writes that sweep it): far above any failover budget, so a
+#: resend always finds the row of its first attempt. Writers' clocks must agree
+#: to well within this.
+WRITE_RETENTION = timedelta(minutes=10)
+
 
 def _ident() -> Text:
     return Text(collation="C")
@@ -170,6 +187,7 @@ class StateTables:
     work: str = "adk_work"
     queue_turns: str = "adk_queue_turns"
     schema: str = "adk_schema"
+    run_writes: str = "adk_run_writes"
 
     def __post_init__(self) -> None:
         seen: set[str] = set()
@@ -196,6 +214,7 @@ class Tables:
     work: Table
     queue_turns: Table
     schema: Table
+    run_writes: Table
     token_seq: Sequence
 
 
@@ -356,6 +375,18 @@ def _define_state_tables(meta: MetaData, names: StateTables, db_schema: str | No
         PrimaryKeyConstraint("component"),
         schema=db_schema,
     )
+    run_writes = Table(
+        names.run_writes,
+        meta,
+        Column("tenant", _ident(), nullable=False),
+        Column("run_id", _ident(), nullable=False),
+        Column("applied_at", _tz(), nullable=False),
+        Column("op_id", _ident(), nullable=False),
+        # A resend carries its first attempt's clock reading: the lookup and the
+        # sweep (applied_at < cutoff) are both range scans of this one index.
+        PrimaryKeyConstraint("tenant", "run_id", "applied_at", "op_id"),
+        schema=db_schema,
+    )
     return Tables(
         names=names,
         runs=runs,
@@ -363,6 +394,7 @@ def _define_state_tables(meta: MetaData, names: StateTables, db_schema: str | No
         work=work,
         queue_turns=queue_turns,
         schema=schema,
+        run_writes=run_writes,
         token_seq=token_seq,
     )
 

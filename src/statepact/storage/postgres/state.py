@@ -12,6 +12,25 @@ session calls: one statement each. Only a refused write takes a second: a
 put that conflicts reads the stored version to report ``actual``, a patch that
 matched no row reads whether the run exists and which counter would overflow.
 
+Run writes sent again (``put_run``, ``patch_run``): each call draws a call id
+(``new_op_id``), the same across the failover's resends. Its one statement,
+in CTEs: the write, guarded by "this call's row in ``adk_run_writes`` is not
+there"; the insert of that row from the rows the write produced (a refused
+write leaves none); the sweep of the run's rows older than
+``WRITE_RETENTION``; then the written run, or, when the row was there (a
+resend after the first attempt committed), the run as it is now, reported as
+the success the first attempt was. A resend that arrives while its first
+attempt is still running on the server waits on the run's row lock, applies
+on top, and its insert of the call's row hits the primary key (23505): the
+statement aborts, nothing of it applied, and the executor sends it again
+(``FirstAttemptCommitted``). A refused resend's follow-up read also asks for
+the call's row, so a put whose first attempt bumped the version is not
+reported as a conflict with itself. So a write lands once however the
+connection was cut, and the executor resends these writes (``resend_safe``).
+``delete_run`` deletes the run's rows with it. ``put_session`` and
+``delete_run`` carry no call id: a cut after they were sent is reported
+(``reason="unavailable"``, outcome unknown), not resent.
+
 Blobs are stored in ``json`` columns as the exact text the front encoded, and
 read back as text and decoded here: a caller gets what the memory reference
 gives back, whatever JSON (de)serializer the engine was configured with.
@@ -32,7 +51,9 @@ from typing import Any, Self
 from sqlalchemy import (
     JSON,
     BigInteger,
+    CompoundSelect,
     DateTime,
+    Exists,
     Insert,
     Numeric,
     Select,
@@ -42,14 +63,23 @@ from sqlalchemy import (
     bindparam,
     cast,
     delete,
+    exists,
+    false,
+    insert,
+    literal_column,
+    null,
     select,
+    true,
+    union_all,
     update,
 )
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
-from sqlalchemy.sql.dml import ReturningDelete
+from sqlalchemy.sql.dml import ReturningDelete, ReturningInsert, ReturningUpdate
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.selectable import CTE
 
 from statepact._codec import COST_SCALE, decode_json, nanos_to_decimal
 from statepact.clock import Clock
@@ -61,9 +91,13 @@ from statepact.storage.postgres._client import (
     BoundExecutor,
     EngineExecutor,
     Executor,
+    FirstAttemptCommitted,
     Runner,
+    constraint_of,
+    new_op_id,
+    sqlstate_of,
 )
-from statepact.storage.postgres.schema import StateTables, Tables, tables_for
+from statepact.storage.postgres.schema import WRITE_RETENTION, StateTables, Tables, tables_for
 
 __all__ = ["PostgresStateStore"]
 
@@ -71,6 +105,16 @@ __all__ = ["PostgresStateStore"]
 MAX_COUNTER = 2**63 - 1
 COUNTERS = ("input_tokens", "output_tokens", "cost", "iterations", "cursor")
 _TZ = DateTime(timezone=True)
+_CREATED_COLUMNS = (
+    "tenant",
+    "run_id",
+    "session_id",
+    "status",
+    "data",
+    "version",
+    "created_at",
+    "updated_at",
+)
 _COST = Numeric(38, 9, asdecimal=True)
 
 
@@ -113,30 +157,112 @@ def record_version(table: Table, id_column: str) -> Select[Any]:
     return select(table.c.version).where(*_key(table, id_column))
 
 
-def create_run(runs: Table) -> Insert:
-    """Version 0: insert at version 1 with zero counters, or nothing if the run exists."""
+def _done(writes: Table) -> Exists:
+    """This call's row: a resend carries its first attempt's call id and clock reading.
+
+    Uncorrelated, so the server evaluates it once per statement, on the
+    statement's snapshot.
+    """
+    return exists().where(
+        writes.c.tenant == _p("tenant", Text()),
+        writes.c.run_id == _p("record_id", Text()),
+        writes.c.applied_at == _p("now", _TZ),
+        writes.c.op_id == _p("op_id", Text()),
+    )
+
+
+def _recorded(writes: Table, applied: CTE) -> CTE:
+    """Insert this call's row for the run the write produced; a refused write produced none.
+
+    A plain insert: a resend racing its still-running first attempt hits the
+    primary key here and the whole statement aborts.
+    """
     return (
+        insert(writes)
+        .from_select(
+            ["tenant", "run_id", "applied_at", "op_id"],
+            select(applied.c.tenant, applied.c.run_id, _p("now", _TZ), _p("op_id", Text())),
+        )
+        .cte("recorded")
+    )
+
+
+def _swept(writes: Table, applied: CTE) -> CTE:
+    """Delete the run's rows older than the retention (``p_cutoff``): a range of the key.
+
+    Only when the write applied: a refused write (or a resend that found its
+    first attempt) changes nothing at all.
+    """
+    return (
+        delete(writes)
+        .where(
+            writes.c.tenant == _p("tenant", Text()),
+            writes.c.run_id == _p("record_id", Text()),
+            writes.c.applied_at < _p("cutoff", _TZ),
+            exists().select_from(applied),
+        )
+        .cte("swept")
+    )
+
+
+def _once(
+    runs: Table, writes: Table, write: ReturningInsert[Any] | ReturningUpdate[Any]
+) -> CompoundSelect[Any]:
+    """The write applied once: ``write`` unless this call's row is there, else the run as it is.
+
+    Rows: ``replayed`` (false: written now; true: a resend found its first
+    attempt), then every column of the run; ``data`` is the stored text when
+    ``write`` returns it, else NULL (a write already holds the blob it sent).
+    """
+    applied = write.cte("applied")
+    fresh = select(
+        false().label("replayed"),
+        *[
+            applied.c[column.name]
+            if column.name in applied.c
+            else cast(null(), Text).label(column.name)
+            for column in runs.columns
+        ],
+    )
+    replayed = select(true().label("replayed"), *_row_columns(runs)).where(
+        *_key(runs, "run_id"), _done(writes)
+    )
+    return union_all(fresh, replayed).add_cte(_recorded(writes, applied), _swept(writes, applied))
+
+
+def create_run(runs: Table, writes: Table) -> CompoundSelect[Any]:
+    """Version 0: insert at version 1 with zero counters, or nothing if the run exists."""
+    values = select(
+        _p("tenant", Text()),
+        _p("record_id", Text()),
+        _p("session_id", Text()),
+        _p("status", Text()),
+        _json_param("data"),
+        literal_column("1", BigInteger()),
+        _p("now", _TZ),
+        _p("now", _TZ),
+    ).where(~_done(writes))
+    write = (
         pg_insert(runs)
-        .values(
-            tenant=_p("tenant"),
-            run_id=_p("record_id"),
-            session_id=_p("session_id", Text()),
-            status=_p("status"),
-            data=_json_param("data"),
-            version=1,
-            created_at=_p("now", _TZ),
-            updated_at=_p("now", _TZ),
+        .from_select(
+            [*_CREATED_COLUMNS],
+            values,
         )
         .on_conflict_do_nothing(index_elements=[runs.c.tenant, runs.c.run_id])
         .returning(*_meta_columns(runs))
     )
+    return _once(runs, writes, write)
 
 
-def update_run(runs: Table) -> Update:
+def update_run(runs: Table, writes: Table) -> CompoundSelect[Any]:
     """Write blob, status and session if the stored version is the expected one; bump it."""
-    return (
+    write = (
         update(runs)
-        .where(*_key(runs, "run_id"), runs.c.version == _p("expected", BigInteger()))
+        .where(
+            *_key(runs, "run_id"),
+            runs.c.version == _p("expected", BigInteger()),
+            ~_done(writes),
+        )
         .values(
             session_id=_p("session_id", Text()),
             status=_p("status"),
@@ -146,14 +272,15 @@ def update_run(runs: Table) -> Update:
         )
         .returning(*_meta_columns(runs))
     )
+    return _once(runs, writes, write)
 
 
-def patch_run(runs: Table) -> Update:
+def patch_run(runs: Table, writes: Table) -> CompoundSelect[Any]:
     """Add the deltas in place (``SET c = c + :n``) unless a counter would pass its limit."""
     headroom = [runs.c[name] <= _p(f"max_{name}", runs.c[name].type) for name in COUNTERS]
-    return (
+    write = (
         update(runs)
-        .where(*_key(runs, "run_id"), *headroom)
+        .where(*_key(runs, "run_id"), *headroom, ~_done(writes))
         .values(
             {
                 **{name: runs.c[name] + _p(name, runs.c[name].type) for name in COUNTERS},
@@ -163,6 +290,12 @@ def patch_run(runs: Table) -> Update:
         )
         .returning(*_row_columns(runs))
     )
+    return _once(runs, writes, write)
+
+
+def run_after_write(runs: Table, writes: Table) -> Select[Any]:
+    """A refused write's follow-up: the run, and whether this call's first attempt applied."""
+    return select(*_row_columns(runs), _done(writes).label("replayed")).where(*_key(runs, "run_id"))
 
 
 def list_runs(runs: Table, *, by_session: bool, by_status: bool) -> Select[Any]:
@@ -183,8 +316,14 @@ def list_runs(runs: Table, *, by_session: bool, by_status: bool) -> Select[Any]:
     )
 
 
-def delete_run(runs: Table) -> ReturningDelete[Any]:
-    return delete(runs).where(*_key(runs, "run_id")).returning(runs.c.seq)
+def delete_run(runs: Table, writes: Table) -> ReturningDelete[Any]:
+    """Delete the run and every row of its writes, in one statement."""
+    forgotten = (
+        delete(writes)
+        .where(writes.c.tenant == _p("tenant"), writes.c.run_id == _p("record_id"))
+        .cte("forgotten")
+    )
+    return delete(runs).where(*_key(runs, "run_id")).returning(runs.c.seq).add_cte(forgotten)
 
 
 def create_session(sessions: Table) -> Insert:
@@ -224,10 +363,10 @@ def list_sessions(sessions: Table) -> Select[Any]:
 @dataclass(frozen=True, slots=True)
 class _Statements:
     get_run: Select[Any]
-    run_version: Select[Any]
-    create_run: Insert
-    update_run: Update
-    patch_run: Update
+    run_after_write: Select[Any]
+    create_run: CompoundSelect[Any]
+    update_run: CompoundSelect[Any]
+    patch_run: CompoundSelect[Any]
     list_runs: Mapping[tuple[bool, bool], Select[Any]]
     delete_run: ReturningDelete[Any]
     get_session: Select[Any]
@@ -238,19 +377,19 @@ class _Statements:
 
     @classmethod
     def build(cls, tables: Tables) -> _Statements:
-        runs, sessions = tables.runs, tables.sessions
+        runs, sessions, writes = tables.runs, tables.sessions, tables.run_writes
         return cls(
             get_run=get_record(runs, "run_id"),
-            run_version=record_version(runs, "run_id"),
-            create_run=create_run(runs),
-            update_run=update_run(runs),
-            patch_run=patch_run(runs),
+            run_after_write=run_after_write(runs, writes),
+            create_run=create_run(runs, writes),
+            update_run=update_run(runs, writes),
+            patch_run=patch_run(runs, writes),
             list_runs={
                 (by_session, by_status): list_runs(runs, by_session=by_session, by_status=by_status)
                 for by_session in (False, True)
                 for by_status in (False, True)
             },
-            delete_run=delete_run(runs),
+            delete_run=delete_run(runs, writes),
             get_session=get_record(sessions, "session_id"),
             session_version=record_version(sessions, "session_id"),
             create_session=create_session(sessions),
@@ -336,6 +475,7 @@ class PostgresStateStore(BaseStateStore):
         super().__init__(clock=clock, max_value_bytes=self._settings.max_value_bytes)
         self._tables = tables_for(tables, self._settings.db_schema)
         self._sql = _statements(self._tables)
+        self._writes_key = str(self._tables.run_writes.primary_key.name)
         self._executor: Executor = EngineExecutor(
             engine,
             policy=self._settings.retry_policy,
@@ -379,6 +519,25 @@ class PostgresStateStore(BaseStateStore):
 
     # -- runs -------------------------------------------------------------
 
+    @staticmethod
+    def _call_params(now: datetime) -> dict[str, Any]:
+        """A run write's call id (the same in every resend) and its sweep cutoff."""
+        return {"p_op_id": new_op_id(), "p_cutoff": now - WRITE_RETENTION}
+
+    async def _write(
+        self, conn: Runner, statement: CompoundSelect[Any], params: Mapping[str, Any]
+    ) -> RowMapping | None:
+        """Run one write statement; its row, or None when it applied nothing."""
+        try:
+            result = await conn.execute(statement, params)
+        except sa_exc.IntegrityError as exc:
+            if sqlstate_of(exc) == "23505" and constraint_of(exc) == self._writes_key:
+                raise FirstAttemptCommitted(
+                    "this call's first attempt committed while its resend waited"
+                ) from exc
+            raise
+        return result.mappings().first()
+
     async def _get_run(self, tenant: str, run_id: str) -> RunRecord | None:
         async def work(conn: Runner) -> RunRecord | None:
             result = await conn.execute(
@@ -398,6 +557,7 @@ class PostgresStateStore(BaseStateStore):
             "p_data": write.data.decode("utf-8"),
             "p_now": write.now,
             "p_expected": write.expected_version,
+            **self._call_params(write.now),
         }
         creating = write.expected_version == 0
         statement = self._sql.create_run if creating else self._sql.update_run
@@ -406,10 +566,15 @@ class PostgresStateStore(BaseStateStore):
             # A create can find the run there, then gone before the follow-up
             # read: try again rather than report "expected 0, found 0".
             for _ in range(3):
-                row = (await conn.execute(statement, params)).mappings().first()
+                row = await self._write(conn, statement, params)
                 if row is not None:
-                    return _run_record(row, decode_json(write.data))
-                stored = (await conn.execute(self._sql.run_version, params)).scalar()
+                    data = write.data if row["data"] is None else row["data"]
+                    return _run_record(row, decode_json(data))
+                found = (await conn.execute(self._sql.run_after_write, params)).mappings().first()
+                if found is not None and found["replayed"]:
+                    # The first attempt applied, then the resend lost a race to it.
+                    return _run_record(found, decode_json(found["data"]))
+                stored = None if found is None else found["version"]
                 if stored is not None or not creating:
                     break
             raise StateConflictError(
@@ -420,7 +585,7 @@ class PostgresStateStore(BaseStateStore):
                 kind="run",
             )
 
-        return await self._executor.run(work, idempotent=False)
+        return await self._executor.run(work, idempotent=False, resend_safe=True)
 
     async def _patch_run(
         self, tenant: str, run_id: str, delta: CounterDelta, now: datetime
@@ -432,7 +597,12 @@ class PostgresStateStore(BaseStateStore):
             "iterations": delta.iterations,
             "cursor": delta.cursor,
         }
-        params: dict[str, Any] = {"p_tenant": tenant, "p_record_id": run_id, "p_now": now}
+        params: dict[str, Any] = {
+            "p_tenant": tenant,
+            "p_record_id": run_id,
+            "p_now": now,
+            **self._call_params(now),
+        }
         for name, amount in deltas.items():
             room = MAX_COUNTER - amount
             if name == "cost":
@@ -444,13 +614,16 @@ class PostgresStateStore(BaseStateStore):
 
         async def work(conn: Runner) -> RunRecord:
             while True:
-                row = (await conn.execute(self._sql.patch_run, params)).mappings().first()
+                row = await self._write(conn, self._sql.patch_run, params)
                 if row is not None:
                     return _run_record(row, decode_json(row["data"]))
-                # No row: the run is missing, or a counter would pass its limit.
-                found = (await conn.execute(self._sql.get_run, params)).mappings().first()
+                # No row: the run is missing, or a counter would pass its limit,
+                # or this call's first attempt applied while the resend waited.
+                found = (await conn.execute(self._sql.run_after_write, params)).mappings().first()
                 if found is None:
                     raise RunNotFoundError(tenant=tenant, run_id=run_id)
+                if found["replayed"]:
+                    return _run_record(found, decode_json(found["data"]))
                 for name in COUNTERS:
                     stored = found[name]
                     stored_units = int(stored * COST_SCALE) if name == "cost" else stored
@@ -462,7 +635,7 @@ class PostgresStateStore(BaseStateStore):
                         )
                 # Neither: the run changed between the two statements; apply again.
 
-        return await self._executor.run(work, idempotent=False)
+        return await self._executor.run(work, idempotent=False, resend_safe=True)
 
     async def _list_runs(self, query: ListQuery) -> list[RunRecord]:
         statement = self._sql.list_runs[(query.session_id is not None, query.status is not None)]
