@@ -36,7 +36,8 @@ Error translation (driver exceptions never get past this module):
 
 Messages name the error type and the SQLSTATE, never the URL or a password.
 This module must never retry a call whose statement may have reached the
-server unless the call is idempotent.
+server unless the call is idempotent or resend_safe (its statement recognises
+its own first attempt by a call id).
 """
 
 from __future__ import annotations
