@@ -19,6 +19,13 @@ the same SQLAlchemy engine. The floor is measured right after each scenario,
 at its concurrency, so both see the same load. Each result is printed as
 ops/s and as its ratio to the floor of its kind (reads or writes).
 
+On a server it also counts the round trips the library sent per operation
+during the timed part (:class:`RoundTrips`), and for the transaction
+scenarios the share sent inside the backend's ``commit``: on Redis every
+command or pipeline the bench's redis-py client sends; on PostgreSQL every
+statement the bench's SQLAlchemy engine executes, plus every query asyncpg
+sends outside them (the pool's pre-ping, ``BEGIN``, ``COMMIT``, ``ROLLBACK``).
+
 Timing uses ``time.perf_counter`` around the measured calls only; setup (filling
 a queue) is shown on the progress bar but not timed. This module must never
 touch data outside the namespace the bench created, and never print a DSN in
@@ -29,13 +36,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import json
 import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from statepact._demo import (
     Backings,
@@ -49,9 +57,15 @@ from statepact._retry import RetryPolicy
 from statepact.clock import SystemClock
 from statepact.models import RunRecord, WorkItem
 from statepact.queue import QueuePolicy
-from statepact.tx import Transaction, TransactionManager
+from statepact.tx import (
+    CommitRequest,
+    CommitResult,
+    StorageBackend,
+    Transaction,
+    TransactionManager,
+)
 
-__all__ = ["BenchResult", "Progress", "add_arguments", "command", "run_bench"]
+__all__ = ["BenchResult", "Progress", "RoundTrips", "add_arguments", "command", "run_bench"]
 
 DESCRIPTION = """\
 Measure statepact on the backings asked for: the seed's transaction scenarios
@@ -86,6 +100,10 @@ class BenchResult:
     floor_ops_per_s: float = 0.0
     ratio: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Round trips the library sent per operation in the timed part; None on memory.
+    round_trips_per_op: float | None = None
+    #: Of those, the ones sent inside the backend's ``commit`` (transaction scenarios only).
+    commit_round_trips_per_op: float | None = None
 
 
 class Progress:
@@ -176,6 +194,163 @@ async def _spread(
     return time.perf_counter() - started
 
 
+# -- round trips ------------------------------------------------------------------------
+
+#: Set while a backend's ``commit`` runs, in the task that called it.
+_IN_COMMIT: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "statepact_bench_in_commit", default=False
+)
+#: Set while redis-py sets up a fresh connection (HELLO, CLIENT SETINFO, SELECT): not counted.
+_CONNECTING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "statepact_bench_connecting", default=False
+)
+
+
+class RoundTrips:
+    """Round trips one backing's client sent: all of them, and those inside a ``commit``.
+
+    The counting hooks call :meth:`add` once per request sent to the server:
+    on Redis one command, one pipeline or one script call; on PostgreSQL one
+    statement or one query asyncpg sends by itself (pre-ping, ``BEGIN``,
+    ``COMMIT``, ``ROLLBACK``). Opening a connection is not counted, nor is
+    asyncpg preparing a statement the first time a pooled connection runs it.
+    """
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.in_commit = 0
+
+    def add(self, *_args: object) -> None:
+        self.total += 1
+        if _IN_COMMIT.get():
+            self.in_commit += 1
+
+    def read(self) -> tuple[int, int]:
+        return self.total, self.in_commit
+
+
+class _CommitMarked:
+    """A backend whose ``commit`` marks the round trips sent inside it; all else delegated."""
+
+    def __init__(self, backend: StorageBackend) -> None:
+        self._backend = backend
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        token = _IN_COMMIT.set(True)
+        try:
+            return await self._backend.commit(request)
+        finally:
+            _IN_COMMIT.reset(token)
+
+
+def _commit_marked(backend: StorageBackend) -> StorageBackend:
+    # The Protocol's other members are all reached through __getattr__.
+    return cast("StorageBackend", _CommitMarked(backend))
+
+
+async def _count_redis(client: Any, trips: RoundTrips) -> None:
+    """Count every request ``client`` sends from now on.
+
+    The pool's connection class becomes a subclass whose ``send_packed_command``
+    (one call per command, and one per pipeline) counts once; the connections
+    already open are closed and dropped so that every later one is of it. The
+    commands redis-py sends to set up a fresh connection are not counted.
+    """
+    pool = client.connection_pool
+    base: Any = pool.connection_class
+
+    class Counting(base):  # type: ignore[misc]
+        async def on_connect_check_health(self, *args: Any, **kwargs: Any) -> None:
+            token = _CONNECTING.set(True)
+            try:
+                await super().on_connect_check_health(*args, **kwargs)
+            finally:
+                _CONNECTING.reset(token)
+
+        async def send_packed_command(self, *args: Any, **kwargs: Any) -> None:
+            if not _CONNECTING.get():
+                trips.add()
+            await super().send_packed_command(*args, **kwargs)
+
+    pool.connection_class = Counting
+    await pool.disconnect()
+    pool.reset()
+
+
+async def _count_postgres(engine: Any, trips: RoundTrips) -> None:
+    """Count every statement ``engine`` executes, and every query asyncpg sends by itself.
+
+    SQLAlchemy's ``before_cursor_execute`` fires once per statement (a prepared
+    statement run in AUTOCOMMIT is one round trip). asyncpg's query logger
+    fires once per query it sends outside them: the pool's pre-ping, and the
+    ``BEGIN``/``COMMIT``/``ROLLBACK`` of a connection not in AUTOCOMMIT. The
+    logger is added to each connection as it opens, so the pool is emptied
+    first. asyncpg calls the logger with ``call_soon``: :func:`_settled` lets
+    those calls run before a count is read.
+    """
+    from sqlalchemy import event
+
+    sync_engine = engine.sync_engine
+    event.listen(sync_engine, "before_cursor_execute", trips.add)
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.driver_connection.add_query_logger(trips.add)
+
+    event.listen(sync_engine, "connect", on_connect)
+    await engine.dispose()
+
+
+async def _load_redis_scripts(client: Any) -> None:
+    """Load every library script into the server's cache now.
+
+    The first call of a script the server lacks is an ``EVALSHA`` answered
+    ``NOSCRIPT``, a ``SCRIPT LOAD`` and the ``EVALSHA`` again: loaded here, the
+    timed parts count the steady state, whichever scripts an earlier run left.
+    """
+    from statepact.storage.redis._scripts import (
+        QUEUE_SCRIPTS,
+        STATE_SCRIPTS,
+        TX_SCRIPTS,
+        script_source,
+    )
+
+    for name in (*STATE_SCRIPTS, *QUEUE_SCRIPTS, *TX_SCRIPTS):
+        await client.script_load(script_source(name))
+
+
+async def _warm_postgres(engine: Any, count: int) -> None:
+    """Open ``count`` connections at once (at most what the pool keeps) and use each, so
+    the timed parts find them pooled.
+
+    SQLAlchemy skips the pre-ping on a connection's first checkout; a pool
+    warmed here pre-pings on every checkout in the timed parts alike.
+    """
+    from sqlalchemy import text
+
+    kept = engine.sync_engine.pool.size()
+    opened: list[Any] = []
+    try:
+        for _ in range(min(count, kept)):
+            conn = await engine.connect()
+            opened.append(conn)
+            await conn.execute(text("SELECT 1"))
+    finally:
+        for conn in opened:
+            await conn.close()
+
+
+async def _settled(trips: RoundTrips | None) -> tuple[int, int]:
+    """The counts once callbacks already scheduled (asyncpg's query logger) have run."""
+    if trips is None:
+        return 0, 0
+    for _ in range(3):
+        await asyncio.sleep(0)
+    return trips.read()
+
+
 class _Floors:
     """The floor of one backing, measured right after each scenario at its concurrency.
 
@@ -190,6 +365,8 @@ class _Floors:
         self.tag = tag
         self._ops: dict[str, Callable[[int, int], Awaitable[object]]] = {}
         self.samples: list[BenchResult] = []
+        # The backing's round-trip counter, once the runner started it.
+        self.trips: RoundTrips | None = None
 
     def names(self) -> dict[str, str]:
         return {
@@ -206,10 +383,12 @@ class _Floors:
         op = self._ops[kind]
         per_caller = max(self.ops, 10)
         ops, seconds = 0, 0.0
+        sent_before = await _settled(self.trips)
         # Repeat until the floor has run long enough for the clock to be trusted.
         while seconds < FLOOR_MIN_SECONDS:
             seconds += await _spread(concurrency, per_caller, op)
             ops += concurrency * per_caller
+        sent_after = await _settled(self.trips)
         rate = ops / seconds
         self.samples.append(
             BenchResult(
@@ -224,6 +403,9 @@ class _Floors:
                 floor_ops_per_s=rate,
                 ratio=1.0,
                 extra={"after": after},
+                round_trips_per_op=(
+                    None if self.trips is None else (sent_after[0] - sent_before[0]) / ops
+                ),
             )
         )
         return name, rate
@@ -256,6 +438,37 @@ class _Runner:
         self.floors = _Floors(b, params.ops, tag)
         self.results: list[BenchResult] = []
         self.tag = tag
+        self.trips: RoundTrips | None = None
+
+    async def count_round_trips(self) -> None:
+        """Start counting the round trips of the backing's client (nothing on memory)."""
+        if self.b.kind == "memory":
+            return
+        trips = RoundTrips()
+        if self.b.kind == "redis":
+            await _load_redis_scripts(self.b.raw)
+            await _count_redis(self.b.raw, trips)
+        else:
+            await _count_postgres(self.b.raw, trips)
+            await _warm_postgres(self.b.raw, max(self.p.concurrency, 10))
+        self.trips = self.floors.trips = trips
+
+    def manager(self, **options: Any) -> TransactionManager:
+        """A manager on the backing whose commits' round trips are counted apart."""
+        base = self.b.manager
+        return TransactionManager(_commit_marked(base.backend), clock=base.clock, **options)
+
+    async def timed(
+        self, callers: int, per_caller: int, op: Callable[[int, int], Awaitable[object]]
+    ) -> tuple[float, tuple[int, int] | None]:
+        """``_spread`` with the round trips sent meanwhile (all, inside commits); None on
+        memory."""
+        before = await _settled(self.trips)
+        seconds = await _spread(callers, per_caller, op, self.progress)
+        after = await _settled(self.trips)
+        if self.trips is None:
+            return seconds, None
+        return seconds, (after[0] - before[0], after[1] - before[1])
 
     async def record(
         self,
@@ -266,10 +479,14 @@ class _Runner:
         ops: int,
         seconds: float,
         floor_kind: str,
+        sent: tuple[int, int] | None = None,
+        commits: bool = False,
         **extra: Any,
     ) -> None:
         floor, floor_rate = await self.floors.measure(floor_kind, concurrency, scenario)
         rate = ops / seconds if seconds > 0 else float("inf")
+        per_op = None if sent is None else sent[0] / ops
+        commit_per_op = None if sent is None or not commits else sent[1] / ops
         self.results.append(
             BenchResult(
                 backing=self.b.kind,
@@ -283,6 +500,8 @@ class _Runner:
                 floor_ops_per_s=floor_rate,
                 ratio=rate / floor_rate if floor_rate else 0.0,
                 extra=extra,
+                round_trips_per_op=per_op,
+                commit_round_trips_per_op=commit_per_op,
             )
         )
         self.progress.finish_step(f"{rate:,.0f} ops/s")
@@ -292,7 +511,7 @@ class _Runner:
     async def tx_independent(self) -> None:
         c, n = self.p.concurrency, self.p.ops
         self.progress.start(f"{self.b.kind}: tx independent keys ({c} agents x {n})")
-        manager = self.b.manager
+        manager = self.manager()
         resource = f"bench_ind_{self.tag}"
 
         async def commit(agent: int, i: int) -> None:
@@ -303,7 +522,7 @@ class _Runner:
 
             await manager.run(body)
 
-        seconds = await _spread(c, n, commit, self.progress)
+        seconds, sent = await self.timed(c, n, commit)
         await self.record(
             "tx.independent",
             f"tx: independent keys ({c} agents x {n})",
@@ -311,17 +530,15 @@ class _Runner:
             ops=c * n,
             seconds=seconds,
             floor_kind="write",
+            sent=sent,
+            commits=True,
         )
 
     async def tx_hot_key(self) -> None:
         c, n = self.p.concurrency, self.p.ops
         self.progress.start(f"{self.b.kind}: tx one hot key, no backoff ({c} agents x {n})")
         # No backoff: a conflicting commit is re-run at once (the seed's scenario).
-        manager = TransactionManager(
-            self.b.manager.backend,
-            clock=self.b.manager.clock,
-            backoff=RetryPolicy(attempts=1, base_delay=0.0, max_delay=0.0),
-        )
+        manager = self.manager(backoff=RetryPolicy(attempts=1, base_delay=0.0, max_delay=0.0))
         resource = f"bench_hot_{self.tag}"
         attempts = 0
 
@@ -335,7 +552,7 @@ class _Runner:
 
             await manager.run(body, retries=100_000)
 
-        seconds = await _spread(c, n, commit, self.progress)
+        seconds, sent = await self.timed(c, n, commit)
         async with manager.transaction() as tx:
             final = await tx.read(resource, "hot")
         if final is None or int(final["n"]) != c * n:
@@ -349,13 +566,15 @@ class _Runner:
             ops=c * n,
             seconds=seconds,
             floor_kind="write",
+            sent=sent,
+            commits=True,
             retries=attempts - c * n,
         )
 
     async def tx_read_only(self) -> None:
         c, n = self.p.concurrency, self.p.ops
         self.progress.start(f"{self.b.kind}: tx read-only commits ({c} agents x {n})")
-        manager = self.b.manager
+        manager = self.manager()
         resource = f"bench_ro_{self.tag}"
         async with manager.transaction() as tx:
             for agent in range(c):
@@ -365,7 +584,7 @@ class _Runner:
             async with manager.transaction() as tx:
                 await tx.read(resource, f"agent-{agent}")
 
-        seconds = await _spread(c, n, commit, self.progress)
+        seconds, sent = await self.timed(c, n, commit)
         await self.record(
             "tx.read_only",
             f"tx: read-only commits ({c} agents x {n})",
@@ -373,6 +592,8 @@ class _Runner:
             ops=c * n,
             seconds=seconds,
             floor_kind="read",
+            sent=sent,
+            commits=True,
         )
 
     # -- state store ----------------------------------------------------------------------
@@ -393,7 +614,7 @@ class _Runner:
         async def get(caller: int, _i: int) -> None:
             await state.get_run(tenant, f"run-{caller}")
 
-        seconds = await _spread(c, n, get, self.progress)
+        seconds, sent = await self.timed(c, n, get)
         await self.record(
             "state.get",
             f"state: get_run ({c} callers x {n})",
@@ -401,6 +622,7 @@ class _Runner:
             ops=c * n,
             seconds=seconds,
             floor_kind="read",
+            sent=sent,
         )
 
         self.progress.start(f"{self.b.kind}: state put_run ({c} callers x {n})")
@@ -410,7 +632,7 @@ class _Runner:
                 versions[caller].model_copy(update={"data": {"step": i + 1}})
             )
 
-        seconds = await _spread(c, n, put, self.progress)
+        seconds, sent = await self.timed(c, n, put)
         await self.record(
             "state.put",
             f"state: put_run ({c} callers x {n})",
@@ -418,6 +640,7 @@ class _Runner:
             ops=c * n,
             seconds=seconds,
             floor_kind="write",
+            sent=sent,
         )
 
         self.progress.start(f"{self.b.kind}: state patch_run, one run ({c} callers x {n})")
@@ -426,7 +649,7 @@ class _Runner:
         async def patch(_caller: int, _i: int) -> None:
             await state.patch_run(tenant, "run-0", input_tokens=100, cost="0.0001", iterations=1)
 
-        seconds = await _spread(c, n, patch, self.progress)
+        seconds, sent = await self.timed(c, n, patch)
         final = await state.get_run(tenant, "run-0")
         if final is None or final.iterations != c * n:
             raise CommandError(f"bench: patch_run lost updates ({final!r})")
@@ -437,6 +660,7 @@ class _Runner:
             ops=c * n,
             seconds=seconds,
             floor_kind="write",
+            sent=sent,
         )
 
     # -- queue ----------------------------------------------------------------------------
@@ -457,7 +681,7 @@ class _Runner:
                         WorkItem(tenant=f"t{n % 10}", item_id=f"item-{n}", payload={"n": n})
                     )
 
-            seconds = await _spread(workers, per, enqueue, self.progress)
+            seconds, sent = await self.timed(workers, per, enqueue)
             await self.record(
                 f"queue.enqueue.w{workers}",
                 f"queue: enqueue ({workers} producer{'s' if workers > 1 else ''})",
@@ -465,6 +689,7 @@ class _Runner:
                 ops=total,
                 seconds=seconds,
                 floor_kind="write",
+                sent=sent,
             )
 
             self.progress.start(
@@ -479,7 +704,7 @@ class _Runner:
                     await q.ack(lease)
                     settled += 1
 
-            seconds = await _spread(workers, per, work, self.progress)
+            seconds, sent = await self.timed(workers, per, work)
             if settled != total:
                 raise CommandError(f"bench: {workers} workers settled {settled} of {total} items")
             await self.record(
@@ -489,6 +714,7 @@ class _Runner:
                 ops=total,
                 seconds=seconds,
                 floor_kind="write",
+                sent=sent,
             )
 
     async def claim_cost(self, tenants: int, queued: int) -> None:
@@ -516,7 +742,7 @@ class _Runner:
                 raise CommandError("bench: a claim found nothing on a full queue")
             await queue.ack(lease)
 
-        seconds = await _spread(1, claims, work, self.progress)
+        seconds, sent = await self.timed(1, claims, work)
         await self.record(
             f"queue.claim_cost.t{tenants}.q{queued}",
             f"queue: claim+ack, {tenants:,} tenants, {queued:,} queued",
@@ -524,6 +750,7 @@ class _Runner:
             ops=claims,
             seconds=seconds,
             floor_kind="write",
+            sent=sent,
             tenants=tenants,
             queued=queued,
             ms_per_claim_ack=round(seconds / claims * 1000, 3),
@@ -533,6 +760,7 @@ class _Runner:
         """Every scenario, then the floors measured beside them; the floors' table is
         dropped whatever happens."""
         try:
+            await self.count_round_trips()
             await self.tx_independent()
             await self.tx_hot_key()
             await self.tx_read_only()
@@ -567,13 +795,14 @@ async def _postgres_floor(
 ) -> Callable[[int, int], Awaitable[object]]:
     """A raw ``SELECT 1`` (reads) or a one-row ``UPDATE`` (writes) on the backing's own engine.
 
-    Both run in AUTOCOMMIT, so each is one round trip (no BEGIN, no COMMIT), and
-    each caller updates its own row, so the writes never wait on each other. The
-    table (``FLOOR_TABLE``) is named with the bench's own scratch schema,
-    ``tag``, rather than left to ``search_path``, so it is created nowhere else;
-    :func:`_drop_postgres_floor` drops it when the floors are done, before the
-    schema itself goes. It cannot be a ``TEMPORARY`` table: the callers run on
-    different pooled connections.
+    Both run in AUTOCOMMIT, so each is one statement (no BEGIN, no COMMIT; the
+    engine's pre-ping at checkout, when it has one, adds its own round trips, as
+    it does for every library call), and each caller updates its own row, so
+    the writes never wait on each other. The table (``FLOOR_TABLE``) is named
+    with the bench's own scratch schema, ``tag``, rather than left to
+    ``search_path``, so it is created nowhere else; :func:`_drop_postgres_floor`
+    drops it when the floors are done, before the schema itself goes. It cannot
+    be a ``TEMPORARY`` table: the callers run on different pooled connections.
     """
     from sqlalchemy import text
 
@@ -658,15 +887,36 @@ async def run_bench(
     return results, floors, where
 
 
+def format_round_trips(result: BenchResult) -> str:
+    """``3.00``, ``3.00 (commit 1.00)`` for a transaction scenario, ``-`` on memory."""
+    if result.round_trips_per_op is None:
+        return "-"
+    text = f"{result.round_trips_per_op:.2f}"
+    if result.commit_round_trips_per_op is not None:
+        text += f" (commit {result.commit_round_trips_per_op:.2f})"
+    return text
+
+
 def format_table(results: Sequence[BenchResult]) -> str:
     """The results as a fixed-width text table, one row per scenario and backing."""
-    headers = ("backing", "scenario", "conc", "ops", "ops/s", "floor", "floor ops/s", "x floor")
+    headers = (
+        "backing",
+        "scenario",
+        "conc",
+        "ops",
+        "round trips/op",
+        "ops/s",
+        "floor",
+        "floor ops/s",
+        "x floor",
+    )
     rows = [
         (
             r.backing,
             r.label,
             str(r.concurrency),
             str(r.ops),
+            format_round_trips(r),
             f"{r.ops_per_s:,.0f}",
             r.floor,
             f"{r.floor_ops_per_s:,.0f}",
@@ -675,7 +925,7 @@ def format_table(results: Sequence[BenchResult]) -> str:
         for r in results
     ]
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
-    right = {2, 3, 4, 6, 7}
+    right = {2, 3, 4, 5, 7, 8}
 
     def line(cells: Sequence[str]) -> str:
         return "  ".join(
@@ -824,7 +1074,13 @@ def command(
             print(format_table(results), file=stream)
             print(
                 "x floor = ops/s divided by the floor's ops/s, measured right after the "
-                "scenario at the same concurrency: 1.0 is one raw round trip per operation",
+                "scenario at the same concurrency: 1.0 is one raw call per operation",
+                file=stream,
+            )
+            print(
+                "round trips/op = requests the library sent per operation in the timed part "
+                "(a count, not a timing); (commit N) = those sent inside the backend's commit; "
+                "- = memory, which sends none",
                 file=stream,
             )
         return 0
