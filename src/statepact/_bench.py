@@ -325,8 +325,9 @@ async def _warm_postgres(engine: Any, count: int) -> None:
     """Open ``count`` connections at once (at most what the pool keeps) and use each, so
     the timed parts find them pooled.
 
-    SQLAlchemy skips the pre-ping on a connection's first checkout; a pool
-    warmed here pre-pings on every checkout in the timed parts alike.
+    SQLAlchemy skips a pre-ping on a connection's first checkout; an engine
+    that pre-pings (``create_engine(..., pool_pre_ping=True)``) does so on
+    every checkout in the timed parts alike once the pool is warm.
     """
     from sqlalchemy import text
 

@@ -555,6 +555,45 @@ async def test_a_store_on_one_connection_commits_each_call(
         await conn.rollback()
 
 
+async def test_create_engine_replaces_a_closed_connection_without_a_round_trip(
+    pg_database_url: str, clock: ManualClock
+) -> None:
+    """A pooled connection the server ended is refused at checkout, so even a call that is
+    never sent again (a session put) succeeds on a fresh one; a call is one statement, with
+    no pre-ping in front of it."""
+    from pydantic import SecretStr
+
+    from statepact.storage.postgres import create_engine
+
+    plain = pg_database_url.replace("postgresql+asyncpg://", "postgresql://")
+    settings = PostgresStoreSettings(dsn=SecretStr(plain), pool_size=1, failover_attempts=1)
+    engine = create_engine(settings)
+    statements: list[str] = []
+    drivers: list[Any] = []
+
+    def on_execute(conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+        drivers.append(conn.connection.driver_connection)
+
+    event.listen(engine.sync_engine, "before_cursor_execute", on_execute)
+    try:
+        store = PostgresStateStore(engine, clock=clock, settings=settings)
+        await store.put_session(SessionRecord(tenant="acme", session_id="s0"))
+        pooled = drivers[-1]
+        await _drop_the_pooled_connection(engine, pg_database_url)
+        for _ in range(200):  # until the event loop has read the server's goodbye
+            if pooled.is_closed():
+                break
+            await asyncio.sleep(0.01)
+        assert pooled.is_closed()
+        statements.clear()
+        await store.put_session(SessionRecord(tenant="acme", session_id="s1"))
+        assert await store.get_session("acme", "s1") is not None
+        assert len(statements) == 2, statements  # the put and the get, nothing else
+    finally:
+        await engine.dispose()
+
+
 async def test_create_engine_sizes_the_pool_from_settings(
     pg_database_url: str, clock: ManualClock
 ) -> None:

@@ -47,6 +47,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
+from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Result, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
@@ -72,6 +73,7 @@ __all__ = [
     "create_engine",
     "is_connection_error",
     "new_op_id",
+    "refuse_closed_connections",
     "sqlstate_of",
 ]
 
@@ -381,9 +383,18 @@ class BoundExecutor:
 def create_engine(settings: PostgresStoreSettings, **engine_kwargs: Any) -> AsyncEngine:
     """An ``AsyncEngine`` sized by ``settings``: pool, overflow and the pool timeout.
 
-    ``pool_pre_ping`` is on, so a connection the server dropped is replaced at
-    checkout instead of failing the first statement (which, for a write, could
-    not be retried safely). Extra keyword arguments go to ``create_async_engine``.
+    A connection the server closed (a restart, an administrator's kill, a
+    pooler recycling it) is replaced at checkout instead of failing the first
+    statement, which for a write could not always be sent again: a checkout
+    listener (:func:`refuse_closed_connections`) asks asyncpg whether the
+    connection is still open, which costs no round trip. SQLAlchemy's
+    ``pool_pre_ping`` would ask the server instead, and on asyncpg, before a
+    checkout is switched to AUTOCOMMIT, that is ``BEGIN``, ``;`` and
+    ``ROLLBACK``: three round trips in front of every one-statement call (the
+    bench measured 4 round trips per call with it, 1 without). It stays off
+    unless you pass ``pool_pre_ping=True``; a connection whose peer vanished
+    without closing it is then found by its first statement, and the failover
+    takes over. Extra keyword arguments go to ``create_async_engine``.
     """
     if settings.dsn is None:
         raise ValueError("dsn: PostgresStoreSettings.dsn is needed to create an engine")
@@ -394,7 +405,27 @@ def create_engine(settings: PostgresStoreSettings, **engine_kwargs: Any) -> Asyn
         "pool_size": settings.pool_size,
         "max_overflow": settings.max_overflow,
         "pool_timeout": settings.pool_timeout,
-        "pool_pre_ping": True,
+        "pool_pre_ping": False,
     }
     options.update(engine_kwargs)
-    return create_async_engine(url, **options)
+    engine = create_async_engine(url, **options)
+    refuse_closed_connections(engine)
+    return engine
+
+
+def refuse_closed_connections(engine: AsyncEngine) -> None:
+    """Make ``engine``'s pool hand out only connections asyncpg still holds open.
+
+    At checkout a connection asyncpg knows closed (the server ended it while it
+    sat in the pool: its socket was read to the end by the event loop) raises
+    ``DisconnectionError``, so the pool discards it and checks out another,
+    without a round trip. Drivers other than asyncpg are left alone.
+    """
+
+    def on_checkout(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+        driver = getattr(dbapi_connection, "driver_connection", None)
+        is_closed = getattr(driver, "is_closed", None)
+        if callable(is_closed) and is_closed():
+            raise sa_exc.DisconnectionError("the server closed this pooled connection")
+
+    event.listen(engine.sync_engine.pool, "checkout", on_checkout)

@@ -582,8 +582,9 @@ class PostgresBackend:
         # server never answers, and a call must fail over instead of hanging.
         connect_args.setdefault("command_timeout", statement_timeout + 5.0)
         connect_args.setdefault("timeout", _CONNECT_TIMEOUT)
-        # No pre-ping: it would be a second round trip on every checkout, and every
-        # call here is safe to send again after a connection that went stale.
+        # No pre-ping (create_engine's default): it would add round trips to every
+        # checkout; a connection the server closed is refused at checkout for free,
+        # and every call here is safe to send again after one that went stale.
         engine = create_engine(
             settings, pool_pre_ping=False, connect_args=connect_args, **engine_options
         )
