@@ -16,7 +16,7 @@ here creates or alters a table at import or at ``open()``.
 """
 
 from statepact.settings import PostgresStoreSettings
-from statepact.storage.postgres._client import create_engine
+from statepact.storage.postgres._client import create_engine, refuse_closed_connections
 from statepact.storage.postgres.backend import PostgresBackend
 from statepact.storage.postgres.queue import PostgresWorkQueue
 from statepact.storage.postgres.schema import EXPECTED_SCHEMA, StateTables, metadata
@@ -32,5 +32,6 @@ __all__ = [
     "StateTables",
     "create_engine",
     "metadata",
+    "refuse_closed_connections",
     "verify",
 ]
