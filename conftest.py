@@ -9,9 +9,18 @@ file adds the fixtures of this repository that start servers of their own, so
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from statepact.testing.plugin import mark_server_tests
+
+# CI draws the same Hypothesis examples on every run (STATEPACT_HYPOTHESIS_PROFILE=ci, set by
+# .ci/run), so a red build is seen again when it is re-run; a developer's run draws new ones
+# (the default profile) and keeps what failed in .hypothesis/ to replay it first.
+hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+hypothesis_settings.load_profile(os.environ.get("STATEPACT_HYPOTHESIS_PROFILE", "default"))
 
 pytest_plugins = [
     "tests.fixtures.memory",
