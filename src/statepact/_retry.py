@@ -1,7 +1,9 @@
 """The one retry policy: bounded attempts, doubling delays with full jitter.
 
 Used for waiting out a failover (connection errors only) and by
-``TransactionManager.run`` between conflicting attempts. Every worker that
+``TransactionManager.run`` between conflicting attempts. A write the failover
+may send twice carries a call id (:func:`new_op_id`) that its script or
+statement recognises, so a resend applies it once. Every worker that
 started together retries together, so each delay is drawn uniformly from
 ``[0, min(max_delay, base_delay * 2**attempt))``.
 """
@@ -10,15 +12,25 @@ from __future__ import annotations
 
 import asyncio
 import random
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
 from statepact.errors import StatepactError
 
-__all__ = ["RetryPolicy", "call_with_failover"]
+__all__ = ["RetryPolicy", "call_with_failover", "new_op_id"]
 
 T = TypeVar("T")
+
+
+def new_op_id() -> str:
+    """A call id for a write the failover may resend: 16 characters of [A-Za-z0-9_-], 96 bits.
+
+    The same id goes with every resend of one call; the Redis scripts and the
+    PostgreSQL statements recognise their own first attempt by it.
+    """
+    return secrets.token_urlsafe(12)
 
 
 @dataclass(frozen=True, slots=True)

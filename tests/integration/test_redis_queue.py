@@ -12,13 +12,13 @@ from datetime import timedelta
 import pytest
 from redis.asyncio import Redis
 
+from statepact._retry import new_op_id
 from statepact.clock import ManualClock, to_micros
 from statepact.errors import LeaseLostError, StatePersistenceError
 from statepact.models import ItemStatus, Lease, WorkItem
 from statepact.queue import QueuePolicy
 from statepact.storage.redis import RedisStoreSettings, RedisWorkQueue
 from statepact.storage.redis import queue as queue_module
-from statepact.storage.redis._client import new_op_id
 from statepact.storage.redis._keys import QueueKeys, parse_ref, ref
 from tests.fixtures.redis import ObservedRedis
 

@@ -13,11 +13,11 @@ import pytest
 from redis.asyncio import Redis
 from redis.crc import key_slot
 
+from statepact._retry import new_op_id
 from statepact.clock import ManualClock, to_micros
 from statepact.errors import StateConflictError, StatePersistenceError
 from statepact.models import RunRecord, RunStatus, SessionRecord
 from statepact.storage.redis import RedisStateStore, RedisStoreSettings
-from statepact.storage.redis._client import new_op_id
 from statepact.storage.redis._keys import StateKeys
 from tests.fixtures.redis import ObservedRedis
 

@@ -18,7 +18,7 @@ Error translation (driver exceptions never get past this module):
 - connection errors (refused, reset, closed, admin shutdown, ``08xxx``,
   ``57P01-03``, too many connections) are transient. A call is retried only if
   it is safe: it is idempotent (a read, an enqueue), it is ``resend_safe`` (a
-  state write carrying a call id from :func:`new_op_id`, whose statement
+  state write carrying a call id from ``statepact._retry.new_op_id``, whose statement
   recognises its own first attempt), or the error came before its statement
   could reach the server (while checking out a connection). A resend_safe
   call whose resend met its first attempt still running on the server raises
@@ -43,7 +43,6 @@ its own first attempt by a call id).
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
@@ -72,7 +71,6 @@ __all__ = [
     "constraint_of",
     "create_engine",
     "is_connection_error",
-    "new_op_id",
     "refuse_closed_connections",
     "sqlstate_of",
 ]
@@ -92,11 +90,6 @@ class Runner(Protocol):
 
 
 Work = Callable[[Runner], Awaitable[T]]
-
-
-def new_op_id() -> str:
-    """A call id for a resend_safe write: 16 characters of [A-Za-z0-9_-], 96 bits."""
-    return secrets.token_urlsafe(12)
 
 
 class FirstAttemptCommitted(Exception):

@@ -82,6 +82,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import CTE
 
 from statepact._codec import COST_SCALE, decode_json, nanos_to_decimal
+from statepact._retry import new_op_id
 from statepact.clock import Clock
 from statepact.errors import RunNotFoundError, StateConflictError, StatePersistenceError
 from statepact.models import RunRecord, RunStatus, SessionRecord
@@ -94,7 +95,6 @@ from statepact.storage.postgres._client import (
     FirstAttemptCommitted,
     Runner,
     constraint_of,
-    new_op_id,
     sqlstate_of,
 )
 from statepact.storage.postgres.schema import WRITE_RETENTION, StateTables, Tables, tables_for

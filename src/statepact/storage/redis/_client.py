@@ -30,7 +30,6 @@ This module must never retry anything but the transient errors above.
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar, overload
 
@@ -50,15 +49,9 @@ __all__ = [
     "is_pool_exhausted",
     "is_transient",
     "is_write_race",
-    "new_op_id",
 ]
 
 T = TypeVar("T")
-
-
-def new_op_id() -> str:
-    """A call id for the scripts' retry detection: 12 characters of [A-Za-z0-9_-], 72 bits."""
-    return secrets.token_urlsafe(9)
 
 
 def is_pool_exhausted(exc: BaseException) -> bool:

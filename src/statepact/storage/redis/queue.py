@@ -42,12 +42,13 @@ from datetime import datetime, timedelta
 from typing import Any, Self
 
 from statepact._codec import decode_json
+from statepact._retry import new_op_id
 from statepact.clock import Clock, from_micros, to_micros
 from statepact.errors import LeaseLostError, QueueUnavailableError
 from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem
 from statepact.queue import BaseWorkQueue, FailOutcome, QueuePolicy
 from statepact.settings import RedisStoreSettings
-from statepact.storage.redis._client import Failover, as_text, new_op_id
+from statepact.storage.redis._client import Failover, as_text
 from statepact.storage.redis._keys import QueueKeys, ref
 from statepact.storage.redis._scripts import QUEUE_SCRIPTS, ScriptRunner
 from statepact.storage.redis.preflight import check

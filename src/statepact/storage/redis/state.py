@@ -32,12 +32,13 @@ from datetime import datetime
 from typing import Any, Self
 
 from statepact._codec import decode_json, nanos_to_decimal
+from statepact._retry import new_op_id
 from statepact.clock import Clock, from_micros, to_micros
 from statepact.errors import RunNotFoundError, StateConflictError, StatePersistenceError
 from statepact.models import RunRecord, RunStatus, SessionRecord
 from statepact.settings import RedisStoreSettings
 from statepact.state import BaseStateStore, CounterDelta, ListQuery, RunWrite, SessionWrite
-from statepact.storage.redis._client import Failover, as_text, new_op_id
+from statepact.storage.redis._client import Failover, as_text
 from statepact.storage.redis._keys import StateKeys
 from statepact.storage.redis._scripts import STATE_SCRIPTS, ScriptRunner
 from statepact.storage.redis.preflight import check
