@@ -2,8 +2,10 @@
 
 Leases, backoff, expiry and ``created_at``/``updated_at`` read the injected
 :class:`Clock`, never the server's ``TIME``: each worker brings its own clock, so
-a conformance suite can move time with :class:`ManualClock`. This module must
-never read time any other way.
+a conformance suite can move time with :class:`ManualClock`. The fronts read it
+through :func:`read_clock`, which holds every clock to the protocol (aware, in
+UTC) once, so no backing sees a naive time. This module must never read time
+any other way.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Clock", "ManualClock", "SystemClock", "from_micros", "to_micros"]
+__all__ = ["Clock", "ManualClock", "SystemClock", "from_micros", "read_clock", "to_micros"]
 
 
 @runtime_checkable
@@ -55,6 +57,29 @@ class ManualClock:
 
     def __repr__(self) -> str:
         return f"ManualClock({self._now.isoformat()})"
+
+
+def read_clock(clock: Clock) -> datetime:
+    """``clock.now()``, held to the protocol: a timezone-aware ``datetime``, returned in UTC.
+
+    A naive reading (or one whose ``tzinfo`` gives no offset) raises ``ValueError``, anything
+    but a ``datetime`` ``TypeError``, both naming the clock; an aware reading in another zone
+    is the same instant, converted to UTC. Every front reads its clock through this, before
+    anything is sent, so each backing stores the same instant the same way.
+    """
+    moment = clock.now()
+    name = type(clock).__name__
+    if not isinstance(moment, datetime):
+        raise TypeError(
+            f"clock: {name}.now() returned a {type(moment).__name__}, not a datetime; "
+            "a Clock returns timezone-aware datetimes in UTC, such as datetime.now(UTC)"
+        )
+    if moment.utcoffset() is None:
+        raise ValueError(
+            f"clock: {name}.now() returned a naive datetime ({moment.isoformat()}); "
+            "a Clock returns timezone-aware datetimes in UTC, such as datetime.now(UTC)"
+        )
+    return moment.astimezone(UTC)
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

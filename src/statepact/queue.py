@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from statepact._codec import check_size, encode_json, require_count, require_id, require_seconds
-from statepact.clock import Clock, SystemClock
+from statepact.clock import Clock, SystemClock, read_clock
 from statepact.models import ItemStatus, Lease, QueueStats, WorkItem
 
 __all__ = [
@@ -236,7 +236,7 @@ class BaseWorkQueue(ABC):
             raise ValueError(f"priority: must be between -{MAX_PRIORITY} and {MAX_PRIORITY}")
         payload = encode_json("payload", item.payload)
         check_size("payload", len(payload), self._max_value_bytes, where=f"item {item_id!r}")
-        now = self._clock.now()
+        now = read_clock(self._clock)
         wait = 0.0 if delay is None else require_seconds("delay", delay, allow_zero=True)
         available_at = now + timedelta(seconds=wait)
         fresh = WorkItem(
@@ -264,18 +264,18 @@ class BaseWorkQueue(ABC):
         worker = require_id("worker_id", worker_id)
         seconds = require_seconds("lease_for", lease_for)
         count = _require_limit(limit)
-        now = self._clock.now()
+        now = read_clock(self._clock)
         return await self._claim(worker, now, seconds, count)
 
     async def heartbeat(self, lease: Lease) -> Lease:
         checked = _require_lease(lease)
         require_id("lease.worker_id", checked.worker_id)
         seconds = require_seconds("lease.lease_seconds", checked.lease_seconds)
-        now = self._clock.now()
+        now = read_clock(self._clock)
         return await self._heartbeat(checked, now, now + timedelta(seconds=seconds))
 
     async def ack(self, lease: Lease) -> WorkItem:
-        return await self._ack(_require_lease(lease), self._clock.now())
+        return await self._ack(_require_lease(lease), read_clock(self._clock))
 
     async def fail(self, lease: Lease, error: str, *, retryable: bool = True) -> WorkItem:
         checked = _require_lease(lease)
@@ -284,15 +284,15 @@ class BaseWorkQueue(ABC):
         # Lone surrogates cannot be stored as UTF-8 anywhere; they become "?" like NULs go.
         message = error.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
         message = message[:MAX_ERROR_CHARS]
-        now = self._clock.now()
+        now = read_clock(self._clock)
         outcome = self._policy.after_failure(checked.item.attempts, now, retryable=retryable)
         return await self._fail(checked, now, message, outcome)
 
     async def release(self, lease: Lease) -> WorkItem:
-        return await self._release(_require_lease(lease), self._clock.now())
+        return await self._release(_require_lease(lease), read_clock(self._clock))
 
     async def reap(self) -> list[WorkItem]:
-        return await self._reap(self._clock.now())
+        return await self._reap(read_clock(self._clock))
 
     async def dead_letters(self, tenant: str, *, limit: int = 100) -> list[WorkItem]:
         return await self._dead_letters(require_id("tenant", tenant), _require_limit(limit))
@@ -303,7 +303,7 @@ class BaseWorkQueue(ABC):
         return await self._requeue(
             require_id("tenant", item.tenant),
             require_id("item_id", item.item_id),
-            self._clock.now(),
+            read_clock(self._clock),
         )
 
     async def get_item(self, tenant: str, item_id: str) -> WorkItem | None:

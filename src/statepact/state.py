@@ -23,7 +23,7 @@ from statepact._codec import (
     require_id,
     to_nanos,
 )
-from statepact.clock import Clock, SystemClock
+from statepact.clock import Clock, SystemClock, read_clock
 from statepact.models import Page, RunRecord, RunStatus, SessionRecord
 
 __all__ = [
@@ -250,7 +250,7 @@ class BaseStateStore(ABC):
                 status=_require_status(record.status),
                 data=data,
                 expected_version=_require_version(record.version),
-                now=self._clock.now(),
+                now=read_clock(self._clock),
             )
         )
 
@@ -273,7 +273,10 @@ class BaseStateStore(ABC):
             cursor=require_count("cursor", cursor),
         )
         return await self._patch_run(
-            require_id("tenant", tenant), require_id("run_id", run_id), delta, self._clock.now()
+            require_id("tenant", tenant),
+            require_id("run_id", run_id),
+            delta,
+            read_clock(self._clock),
         )
 
     async def list_runs(
@@ -311,7 +314,7 @@ class BaseStateStore(ABC):
                 session_id=session_id,
                 data=data,
                 expected_version=_require_version(record.version),
-                now=self._clock.now(),
+                now=read_clock(self._clock),
             )
         )
 

@@ -46,7 +46,7 @@ from statepact._codec import (
     require_seconds,
 )
 from statepact._retry import RetryPolicy
-from statepact.clock import Clock
+from statepact.clock import Clock, read_clock
 from statepact.errors import ConflictError, DeadlockError, LockTimeoutError, StatepactError
 
 __all__ = [
@@ -677,7 +677,7 @@ class Transaction:
                     idempotency_key=self.idempotency_key,
                     fingerprint=None if self.idempotency_key is None else fingerprint(writes),
                     fencing=self.fencing,
-                    now=self._manager.clock.now(),
+                    now=read_clock(self._manager.clock),
                 )
                 result = await self._backend.commit(request)
         except BaseException:
@@ -808,7 +808,7 @@ class TransactionManager:
 
     def _lease_request(self, resource: str, owner: str, ttl: object) -> LeaseRequest:
         seconds = require_seconds("ttl", ttl)
-        now = self._clock.now()
+        now = read_clock(self._clock)
         return LeaseRequest(
             resource=require_id("resource", resource),
             owner=require_id("owner", owner),
@@ -840,7 +840,9 @@ class TransactionManager:
 
     async def release_lease(self, lease: Lease) -> bool:
         """Give the lease up; ``True`` if it was still the current one."""
-        return await self._backend.release_lease(_require_lease("lease", lease), self._clock.now())
+        return await self._backend.release_lease(
+            _require_lease("lease", lease), read_clock(self._clock)
+        )
 
     # -- history, registry, operations ------------------------------------------------
 
@@ -864,7 +866,9 @@ class TransactionManager:
         checked = require_id("name", name)
         data = encode_json("metadata", {} if metadata is None else metadata, sort_keys=True)
         check_size("metadata", len(data), self.max_value_bytes, where=f"resource {checked!r}")
-        await self._backend.register_resource(checked, data.decode("utf-8"), self._clock.now())
+        await self._backend.register_resource(
+            checked, data.decode("utf-8"), read_clock(self._clock)
+        )
 
     async def resource_info(self, name: str) -> ResourceInfo | None:
         """The resource's registry entry, or ``None`` if it was never registered nor written."""
