@@ -2,26 +2,48 @@
 
 Everything a caller hands us passes through here before a backing sees it, so
 each refusal is worded once and names the field. Nothing here does I/O.
+
+Decimals: every conversion and every piece of arithmetic on a ``Decimal`` in the
+package runs in :data:`DECIMAL_CONTEXT` (through :func:`decimal_context`), never in the
+caller's: a caller's low precision, trapped ``Inexact`` or tiny ``Emax`` must not round
+or refuse a cost, which is exact to 1e-9 on every backing.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
+from contextlib import AbstractContextManager
 from datetime import timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import (
+    ROUND_HALF_EVEN,
+    Context,
+    Decimal,
+    DecimalException,
+    DivisionByZero,
+    Inexact,
+    InvalidOperation,
+    Overflow,
+    localcontext,
+)
+from fractions import Fraction
 from typing import Any
 
 from statepact.errors import StatePersistenceError
 
 __all__ = [
     "COST_SCALE",
+    "DECIMAL_CONTEXT",
     "MAX_DEPTH",
     "MAX_ID_BYTES",
     "check_size",
+    "decimal_context",
+    "decimal_to_nanos",
     "decode_json",
     "encode_json",
+    "encode_json_value",
     "nanos_to_decimal",
     "require_count",
     "require_id",
@@ -32,6 +54,29 @@ __all__ = [
 MAX_ID_BYTES = 1024
 MAX_DEPTH = 128
 COST_SCALE = 1_000_000_000  # cost is kept exact to 1e-9 as integer nano-units
+_COST_PLACES = 9
+# A cost of 1e10 or more is past 2**62 nano-units (about 4.6e9): refused before any arithmetic.
+_COST_DIGITS = 10
+
+#: The one decimal context of the package. Forty digits hold any cost with room to spare
+#: (a counter is at most 19 digits of nano-units); Inexact is trapped so that a digit that
+#: would be lost raises instead, and the exponent range is the default's, whatever the
+#: caller set. Used only through copies (``decimal_context()``), so its flags never change.
+DECIMAL_CONTEXT = Context(
+    prec=40,
+    rounding=ROUND_HALF_EVEN,
+    Emin=-999_999,
+    Emax=999_999,
+    capitals=1,
+    clamp=0,
+    flags=[],
+    traps=[InvalidOperation, DivisionByZero, Overflow, Inexact],
+)
+
+
+def decimal_context() -> AbstractContextManager[Context]:
+    """``with decimal_context():`` runs the block's Decimal work in a copy of DECIMAL_CONTEXT."""
+    return localcontext(DECIMAL_CONTEXT)
 
 
 def require_id(field: str, value: object) -> str:
@@ -62,60 +107,109 @@ def _check_str(field: str, path: str, value: str) -> None:
         raise ValueError(f"{field}{path}: is not valid Unicode text ({exc.reason})") from exc
 
 
-def _walk(field: str, root: object) -> None:
-    """Refuse anything json.dumps would drop, coerce or choke on, naming where it is."""
-    stack: list[tuple[object, str, int]] = [(root, "", 0)]
+def _refusal(field: str, path: str, value: object) -> ValueError:
+    """Why a value that is none of JSON's types is refused, with what to pass instead."""
+    kind = type(value).__name__
+    if isinstance(value, bytes | bytearray | memoryview):
+        hint = "binary is not JSON text; encode it (base64, say) into a str"
+    elif isinstance(value, AbstractSet):
+        hint = "a set has no order; pass a sorted list"
+    elif isinstance(value, Decimal | Fraction):
+        hint = "pass str(value) to keep it exact, or float(value)"
+    elif isinstance(value, Iterable):
+        hint = "only a list or a tuple is a JSON array; pass list(value)"
+    else:
+        hint = "convert it to a str, number, bool, None, list or dict first"
+    return ValueError(f"{field}{path}: a {kind} is not a JSON value; {hint}")
+
+
+def _plain(field: str, root: object) -> Any:
+    """A copy of ``root`` holding only what ``json.loads`` makes, or a ``ValueError`` naming
+    where it holds something else (the rule: docs/state-store.md, "What a JSON value may be").
+
+    Any ``Mapping`` with ``str`` keys becomes a ``dict``, a ``list`` or ``tuple`` a ``list``,
+    a ``str``/``int``/``float`` subclass (an enum member) its plain value. The copy, not the
+    caller's object, is what gets encoded: what was checked is exactly what is stored, and a
+    subclass's ``__str__``/``__repr__`` or a mapping's ``items`` is read once.
+    """
+    holder: list[Any] = [None]
+    # (value, its path, its depth, the container it goes in, its slot there)
+    stack: list[tuple[object, str, int, Any, Any]] = [(root, "", 0, holder, 0)]
     while stack:
-        value, path, depth = stack.pop()
+        value, path, depth, parent, slot = stack.pop()
         if depth > MAX_DEPTH:
             raise ValueError(f"{field}{path}: nested deeper than {MAX_DEPTH} levels")
-        if value is None or isinstance(value, bool):
-            continue
-        if isinstance(value, int):
-            if value.bit_length() > 128:
-                raise ValueError(f"{field}{path}: integer is too large to store exactly")
-            continue
-        if isinstance(value, float):
-            if not math.isfinite(value):
-                raise ValueError(f"{field}{path}: {value!r} is not a JSON number")
-            continue
-        if isinstance(value, str):
-            _check_str(field, path, value)
-            continue
-        if isinstance(value, Mapping):
+        if value is None or value is True or value is False:
+            parent[slot] = value
+        elif isinstance(value, str):
+            text = value if type(value) is str else str.__str__(value)
+            _check_str(field, path, text)
+            parent[slot] = text
+        elif isinstance(value, int):
+            number = value if type(value) is int else int.__int__(value)
+            if number.bit_length() > 128:
+                raise ValueError(
+                    f"{field}{path}: integer is too large to store exactly (at most 128 bits)"
+                )
+            parent[slot] = number
+        elif isinstance(value, float):
+            real = value if type(value) is float else float.__float__(value)
+            if not math.isfinite(real):
+                raise ValueError(f"{field}{path}: {real!r} is not a JSON number")
+            parent[slot] = real
+        elif isinstance(value, Mapping):
+            obj: dict[str, Any] = {}
+            parent[slot] = obj
+            children: list[tuple[object, str, int, Any, Any]] = []
             for key, item in value.items():
                 if not isinstance(key, str):
                     raise ValueError(
                         f"{field}{path}: key {key!r} is a {type(key).__name__}; "
                         "JSON object keys must be str"
                     )
-                _check_str(field, f"{path}[{key!r}]", key)
-                stack.append((item, f"{path}[{key!r}]", depth + 1))
-            continue
-        if isinstance(value, list | tuple):
-            for index, item in enumerate(value):
-                stack.append((item, f"{path}[{index}]", depth + 1))
-            continue
-        raise ValueError(f"{field}{path}: a {type(value).__name__} is not a JSON value")
+                name = key if type(key) is str else str.__str__(key)
+                _check_str(field, f"{path}[{name!r}]", name)
+                if name in obj:
+                    raise ValueError(
+                        f"{field}{path}: key {name!r} appears twice; a JSON object holds it once"
+                    )
+                obj[name] = None  # keeps the mapping's order; the value is filled in below
+                children.append((item, f"{path}[{name!r}]", depth + 1, obj, name))
+            stack.extend(reversed(children))
+        elif isinstance(value, list | tuple):
+            array: list[Any] = [None] * len(value)
+            parent[slot] = array
+            stack.extend(
+                (item, f"{path}[{index}]", depth + 1, array, index)
+                for index, item in reversed(list(enumerate(value)))
+            )
+        else:
+            raise _refusal(field, path, value)
+    return holder[0]
+
+
+def _dumps(value: Any, sort_keys: bool) -> bytes:
+    # The value is a fresh tree of plain types (_plain): no cycle to look for.
+    return json.dumps(
+        value,
+        ensure_ascii=False,
+        allow_nan=False,
+        check_circular=False,
+        separators=(",", ":"),
+        sort_keys=sort_keys,
+    ).encode("utf-8")
 
 
 def encode_json(field: str, value: object, *, sort_keys: bool = False) -> bytes:
-    """Validate a JSON object and return its compact UTF-8 encoding."""
+    """Validate a JSON object (any ``Mapping``) and return its compact UTF-8 encoding."""
     if not isinstance(value, Mapping):
         raise ValueError(f"{field}: must be a JSON object (a dict), got {type(value).__name__}")
-    _walk(field, value)
-    text = json.dumps(
-        value, ensure_ascii=False, allow_nan=False, separators=(",", ":"), sort_keys=sort_keys
-    )
-    return text.encode("utf-8")
+    return _dumps(_plain(field, value), sort_keys)
 
 
 def encode_json_value(field: str, value: object, *, sort_keys: bool = False) -> bytes:
     """Validate any JSON value (not only objects) and return its compact encoding."""
-    _walk(field, value)
-    return json.dumps(
-        value, ensure_ascii=False, allow_nan=False, separators=(",", ":"), sort_keys=sort_keys
-    ).encode()
+    return _dumps(_plain(field, value), sort_keys)
 
 
 def decode_json(data: bytes | str) -> Any:
@@ -139,25 +233,52 @@ def to_nanos(field: str, value: object) -> int:
             f"{field}: must be a Decimal, int or decimal str (floats are inexact), "
             f"got {type(value).__name__}"
         )
-    try:
-        amount = Decimal(value)
-    except InvalidOperation as exc:
-        raise ValueError(f"{field}: {value!r} is not a decimal number") from exc
-    if not amount.is_finite():
-        raise ValueError(f"{field}: {value!r} is not a finite number")
-    if amount < 0:
-        raise ValueError(f"{field}: must not be negative, got {amount}")
-    scaled = amount * COST_SCALE
-    if scaled != scaled.to_integral_value():
-        raise ValueError(f"{field}: {amount} has more precision than 1e-9")
-    nanos = int(scaled)
+    with decimal_context():
+        shown = _shown(value)
+        try:
+            amount = Decimal(value)
+        except InvalidOperation as exc:
+            raise ValueError(
+                f"{field}: {shown!r} is not a decimal number (or its exponent is out of range)"
+            ) from exc
+        if not amount.is_finite():
+            raise ValueError(f"{field}: {shown!r} is not a finite number")
+        if amount.is_zero():
+            return 0  # however it is spelt: -0, 0E+999999999
+        if amount < 0:
+            raise ValueError(f"{field}: must not be negative, got {shown}")
+        if amount.adjusted() >= _COST_DIGITS:
+            raise ValueError(f"{field}: {shown} is too large (at most 2**62 - 1 nano-units)")
+        try:
+            nanos = int(amount.scaleb(_COST_PLACES).to_integral_exact())
+        except DecimalException as exc:  # Inexact: a digit below 1e-9 (or past 40 digits)
+            raise ValueError(f"{field}: {shown} has more precision than 1e-9") from exc
     if nanos >= 2**62:
-        raise ValueError(f"{field}: {amount} is too large")
+        raise ValueError(f"{field}: {shown} is too large (at most 2**62 - 1 nano-units)")
     return nanos
 
 
+def _shown(value: object) -> str:
+    """A caller's amount as an error message shows it: its own digits, cut short past 60."""
+    text = str(value)
+    return text if len(text) <= 60 else f"{text[:40]}...({len(text)} characters)"
+
+
+def decimal_to_nanos(value: Decimal) -> int:
+    """A stored cost (a ``Decimal`` with at most nine places) as integer nano-units, exactly."""
+    with decimal_context():
+        return int(value.scaleb(_COST_PLACES).to_integral_exact())
+
+
 def nanos_to_decimal(nanos: int) -> Decimal:
-    return (Decimal(nanos) / COST_SCALE).quantize(Decimal("0.000000001"))
+    """Nano-units as a ``Decimal`` with nine places.
+
+    Built from its digits, which the ``Decimal`` constructor takes exactly in any context:
+    no division, so no caller's precision can round it.
+    """
+    units, fraction = divmod(abs(nanos), COST_SCALE)
+    sign = "-" if nanos < 0 else ""
+    return Decimal(f"{sign}{units}.{fraction:09d}")
 
 
 def require_count(field: str, value: object) -> int:

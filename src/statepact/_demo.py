@@ -35,6 +35,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, TextIO
 
+from statepact._codec import decimal_context
 from statepact.clock import Clock, ManualClock
 from statepact.errors import (
     IdempotencyConflictError,
@@ -581,12 +582,14 @@ class _Fleet:
             rng = _draw(self.seed, item.tenant, item.item_id, step)
             tokens_in = rng.randint(400, 2400)
             tokens_out = rng.randint(50, 600)
+            with decimal_context():  # exact whatever decimal context the caller set
+                cost = PRICE_IN * tokens_in + PRICE_OUT * tokens_out
             run = await state.patch_run(
                 item.tenant,
                 item.item_id,
                 input_tokens=tokens_in,
                 output_tokens=tokens_out,
-                cost=PRICE_IN * tokens_in + PRICE_OUT * tokens_out,
+                cost=cost,
                 iterations=1,
                 cursor=1,
             )
@@ -740,13 +743,15 @@ def _summary(b: Backings, fleet: _Fleet, out: TextIO) -> None:
     print(header + f"{'tokens out':>12}{'cost $':>12}", file=out)
     for tenant in report.backlog:
         runs = [r for r in report.runs if r.tenant == tenant]
+        with decimal_context():
+            spent = f"{sum((r.cost for r in runs), Decimal(0)):>12}"
         print(
             f"  {tenant:<9}{len(runs):>5}"
             f"{sum(r.status is RunStatus.SUCCEEDED for r in runs):>5}"
             f"{sum(r.iterations for r in runs):>12}"
             f"{sum(r.input_tokens for r in runs):>11}"
             f"{sum(r.output_tokens for r in runs):>12}"
-            f"{sum((r.cost for r in runs), Decimal(0)):>12}",
+            f"{spent}",
             file=out,
         )
     window = report.fair_window

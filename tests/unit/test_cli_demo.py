@@ -6,7 +6,7 @@ import argparse
 import io
 import re
 import time
-from decimal import Decimal
+from decimal import Context, Decimal, Inexact, Rounded, localcontext
 
 import pytest
 
@@ -174,3 +174,13 @@ def test_with_both_servers_the_first_failure_ends_the_run(
     assert lines[0].startswith("statepact demo: error: cannot reach Redis at redis://:***@")
     assert "hunter2" not in err + out.getvalue()
     assert "hunter3" not in err + out.getvalue()
+
+
+def test_the_demo_counts_cost_exactly_under_any_decimal_context() -> None:
+    """The demo's prices and sums run in the package's decimal context: a caller's precision of
+    3 with Inexact trapped changes nothing in the transcript."""
+    code, plain, _ = _run("--seed", "3")
+    with localcontext(Context(prec=3, traps=[Inexact, Rounded])):
+        hostile_code, hostile, _ = _run("--seed", "3")
+    assert code == hostile_code == 0
+    assert hostile == plain

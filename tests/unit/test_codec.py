@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-from decimal import Decimal
+from decimal import Context, Decimal, localcontext
 from typing import Any
 
 import pytest
@@ -13,9 +13,12 @@ from hypothesis import strategies as st
 
 from statepact._codec import (
     COST_SCALE,
+    DECIMAL_CONTEXT,
     MAX_DEPTH,
     MAX_ID_BYTES,
     check_size,
+    decimal_context,
+    decimal_to_nanos,
     decode_json,
     encode_json,
     encode_json_value,
@@ -26,6 +29,14 @@ from statepact._codec import (
     to_nanos,
 )
 from statepact.errors import StatePersistenceError
+from statepact.models import RunRecord
+from statepact.testing._inputs import (
+    EACH_ACCEPTED_JSON,
+    EACH_HOSTILE_DECIMAL_CONTEXT,
+    EACH_REFUSED_JSON,
+    assert_plain_json,
+    assert_refused_at,
+)
 
 # -- ids -----------------------------------------------------------------------
 
@@ -128,6 +139,50 @@ def test_a_very_deep_value_is_refused_without_recursion_error() -> None:
         encode_json("data", deep)
 
 
+@EACH_ACCEPTED_JSON
+def test_the_json_rule_accepts_as_plain_json(value: Any, stored: Any) -> None:
+    """Every accepted type encodes to the plain JSON it stands for, nested or at the top."""
+    for encoded in (
+        encode_json("data", {"a": {"b": value}}),
+        encode_json("data", {"a": {"b": value}}, sort_keys=True),
+    ):
+        decoded = decode_json(encoded)
+        assert decoded == {"a": {"b": stored}}
+        assert_plain_json(decoded)
+    assert decode_json(encode_json_value("value", value)) == stored
+
+
+@EACH_REFUSED_JSON
+def test_the_json_rule_refuses_naming_the_path(value: Any, says: str) -> None:
+    """Every refused type is a ValueError whose message starts with the path to it."""
+    for path, call in (
+        ("payload['a']['b']", lambda: encode_json("payload", {"a": {"b": value}})),
+        ("value[0]['a']['b']", lambda: encode_json_value("value", [{"a": {"b": value}}])),
+    ):
+        with pytest.raises(ValueError) as caught:
+            call()
+        assert_refused_at(caught.value, path, says)
+
+
+def test_what_is_encoded_is_what_was_checked() -> None:
+    """A dict subclass whose items() differ from its storage is encoded as items() says, the
+    view that was checked (json.dumps alone would read the storage and meet the NaN)."""
+
+    class Masked(dict[str, Any]):
+        def items(self) -> Any:
+            return [("shown", 1)]
+
+    assert decode_json(encode_json("data", Masked(hidden=float("nan")))) == {"shown": 1}
+
+
+def test_a_mapping_keeps_its_order_unless_keys_are_sorted() -> None:
+    from types import MappingProxyType
+
+    value = MappingProxyType({"z": 1, "a": (2, MappingProxyType({"y": 3, "b": 4}))})
+    assert encode_json("data", value) == b'{"z":1,"a":[2,{"y":3,"b":4}]}'
+    assert encode_json("data", value, sort_keys=True) == b'{"a":[2,{"b":4,"y":3}],"z":1}'
+
+
 def test_encode_json_value_takes_any_json_value() -> None:
     assert encode_json_value("value", [1, "ü"]) == '[1,"ü"]'.encode()
     assert encode_json_value("value", {"b": 1, "a": 2}, sort_keys=True) == b'{"a":2,"b":1}'
@@ -223,6 +278,61 @@ def test_nanos_to_decimal_has_nine_places() -> None:
 @given(st.integers(min_value=0, max_value=2**62 - 1))
 def test_nanos_round_trip(nanos: int) -> None:
     assert to_nanos("cost", nanos_to_decimal(nanos)) == nanos
+
+
+@EACH_HOSTILE_DECIMAL_CONTEXT
+def test_costs_convert_exactly_whatever_the_callers_context(context: Context) -> None:
+    """to_nanos, nanos_to_decimal and decimal_to_nanos ignore the caller's decimal context:
+    its precision, traps and exponent range."""
+    with localcontext(context):
+        assert to_nanos("cost", "1.234567891") == 1_234_567_891
+        assert to_nanos("cost", Decimal("4611686018.427387903")) == 2**62 - 1
+        assert to_nanos("cost", "1." + "0" * 60) == COST_SCALE
+        assert str(nanos_to_decimal(1_234_567_891)) == "1.234567891"
+        assert str(nanos_to_decimal(2**63 - 1)) == "9223372036.854775807"
+        assert decimal_to_nanos(Decimal("9223372036.854775807")) == 2**63 - 1
+        for refused in ("1e999999999", "1e-999999999", "0.1234567891", "12345678901"):
+            with pytest.raises(ValueError, match=r"^cost: "):
+                to_nanos("cost", refused)
+
+
+@EACH_HOSTILE_DECIMAL_CONTEXT
+def test_a_record_keeps_its_cost_whatever_the_callers_context(context: Context) -> None:
+    """pydantic's Decimal validation of RunRecord.cost does not round in the caller's context."""
+    with localcontext(context):
+        record = RunRecord(tenant="t", run_id="r", cost=Decimal("9223372036.854775807"))
+        assert str(record.cost) == "9223372036.854775807"
+        assert str(RunRecord(tenant="t", run_id="r", cost="1.234567891").cost) == "1.234567891"
+
+
+def test_the_package_context_is_only_ever_copied() -> None:
+    """decimal_context() runs in a copy: the shared context's flags never change."""
+    with decimal_context() as inner:
+        assert inner is not DECIMAL_CONTEXT
+        assert to_nanos("cost", "0.5") == 500_000_000
+        with pytest.raises(ValueError):
+            to_nanos("cost", "0.1234567891")
+    assert not any(DECIMAL_CONTEXT.flags.values())
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("1e999999999", "too large"),
+        (Decimal("-1E+999999999"), "must not be negative"),
+        ("1e-999999999", "more precision than 1e-9"),
+        ("1e999999999999999999999", "not a decimal number"),
+        ("1." + "0" * 200 + "1", "more precision than 1e-9"),
+    ],
+)
+def test_extreme_exponents_are_value_errors_naming_cost(value: object, says: str) -> None:
+    with pytest.raises(ValueError, match=f"^cost: .*{says}"):
+        to_nanos("cost", value)
+
+
+@pytest.mark.parametrize("value", ["0e999999999", "0E-999999999", "-0.000", Decimal("-0E+5")])
+def test_zero_in_any_spelling_is_zero(value: object) -> None:
+    assert to_nanos("cost", value) == 0
 
 
 # -- counts and durations ------------------------------------------------------

@@ -58,7 +58,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any
 
 import pytest
@@ -67,6 +67,14 @@ from statepact.clock import ManualClock
 from statepact.errors import LeaseLostError, StatePersistenceError
 from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem
 from statepact.queue import QueuePolicy, WorkQueue
+from statepact.testing._inputs import (
+    AWARE_ELSEWHERE,
+    EACH_ACCEPTED_JSON,
+    EACH_BROKEN_CLOCK,
+    EACH_REFUSED_JSON,
+    assert_plain_json,
+    assert_refused_at,
+)
 
 __all__ = ["SUITE_POLICY", "WorkQueueConformance"]
 
@@ -844,6 +852,32 @@ class WorkQueueConformance:
         assert await work_queue.get_item("acme", "job-1") is None
         assert (await work_queue.stats()).tenants == {}
 
+    @EACH_ACCEPTED_JSON
+    async def test_json_values_beyond_dict_and_list_are_stored_as_plain_json(
+        self, work_queue: WorkQueue, value: Any, stored: Any
+    ) -> None:
+        """Any Mapping is a JSON object, a tuple an array, a str/int/float subclass its plain
+        value: the item reads back plain JSON, the same on every backing."""
+        enqueued = await work_queue.enqueue(_item("acme", "job-1", payload={"a": {"b": value}}))
+        lease = await _claim(work_queue)
+        fetched = await work_queue.get_item("acme", "job-1")
+        assert fetched is not None
+        for item in (enqueued, lease.item, fetched):
+            assert item.payload == {"a": {"b": stored}}
+            assert_plain_json(item.payload, "payload")
+
+    @EACH_REFUSED_JSON
+    async def test_values_json_cannot_hold_are_refused_naming_where(
+        self, work_queue: WorkQueue, value: Any, says: str
+    ) -> None:
+        """A payload value JSON cannot hold exactly, at any depth, raises ValueError naming the
+        path (payload['a']['b']...); nothing is stored."""
+        with pytest.raises(ValueError) as caught:
+            await work_queue.enqueue(_item("acme", "job-1", payload={"a": {"b": value}}))
+        assert_refused_at(caught.value, "payload['a']['b']", says)
+        assert await work_queue.get_item("acme", "job-1") is None
+        assert (await work_queue.stats()).tenants == {}
+
     @pytest.mark.parametrize(
         ("kwargs", "named", "error"),
         [
@@ -941,3 +975,69 @@ class WorkQueueConformance:
         failed = await work_queue.fail(lease, "x")
         assert failed.created_at == start
         assert failed.updated_at == clock.now()
+
+    @EACH_BROKEN_CLOCK
+    async def test_a_clock_without_a_timezone_is_refused_naming_the_clock(
+        self,
+        work_queue: WorkQueue,
+        clock: ManualClock,
+        monkeypatch: pytest.MonkeyPatch,
+        reading: Any,
+        error: type[Exception],
+    ) -> None:
+        """A clock whose now() is naive or not a datetime is refused naming the clock, by
+        every call that reads it, before anything changes."""
+        await work_queue.enqueue(_item("acme", "job-1"))
+        await work_queue.enqueue(_item("acme", "job-2"))
+        lease = await _claim(work_queue)
+        dead = await _claim(work_queue)
+        dead_item = await work_queue.fail(dead, "poison", retryable=False)
+        before = (
+            await work_queue.stats(),
+            await work_queue.get_item("acme", "job-1"),
+            await work_queue.get_item("acme", "job-2"),
+        )
+        monkeypatch.setattr(clock, "now", lambda: reading)
+        calls: list[Callable[[], Awaitable[Any]]] = [
+            lambda: work_queue.enqueue(_item("acme", "job-3")),
+            lambda: work_queue.claim("w2", lease_for=LEASE),
+            lambda: work_queue.heartbeat(lease),
+            lambda: work_queue.ack(lease),
+            lambda: work_queue.fail(lease, "x"),
+            lambda: work_queue.release(lease),
+            work_queue.reap,
+            lambda: work_queue.requeue(dead_item),
+        ]
+        for call in calls:
+            with pytest.raises(error, match=r"^clock"):
+                await call()
+        monkeypatch.undo()
+        after = (
+            await work_queue.stats(),
+            await work_queue.get_item("acme", "job-1"),
+            await work_queue.get_item("acme", "job-2"),
+        )
+        assert after == before
+        assert await work_queue.get_item("acme", "job-3") is None
+
+    async def test_a_clock_in_another_zone_is_stored_as_utc(
+        self, work_queue: WorkQueue, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An aware reading in another zone is the same instant, stored and returned in UTC."""
+        monkeypatch.setattr(clock, "now", lambda: AWARE_ELSEWHERE)
+        stored = await work_queue.enqueue(_item("acme", "job-1"))
+        lease = await _claim(work_queue)
+        fetched = await work_queue.get_item("acme", "job-1")
+        assert fetched is not None
+        moments = [
+            stored.created_at,
+            stored.available_at,
+            lease.item.updated_at,
+            fetched.updated_at,
+        ]
+        for moment in moments:
+            assert moment == AWARE_ELSEWHERE
+            assert moment is not None and moment.utcoffset() == timedelta(0)
+            assert moment == moment.astimezone(UTC)
+        assert lease.expires_at == AWARE_ELSEWHERE + timedelta(seconds=LEASE)
+        assert lease.expires_at.utcoffset() == timedelta(0)

@@ -48,8 +48,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import timedelta
-from decimal import Decimal
+from datetime import UTC, timedelta
+from decimal import Context, Decimal, localcontext
 from typing import Any, TypeVar
 
 import pytest
@@ -58,6 +58,15 @@ from statepact.clock import ManualClock
 from statepact.errors import RunNotFoundError, StateConflictError, StatePersistenceError
 from statepact.models import RunRecord, RunStatus, SessionRecord
 from statepact.state import StateStore
+from statepact.testing._inputs import (
+    AWARE_ELSEWHERE,
+    EACH_ACCEPTED_JSON,
+    EACH_BROKEN_CLOCK,
+    EACH_HOSTILE_DECIMAL_CONTEXT,
+    EACH_REFUSED_JSON,
+    assert_plain_json,
+    assert_refused_at,
+)
 
 __all__ = ["StateStoreConformance"]
 
@@ -394,7 +403,7 @@ class StateStoreConformance:
 
     @pytest.mark.parametrize(
         ("field", "step"),
-        [("input_tokens", 2**62 - 1), ("cost", Decimal(2**62 - 1) / 1_000_000_000)],
+        [("input_tokens", 2**62 - 1), ("cost", Decimal("4611686018.427387903"))],
     )
     async def test_counter_overflow_is_refused(
         self, state_store: StateStore, field: str, step: Any
@@ -441,6 +450,75 @@ class StateStoreConformance:
         with pytest.raises(error, match="cost"):
             await state_store.patch_run("acme", "run_1", cost=cost)
         assert await state_store.get_run("acme", "run_1") == created
+
+    @EACH_HOSTILE_DECIMAL_CONTEXT
+    async def test_cost_is_exact_whatever_the_callers_decimal_context(
+        self, state_store: StateStore, context: Context
+    ) -> None:
+        """cost stays exact to 1e-9 under any decimal context the caller set (a low precision,
+        trapped Inexact/Rounded, a tiny Emax): the patch lands once, exactly, and reads back."""
+        await _create(state_store, "run_1")
+        with localcontext(context):
+            patched = await state_store.patch_run("acme", "run_1", cost="1.234567891")
+            again = await state_store.patch_run("acme", "run_1", cost=Decimal("1234.000000009"))
+            stored = await state_store.get_run("acme", "run_1")
+            listed = (await state_store.list_runs("acme")).items
+        assert str(patched.cost) == "1.234567891"
+        assert str(again.cost) == "1235.234567900"
+        assert stored == again
+        assert listed == [again]
+        assert again.version == 3
+        assert await state_store.get_run("acme", "run_1") == again
+
+    @EACH_HOSTILE_DECIMAL_CONTEXT
+    async def test_cost_limits_hold_whatever_the_callers_decimal_context(
+        self, state_store: StateStore, context: Context
+    ) -> None:
+        """Under a caller's decimal context, a cost finer than 1e-9 and one past the counter's
+        limit are still refused naming cost, and a cost at the limit still lands exactly."""
+        await _create(state_store, "run_1")
+        for _ in range(2):
+            await state_store.patch_run("acme", "run_1", cost=Decimal("4611686018.427387903"))
+        with localcontext(context):
+            with pytest.raises(ValueError, match=r"^cost"):
+                await state_store.patch_run("acme", "run_1", cost="0.1234567891")
+            at_limit = await state_store.patch_run("acme", "run_1", cost="0.000000001")
+            with pytest.raises(ValueError, match=r"^cost"):
+                await state_store.patch_run("acme", "run_1", cost="0.000000001")
+        assert str(at_limit.cost) == "9223372036.854775807"
+        assert await state_store.get_run("acme", "run_1") == at_limit
+
+    @pytest.mark.parametrize(
+        "cost",
+        [
+            "1e999999999",
+            "-1e999999999",
+            Decimal("1E+999999999"),
+            "1e-999999999",
+            "1e999999999999999999999",
+            "12345678901",
+            "1." + "0" * 60 + "1",
+        ],
+    )
+    async def test_a_cost_with_an_extreme_exponent_is_refused_naming_cost(
+        self, state_store: StateStore, cost: Any
+    ) -> None:
+        """A cost with a huge or tiny exponent (or too many digits) is a ValueError naming cost,
+        never a decimal signal; nothing is written."""
+        created = await _create(state_store, "run_1")
+        with pytest.raises(ValueError, match=r"^cost"):
+            await state_store.patch_run("acme", "run_1", cost=cost)
+        assert await state_store.get_run("acme", "run_1") == created
+
+    @pytest.mark.parametrize("cost", ["0e999999999", "-0", "1." + "0" * 60, "0.100000000000"])
+    async def test_an_exact_cost_in_a_long_spelling_lands(
+        self, state_store: StateStore, cost: str
+    ) -> None:
+        """A cost that is exact to 1e-9 lands however it is spelt (zeros, a huge exponent on 0)."""
+        await _create(state_store, "run_1")
+        patched = await state_store.patch_run("acme", "run_1", cost=cost)
+        assert patched.cost == Decimal(cost)
+        assert patched.version == 2
 
     # -- listing ---------------------------------------------------------------
 
@@ -807,6 +885,50 @@ class StateStoreConformance:
         assert stored.updated_at == clock.now()
         assert stored.updated_at is not None and stored.updated_at.utcoffset() == timedelta(0)
 
+    @EACH_BROKEN_CLOCK
+    async def test_a_clock_without_a_timezone_is_refused_naming_the_clock(
+        self,
+        state_store: StateStore,
+        clock: ManualClock,
+        monkeypatch: pytest.MonkeyPatch,
+        reading: Any,
+        error: type[Exception],
+    ) -> None:
+        """A clock whose now() is naive or not a datetime is refused naming the clock, by
+        every call that reads it, before anything is written."""
+        created = await _create(state_store, "run_1")
+        session = await state_store.put_session(SessionRecord(tenant="acme", session_id="s1"))
+        monkeypatch.setattr(clock, "now", lambda: reading)
+        calls: list[Callable[[], Awaitable[Any]]] = [
+            lambda: _create(state_store, "run_2"),
+            lambda: state_store.put_run(created.model_copy(update={"data": {"x": 1}})),
+            lambda: state_store.patch_run("acme", "run_1", iterations=1),
+            lambda: state_store.put_session(SessionRecord(tenant="acme", session_id="s2")),
+            lambda: state_store.put_session(session.model_copy(update={"data": {"x": 1}})),
+        ]
+        for call in calls:
+            with pytest.raises(error, match=r"^clock"):
+                await call()
+        monkeypatch.undo()
+        assert await state_store.get_run("acme", "run_1") == created
+        assert await state_store.get_run("acme", "run_2") is None
+        assert await state_store.get_session("acme", "s1") == session
+        assert await state_store.get_session("acme", "s2") is None
+
+    async def test_a_clock_in_another_zone_is_stored_as_utc(
+        self, state_store: StateStore, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An aware reading in another zone is the same instant, stored and returned in UTC."""
+        monkeypatch.setattr(clock, "now", lambda: AWARE_ELSEWHERE)
+        created = await _create(state_store, "run_1")
+        session = await state_store.put_session(SessionRecord(tenant="acme", session_id="s1"))
+        fetched = await state_store.get_run("acme", "run_1")
+        assert fetched is not None
+        for moment in (created.created_at, fetched.updated_at, session.created_at):
+            assert moment == AWARE_ELSEWHERE
+            assert moment is not None and moment.tzinfo is not None
+            assert moment.utcoffset() == timedelta(0) and moment == moment.astimezone(UTC)
+
     # -- size -------------------------------------------------------------------
 
     async def test_blob_at_the_limit_is_stored(self, state_store: StateStore) -> None:
@@ -893,6 +1015,44 @@ class StateStoreConformance:
             await state_store.put_session(session)
         assert await state_store.get_run("acme", "run_1") is None
         assert await state_store.get_session("acme", "s1") is None
+
+    @EACH_ACCEPTED_JSON
+    async def test_json_values_beyond_dict_and_list_are_stored_as_plain_json(
+        self, state_store: StateStore, value: Any, stored: Any
+    ) -> None:
+        """Any Mapping is a JSON object, a tuple an array, a str/int/float subclass its plain
+        value: a run and a session read back plain JSON, the same on every backing."""
+        data = {"a": {"b": value}}
+        created = await _create(state_store, "run_1", data=data)
+        session = await state_store.put_session(
+            SessionRecord(tenant="acme", session_id="s1", data=data)
+        )
+        fetched = await state_store.get_run("acme", "run_1")
+        fetched_session = await state_store.get_session("acme", "s1")
+        assert fetched is not None and fetched_session is not None
+        for record in (created, fetched, session, fetched_session):
+            assert record.data == {"a": {"b": stored}}
+            assert_plain_json(record.data, "data")
+
+    @EACH_REFUSED_JSON
+    async def test_values_json_cannot_hold_are_refused_naming_where(
+        self, state_store: StateStore, value: Any, says: str
+    ) -> None:
+        """A value JSON cannot hold exactly, at any depth and inside any container, raises
+        ValueError naming the path (data['a']['b']...); nothing is written."""
+        data = {"a": {"b": value}}
+        for call in (
+            lambda: state_store.put_run(RunRecord(tenant="acme", run_id="run_1", data=data)),
+            lambda: state_store.put_session(
+                SessionRecord(tenant="acme", session_id="s1", data=data)
+            ),
+        ):
+            with pytest.raises(ValueError) as caught:
+                await call()
+            assert_refused_at(caught.value, "data['a']['b']", says)
+        assert await state_store.get_run("acme", "run_1") is None
+        assert await state_store.get_session("acme", "s1") is None
+        assert (await state_store.list_runs("acme")).items == []
 
     async def test_non_string_ids_are_type_errors(self, state_store: StateStore) -> None:
         """An id that is not a str raises TypeError naming it."""

@@ -47,8 +47,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
-from datetime import timedelta
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, timedelta
 from typing import Any
 
 import pytest
@@ -62,6 +62,14 @@ from statepact.errors import (
     LeaseLostError,
     LockTimeoutError,
     StatePersistenceError,
+)
+from statepact.testing._inputs import (
+    AWARE_ELSEWHERE,
+    EACH_ACCEPTED_JSON,
+    EACH_BROKEN_CLOCK,
+    EACH_REFUSED_JSON,
+    assert_plain_json,
+    assert_refused_at,
 )
 from statepact.testing.isolation import (
     Anomaly,
@@ -800,6 +808,101 @@ class TransactionConformance:
                 tx.write(R, "big", "x" * 300_000)
         assert caught.value.reason == "too_large" and not caught.value.retryable
         assert await _read_value(manager, "big") is None
+
+    @EACH_ACCEPTED_JSON
+    async def test_json_values_beyond_dict_and_list_are_stored_as_plain_json(
+        self, manager: TransactionManager, value: Any, stored: Any
+    ) -> None:
+        """Any Mapping is a JSON object, a tuple an array, a str/int/float subclass its plain
+        value, nested or at the top of a value, and in resource metadata."""
+        async with manager.transaction() as tx:
+            tx.write(R, "nested", {"a": {"b": value}})
+            tx.write(R, "top", value)
+        await manager.register_resource(R, {"a": {"b": value}})
+        nested, top = await _read_value(manager, "nested"), await _read_value(manager, "top")
+        assert nested == {"a": {"b": stored}}
+        assert top == stored
+        [entry] = await manager.history(R, "top")
+        assert entry.value == stored
+        info = await manager.resource_info(R)
+        assert info is not None and info.metadata == {"a": {"b": stored}}
+        for found in (nested, top, entry.value, info.metadata):
+            assert_plain_json(found)
+
+    @EACH_REFUSED_JSON
+    async def test_values_json_cannot_hold_are_refused_naming_where(
+        self, manager: TransactionManager, value: Any, says: str
+    ) -> None:
+        """A value or metadata JSON cannot hold exactly raises ValueError naming the path
+        (value['a']['b'], metadata['a']['b']); nothing is applied."""
+        async with manager.transaction() as tx:
+            with pytest.raises(ValueError) as in_value:
+                tx.write(R, "k", {"a": {"b": value}})
+        with pytest.raises(ValueError) as in_metadata:
+            await manager.register_resource(R, {"a": {"b": value}})
+        for caught, field in ((in_value, "value"), (in_metadata, "metadata")):
+            assert_refused_at(caught.value, f"{field}['a']['b']", says)
+        assert await _read_value(manager, "k") is None
+        assert await manager.history(R, "k") == []
+        assert await manager.resource_info(R) is None
+
+    @EACH_BROKEN_CLOCK
+    async def test_a_clock_without_a_timezone_is_refused_naming_the_clock(
+        self,
+        manager: TransactionManager,
+        clock: ManualClock,
+        monkeypatch: pytest.MonkeyPatch,
+        reading: Any,
+        error: type[Exception],
+    ) -> None:
+        """A clock whose now() is naive or not a datetime is refused naming the clock by a
+        commit, the lease calls and register_resource; nothing is applied."""
+        await _commit_value(manager, "k", 1)
+        lease = await manager.acquire_lease("job", "w1", 10)
+        assert lease is not None
+        monkeypatch.setattr(clock, "now", lambda: reading)
+
+        async def commit() -> None:
+            async with manager.transaction() as tx:
+                tx.write(R, "k", 2)
+
+        calls: list[Callable[[], Awaitable[Any]]] = [
+            commit,
+            lambda: manager.acquire_lease("other", "w1", 10),
+            lambda: manager.renew_lease(lease),
+            lambda: manager.release_lease(lease),
+            lambda: manager.register_resource(R, {"x": 1}),
+        ]
+        for call in calls:
+            with pytest.raises(error, match=r"^clock"):
+                await call()
+        monkeypatch.undo()
+        assert await _read_value(manager, "k") == 1
+        assert len(await manager.history(R, "k")) == 1
+        info = await manager.resource_info(R)
+        assert info is not None and info.metadata == {}
+        assert await manager.acquire_lease("other", "w2", 10) is not None
+        assert await manager.acquire_lease("job", "w2", 10) is None  # w1's lease still holds
+        renewed = await manager.renew_lease(lease)
+        assert renewed.token == lease.token
+
+    async def test_a_clock_in_another_zone_is_stored_as_utc(
+        self, manager: TransactionManager, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An aware reading in another zone is the same instant, stored and returned in UTC."""
+        monkeypatch.setattr(clock, "now", lambda: AWARE_ELSEWHERE)
+        await _commit_value(manager, "k", 1)
+        lease = await manager.acquire_lease("job", "w1", 10)
+        assert lease is not None
+        [entry] = await manager.history(R, "k")
+        info = await manager.resource_info(R)
+        assert info is not None
+        moments = [entry.committed_at, info.last_commit_at, lease.expires_at]
+        for moment in moments:
+            assert moment is not None and moment.utcoffset() == timedelta(0)
+            assert moment == moment.astimezone(UTC)
+        assert entry.committed_at == info.last_commit_at == AWARE_ELSEWHERE
+        assert lease.expires_at == AWARE_ELSEWHERE + timedelta(seconds=10)
 
     # -- manager.run ---------------------------------------------------------------------------
 

@@ -81,7 +81,7 @@ from sqlalchemy.sql.dml import ReturningDelete, ReturningInsert, ReturningUpdate
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import CTE
 
-from statepact._codec import COST_SCALE, decode_json, nanos_to_decimal
+from statepact._codec import decimal_to_nanos, decode_json, nanos_to_decimal
 from statepact._retry import new_op_id
 from statepact.clock import Clock
 from statepact.errors import RunNotFoundError, StateConflictError, StatePersistenceError
@@ -444,7 +444,7 @@ def _session_record(row: RowMapping, data: Any) -> SessionRecord:
 
 def _cost(value: Decimal) -> Decimal:
     # NUMERIC(38,9) already has nine places; normalise the exponent like memory does.
-    return nanos_to_decimal(int(value * COST_SCALE))
+    return nanos_to_decimal(decimal_to_nanos(value))
 
 
 def _unavailable(message: str) -> StatePersistenceError:
@@ -607,7 +607,7 @@ class PostgresStateStore(BaseStateStore):
             room = MAX_COUNTER - amount
             if name == "cost":
                 params["p_cost"] = nanos_to_decimal(amount)
-                params["p_max_cost"] = Decimal(room) / COST_SCALE
+                params["p_max_cost"] = nanos_to_decimal(room)
             else:
                 params[f"p_{name}"] = amount
                 params[f"p_max_{name}"] = room
@@ -626,7 +626,7 @@ class PostgresStateStore(BaseStateStore):
                     return _run_record(found, decode_json(found["data"]))
                 for name in COUNTERS:
                     stored = found[name]
-                    stored_units = int(stored * COST_SCALE) if name == "cost" else stored
+                    stored_units = decimal_to_nanos(stored) if name == "cost" else stored
                     if stored_units + deltas[name] > MAX_COUNTER:
                         unit = " nano-units" if name == "cost" else ""
                         raise ValueError(
