@@ -21,7 +21,8 @@ never a DSN or a password.
     ├── LockTimeoutError                yes  a pessimistic lock was not granted in time
     ├── DeadlockError                   yes  a wait-for cycle; this waiter was chosen
     ├── PreflightError                  no   the server would lose data; every reason listed
-    └── SchemaVersionError              no   the tables are not the shape this release reads
+    ├── SchemaVersionError              no   the tables are not the shape this release reads
+    └── OutOfTurnError (RuntimeError)   no   a session/connection used out of turn (bound)
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = [
     "IdempotencyConflictError",
     "LeaseLostError",
     "LockTimeoutError",
+    "OutOfTurnError",
     "PoolExhaustedError",
     "PreflightError",
     "QueueUnavailableError",
@@ -194,3 +196,14 @@ class SchemaVersionError(StatepactError):
         self.found = found
         self.expected = expected
         super().__init__(message)
+
+
+class OutOfTurnError(StatepactError, RuntimeError):
+    """An object was used out of turn; the message says what the caller must do first.
+
+    Raised by a bound adapter (``bound(session)`` on PostgreSQL) given a session or
+    connection that is not inside a transaction the caller began, is closed, holds a
+    transaction that failed and must be rolled back, or is running another task's call.
+    Not retryable: the same call on the same object fails the same way. A
+    ``RuntimeError``, as docs/errors.md promises for use out of turn.
+    """

@@ -39,7 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from statepact._retry import RetryPolicy
 from statepact.clock import ManualClock
-from statepact.errors import QueueUnavailableError, StatePersistenceError
+from statepact.errors import OutOfTurnError, QueueUnavailableError, StatePersistenceError
 from statepact.models import RunRecord, WorkItem
 from statepact.settings import PostgresStoreSettings
 from statepact.storage.postgres import PostgresStateStore, PostgresWorkQueue
@@ -536,8 +536,10 @@ async def test_bound_adapter_never_retries_a_cut_connection(
     clock: ManualClock,
     fault_figures: FaultFigures,
 ) -> None:
-    """Inside the caller's transaction a cut connection surfaces at once as the retryable error;
-    the proxy sees no new connection attempt, and nothing of the transaction was committed."""
+    """Inside the caller's transaction a cut connection surfaces at once as the retryable error
+    (retry the transaction); the next bound call on that connection is OutOfTurnError (roll it
+    back first), so a loop retrying the call cannot spin; the proxy sees no new connection
+    attempt, and nothing of the transaction was committed."""
     settings = PostgresStoreSettings(failover_attempts=10)
     state = PostgresStateStore(proxied_engine, clock=clock, settings=settings)
     queue = PostgresWorkQueue(proxied_engine, clock=clock, settings=settings)
@@ -551,8 +553,9 @@ async def test_bound_adapter_never_retries_a_cut_connection(
         with pytest.raises(StatePersistenceError) as caught:
             await state.bound(conn).put_run(RunRecord(tenant="acme", run_id="r2"))
         elapsed = time.monotonic() - began
-        with pytest.raises(QueueUnavailableError):
+        with pytest.raises(OutOfTurnError, match="roll the transaction back") as again:
             await queue.bound(conn).enqueue(WorkItem(tenant="acme", item_id="i2"))
+        assert again.value.retryable is False
         # Nothing retries in the background either.
         await asyncio.sleep(0.3)
         assert proxy.stats.accepted == attempts_before

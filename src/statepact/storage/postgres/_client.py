@@ -11,7 +11,13 @@ takes something with SQLAlchemy's async ``execute``):
 - :class:`BoundExecutor` runs inside a transaction the caller opened (an
   ``AsyncSession`` or ``AsyncConnection``): it never begins, commits, rolls back
   or retries anything: a failed statement has poisoned the caller's
-  transaction, and retrying inside it would only fail again.
+  transaction, and retrying inside it would only fail again. Before sending it
+  refuses, with ``OutOfTurnError``, a session or connection that is not inside
+  a transaction (``in_transaction()``: SQLAlchemy would autobegin one nobody
+  commits), is closed, lost its connection, holds a transaction that can no
+  longer run statements, or is running another task's bound call; a refusal
+  the server or SQLAlchemy reports instead (``25P02``, ``PendingRollbackError``,
+  a concurrent-use error) is ``OutOfTurnError`` too, never an outage.
 
 Error translation (driver exceptions never get past this module):
 
@@ -56,6 +62,7 @@ from statepact._retry import RetryPolicy, call_with_failover
 from statepact.errors import (
     ConflictError,
     DeadlockError,
+    OutOfTurnError,
     PoolExhaustedError,
     SchemaVersionError,
     StatepactError,
@@ -341,6 +348,16 @@ class EngineExecutor:
         )
 
 
+# The sessions and connections a bound call is running on, by id: a store's and a queue's
+# bound adapters over one session are different executors, so the mark is the session's.
+_IN_USE: set[int] = set()
+
+_ONE_TASK = (
+    "one AsyncSession (or AsyncConnection) serves one task at a time: give each task its "
+    "own, or await one call before making the next"
+)
+
+
 class BoundExecutor:
     """Runs inside the caller's open transaction; translates errors, retries nothing."""
 
@@ -359,18 +376,86 @@ class BoundExecutor:
                 f"transaction the caller opened, got {type(target).__name__}"
             )
         self._target = target
+        self._kind = type(target).__name__
         self._failures = _Failures(unavailable, what)
 
+    def _refuse(self, why: str) -> OutOfTurnError:
+        return OutOfTurnError(
+            f"PostgreSQL {self._failures.what}, bound: the {self._kind} {why}; nothing was sent"
+        )
+
+    def _check_turn(self) -> None:
+        """Refuse, before sending, a target that is not inside a usable transaction."""
+        target = self._target
+        try:
+            if isinstance(target, AsyncConnection):
+                if target.closed:
+                    raise self._refuse("is closed")
+                if target.invalidated:
+                    raise self._refuse(
+                        "lost its server connection inside the transaction (an earlier call "
+                        "raised); roll the transaction back and run it again"
+                    )
+            transaction = target.get_transaction() if target.in_transaction() else None
+        except sa_exc.InvalidRequestError as exc:  # never started, or closed under us
+            raise self._refuse("is closed") from exc
+        if transaction is None:
+            raise self._refuse(
+                "is not inside a transaction: bound calls run inside one you began "
+                "(async with session.begin(): ...) and never begin, commit or roll back one "
+                "themselves; a statement sent now would autobegin a transaction nobody commits"
+            )
+        if not transaction.is_active:
+            raise self._refuse(
+                "holds a transaction that can no longer run statements; roll it back"
+            )
+
+    def _misuse(self, exc: BaseException) -> OutOfTurnError | None:
+        """What SQLAlchemy or the server refused because of how the target was used."""
+        if sqlstate_of(exc) == "25P02":
+            return OutOfTurnError(
+                f"PostgreSQL {self._failures.what}, bound: the caller's transaction had already "
+                "failed (SQLSTATE 25P02: a statement in it raised earlier), so the server "
+                "ignored this call; roll the transaction back and run it again from the start"
+            )
+        if isinstance(exc, sa_exc.ResourceClosedError):
+            return self._refuse("is closed")
+        if isinstance(exc, sa_exc.PendingRollbackError):
+            return self._refuse(
+                "holds a transaction that must be rolled back first (an earlier statement or "
+                "connection failed)"
+            )
+        concurrent = isinstance(exc, sa_exc.IllegalStateChangeError) or any(
+            "concurrent operations are not permitted" in str(link)
+            or "another operation is in progress" in str(link)
+            for link in _chain(exc)
+        )
+        if concurrent:
+            return self._refuse(f"was in use by another task: {_ONE_TASK}")
+        if isinstance(exc, sa_exc.InvalidRequestError):
+            return self._refuse(
+                f"was refused by SQLAlchemy ({type(exc).__name__}): its state does not allow "
+                "a statement now; roll its transaction back"
+            )
+        return None
+
     async def run(self, work: Work[T], *, idempotent: bool, resend_safe: bool = False) -> T:
+        key = id(self._target)
+        if key in _IN_USE:  # first: mid-call, the target's own state is not settled
+            raise self._refuse(f"is running another task's bound call: {_ONE_TASK}")
+        self._check_turn()
+        _IN_USE.add(key)
         try:
             return await work(self._target)
         except StatepactError:
             raise
         except Exception as exc:
-            public = self._failures.translate(exc, bound=True)
+            public = self._misuse(exc) or self._failures.translate(exc, bound=True)
             if public is None:
                 raise
             raise public from exc
+        finally:
+            _IN_USE.discard(key)
 
 
 def create_engine(settings: PostgresStoreSettings, **engine_kwargs: Any) -> AsyncEngine:
