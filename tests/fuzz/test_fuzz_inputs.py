@@ -14,7 +14,15 @@ What is thrown at the calls: ids of any Unicode (NUL, lone surrogates, quotes,
 at and around the 1 KiB id limit in 1-, 2- and 4-byte characters; blobs and
 payloads nested around the 128-level limit, thousands of keys wide, serialized
 at ``max_value_bytes - 3`` to ``+ 3`` bytes, holding NaN, infinities, integers
-past 128 bits, non-string keys, bytes, sets, Decimals, datetimes; counters,
+past 128 bits, non-string keys, bytes, sets, Decimals, datetimes, and built of
+every kind of mapping and sequence (``MappingProxyType``, ``OrderedDict``,
+``defaultdict``, ``UserDict``, ``ChainMap``, tuples, ``deque``, ``UserList``)
+with ``str``/``int``/``float`` subclasses and enum members at the leaves and
+the JSON rule's table (``statepact.testing._inputs``) mixed in, in blobs,
+payloads, transaction values and metadata alike; costs with huge and tiny
+exponents (``"1e999999999"``), under a decimal context the caller set (low
+precision, trapped ``Inexact``/``Rounded``, a tiny ``Emax``), where a patch
+that succeeds must have added exactly its deltas; counters,
 priorities, limits, tokens and versions that are negative, zero, huge (past
 BIGINT) or of the wrong type; durations negative, zero, NaN, infinite, past ten
 years, or not durations; records and leases built with ``model_construct`` or
@@ -28,10 +36,13 @@ shared by its examples (each compares its own before and after).
 
 from __future__ import annotations
 
+import decimal
 import json
+import types
+from collections import ChainMap, OrderedDict, UserDict, UserList, defaultdict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal
+from decimal import Context, Decimal, localcontext
 from typing import Any
 
 import pytest
@@ -44,6 +55,17 @@ from statepact.errors import QueueUnavailableError, StatepactError, StatePersist
 from statepact.models import ItemStatus, RunRecord, RunStatus, SessionRecord, WorkItem
 from statepact.queue import WorkQueue
 from statepact.state import StateStore
+from statepact.testing._inputs import (
+    ACCEPTED_JSON,
+    HOSTILE_DECIMAL_CONTEXTS,
+    REFUSED_JSON,
+    Colour,
+    LyingFloat,
+    LyingInt,
+    LyingText,
+    Mood,
+    assert_plain_json,
+)
 from statepact.tx import Isolation, LockMode, TransactionManager
 from statepact.tx import Lease as TxLease
 from tests.fuzz.conftest import (
@@ -152,19 +174,63 @@ NOT_JSON: list[Any] = [
     timedelta(seconds=1),
     object,
 ]
-json_leaves = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(), any_text, st.sampled_from(NOT_JSON)
+
+
+# The JSON rule's own table: every accepted and refused kind of value, as leaves.
+TABLE_VALUES = [value for _, value, _ in ACCEPTED_JSON] + [value for _, value, _ in REFUSED_JSON]
+odd_scalars = st.one_of(
+    any_text.map(LyingText),
+    st.integers().map(LyingInt),
+    st.floats(allow_nan=True, allow_infinity=True).map(LyingFloat),
+    st.sampled_from([*Colour, *Mood, True, False]),
+    st.sampled_from([2**128 - 1, 2**128, -(2**128), 10**400, Decimal("1E+999999999")]),
 )
+json_leaves = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    any_text,
+    st.sampled_from(NOT_JSON),
+    odd_scalars,
+    st.sampled_from(TABLE_VALUES),
+)
+MAPPINGS: list[Callable[[dict[Any, Any]], Any]] = [
+    dict,
+    types.MappingProxyType,
+    OrderedDict,
+    lambda d: defaultdict(list, d),
+    UserDict,
+    lambda d: ChainMap(d, {"chained": 1}),
+]
+SEQUENCES: list[Callable[[list[Any]], Any]] = [list, tuple, deque, UserList]
+json_keys = st.one_of(
+    any_text,
+    any_text.map(LyingText),
+    st.integers(),
+    st.none(),
+    st.sampled_from([(1, 2), Colour.RED]),
+)
+
+
+def _made(
+    makers: list[Callable[[Any], Any]], contents: st.SearchStrategy[Any]
+) -> st.SearchStrategy[Any]:
+    """``contents`` wrapped in one of ``makers`` (a mapping or sequence type)."""
+    return st.tuples(st.sampled_from(makers), contents).map(lambda made: made[0](made[1]))
+
+
 json_values = st.recursive(
     json_leaves,
     lambda kids: st.one_of(
-        st.lists(kids, max_size=3),
-        st.dictionaries(st.one_of(any_text, st.integers(), st.none()), kids, max_size=3),
+        _made(SEQUENCES, st.lists(kids, max_size=3)),
+        _made(MAPPINGS, st.dictionaries(json_keys, kids, max_size=3)),
     ),
     max_leaves=10,
 )
 blobs = st.one_of(
     st.dictionaries(any_text, json_values, max_size=4),
+    _made(MAPPINGS, st.dictionaries(any_text, json_values, max_size=4)),
     st.integers(MAX_DEPTH - 4, MAX_DEPTH + 4).map(_nested),
     st.integers(1, 4000).map(lambda n: {f"k{i}": i for i in range(n)}),
     st.tuples(st.integers(LIMIT - 3, LIMIT + 3), st.sampled_from(["a", "é", "😀"])).map(
@@ -183,10 +249,66 @@ counts = st.one_of(
     any_text,
     st.none(),
 )
+huge_exponents = st.one_of(
+    st.sampled_from(
+        [
+            "1e999999999",
+            "-1e999999999",
+            "1e-999999999",
+            "0e999999999",
+            "1e999999999999999999999",
+            Decimal("1E+999999999"),
+            Decimal("1E-999999999"),
+            "1." + "0" * 60 + "1",
+            "4611686018.427387903",
+            "4611686018.427387904",
+        ]
+    ),
+    st.tuples(st.integers(0, 10**20), st.integers(-(10**10), 10**10)).map(
+        lambda parts: f"{parts[0]}e{parts[1]}"
+    ),
+)
 costs = st.one_of(
     counts,
     st.sampled_from(["0.000000001", "1e-10", "NaN", "-0", "Infinity", "1e30", "1_000", "٣"]),
     st.decimals(places=12),
+    huge_exponents,
+)
+SIGNALS = [
+    decimal.Inexact,
+    decimal.Rounded,
+    decimal.Overflow,
+    decimal.Underflow,
+    decimal.Subnormal,
+    decimal.Clamped,
+    decimal.DivisionByZero,
+    decimal.InvalidOperation,
+    decimal.FloatOperation,
+]
+ROUNDINGS = [
+    decimal.ROUND_DOWN,
+    decimal.ROUND_UP,
+    decimal.ROUND_HALF_UP,
+    decimal.ROUND_HALF_EVEN,
+    decimal.ROUND_FLOOR,
+    decimal.ROUND_CEILING,
+    decimal.ROUND_05UP,
+]
+# The decimal context the caller's code runs the call in: None is the default one.
+decimal_contexts = st.one_of(
+    st.none(),
+    st.sampled_from([context for _, context in HOSTILE_DECIMAL_CONTEXTS]),
+    st.builds(
+        Context,
+        prec=st.integers(1, 40),
+        rounding=st.sampled_from(ROUNDINGS),
+        Emin=st.integers(-999_999, 0),
+        Emax=st.integers(0, 999_999),
+        capitals=st.integers(0, 1),
+        clamp=st.integers(0, 1),
+        flags=st.just([]),
+        traps=st.lists(st.sampled_from(SIGNALS), unique=True),
+    ),
 )
 durations = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
@@ -237,6 +359,14 @@ def names_a_field(message: str, fields: set[str]) -> bool:
     return bool(head) and all(part.split(".", 1)[0] in fields for part in head.split("/"))
 
 
+async def _in(context: Context | None, call: Callable[[], Awaitable[Any]]) -> Any:
+    """Make the call as caller code running under ``context`` would (None: the default)."""
+    if context is None:
+        return await call()
+    with localcontext(context):
+        return await call()
+
+
 def check(
     target: Target[Any],
     call: Callable[[], Awaitable[Any]],
@@ -244,13 +374,16 @@ def check(
     fields: set[str],
     observe: Callable[[], Awaitable[Any]],
     what: str,
+    context: Context | None = None,
+    succeeded: Callable[[Any, Any], None] | None = None,
 ) -> bool:
-    """Make the call; it must succeed or be refused as documented, and a refusal must leave
-    the store as it was. Returns whether the call succeeded."""
+    """Make the call (under the caller's decimal ``context``); it must succeed or be refused as
+    documented, and a refusal must leave the store as it was. ``succeeded(before, result)``
+    checks what a successful call did. Returns whether the call succeeded."""
     before = target.run(observe())
     raw_before = None if target.raw is None else target.run(target.raw())
     try:
-        target.run(call())
+        result = target.run(_in(context, call))
     except (StatePersistenceError, QueueUnavailableError) as exc:
         if isinstance(exc, QueueUnavailableError) or exc.reason == "unavailable":
             pytest.fail(
@@ -274,6 +407,8 @@ def check(
             f"{target.backing}: {what} let {type(exc).__module__}.{type(exc).__name__} out: {exc!r}"
         )
     else:
+        if succeeded is not None:
+            succeeded(before, result)
         return True
     after = target.run(observe())
     assert after == before, (
@@ -297,6 +432,24 @@ def _valid_id(value: Any) -> bool:
         return len(value.encode("utf-8")) <= MAX_ID_BYTES
     except UnicodeEncodeError:
         return False
+
+
+def prior_run(before: Any, tenant: str, run_id: str) -> RunRecord:
+    """The run as ``state_observer`` saw it before the call."""
+    return next(
+        run
+        for seen_tenant, runs, _ in before
+        if seen_tenant == tenant
+        for run in runs
+        if run.run_id == run_id
+    )
+
+
+def stored_as_returned(target: Target[StateStore], written: RunRecord) -> None:
+    """A successful write returned plain JSON, and a read (in the default context) gives the
+    same record back."""
+    assert_plain_json(written.data, "data")
+    assert target.run(target.store.get_run(written.tenant, written.run_id)) == written
 
 
 # -- StateStore ---------------------------------------------------------------------------------
@@ -323,9 +476,10 @@ def state_observer(target: Target[StateStore], *extra_tenants: Any) -> Callable[
     op=st.sampled_from(["get_run", "delete_run", "get_session"]),
     tenant=seeded_or(SEED_TENANTS, ids),
     record_id=seeded_or([*SEED_RUNS, *SEED_SESSIONS], ids),
+    context=decimal_contexts,
 )
 def test_state_reads_and_deletes(
-    fuzz_state: Target[StateStore], op: str, tenant: Any, record_id: Any
+    fuzz_state: Target[StateStore], op: str, tenant: Any, record_id: Any, context: Any
 ) -> None:
     store = fuzz_state.store
     call = {
@@ -338,7 +492,8 @@ def test_state_reads_and_deletes(
         call,
         fields={"tenant", "run_id", "session_id"},
         observe=state_observer(fuzz_state, tenant),
-        what=f"{op}({tenant!r:.60}, {record_id!r:.60})",
+        what=f"{op}({tenant!r:.60}, {record_id!r:.60}) in {context!r}",
+        context=context,
     )
 
 
@@ -350,7 +505,10 @@ def test_state_reads_and_deletes(
     status=statuses,
     data=blobs,
     version=st.one_of(st.integers(0, 3), ints, WRONG_TYPES),
-    counters=st.one_of(st.just({}), st.fixed_dictionaries({"input_tokens": counts})),
+    counters=st.one_of(
+        st.just({}), st.fixed_dictionaries({"input_tokens": counts}, optional={"cost": costs})
+    ),
+    context=decimal_contexts,
 )
 def test_put_run(
     fuzz_state: Target[StateStore],
@@ -361,6 +519,7 @@ def test_put_run(
     data: Any,
     version: Any,
     counters: dict[str, Any],
+    context: Any,
 ) -> None:
     record = build(
         RunRecord,
@@ -392,7 +551,9 @@ def test_put_run(
             "cursor",
         },
         observe=state_observer(fuzz_state, tenant),
-        what=f"put_run({record!r:.300})",
+        what=f"put_run({record!r:.300}) in {context!r}",
+        context=context,
+        succeeded=lambda _before, written: stored_as_returned(fuzz_state, written),
     )
 
 
@@ -423,6 +584,7 @@ def test_put_run_with_something_else(fuzz_state: Target[StateStore], record: Any
     cost=costs,
     iterations=st.one_of(st.just(0), counts),
     cursor=st.one_of(st.just(0), counts),
+    context=decimal_contexts,
 )
 def test_patch_run(
     fuzz_state: Target[StateStore],
@@ -433,7 +595,25 @@ def test_patch_run(
     cost: Any,
     iterations: Any,
     cursor: Any,
+    context: Any,
 ) -> None:
+    deltas = {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "iterations": iterations,
+        "cursor": cursor,
+    }
+
+    def added_exactly(before: Any, patched: RunRecord) -> None:
+        """A patch that succeeded added exactly its deltas, the cost to the last 1e-9."""
+        prior = prior_run(before, tenant, run_id)
+        with localcontext(Context(prec=80)):
+            assert patched.cost == prior.cost + Decimal(cost), (prior.cost, cost, patched.cost)
+        for name, delta in deltas.items():
+            assert getattr(patched, name) == getattr(prior, name) + delta, name
+        assert patched.version == prior.version + 1
+        stored_as_returned(fuzz_state, patched)
+
     check(
         fuzz_state,
         lambda: fuzz_state.store.patch_run(
@@ -458,8 +638,10 @@ def test_patch_run(
         what=(
             f"patch_run({tenant!r:.60}, {run_id!r:.60}, input_tokens={input_tokens!r}, "
             f"output_tokens={output_tokens!r}, cost={cost!r}, iterations={iterations!r}, "
-            f"cursor={cursor!r})"
+            f"cursor={cursor!r}) in {context!r}"
         ),
+        context=context,
+        succeeded=added_exactly,
     )
 
 
@@ -471,6 +653,7 @@ def test_patch_run(
     status=st.one_of(st.none(), statuses),
     limit=limits,
     after=cursors,
+    context=decimal_contexts,
 )
 def test_listings(
     fuzz_state: Target[StateStore],
@@ -480,6 +663,7 @@ def test_listings(
     status: Any,
     limit: Any,
     after: Any,
+    context: Any,
 ) -> None:
     store = fuzz_state.store
     call: Callable[[], Awaitable[Any]]
@@ -496,8 +680,9 @@ def test_listings(
         observe=state_observer(fuzz_state, tenant),
         what=(
             f"{op}({tenant!r:.60}, session_id={session_id!r:.60}, status={status!r:.60}, "
-            f"limit={limit!r}, after={after!r:.60})"
+            f"limit={limit!r}, after={after!r:.60}) in {context!r}"
         ),
+        context=context,
     )
 
 
@@ -524,7 +709,94 @@ def test_put_session(
     )
 
 
+exact_costs = st.decimals(min_value=0, max_value=Decimal("4611686018.427387903"), places=9)
+hostile_contexts = st.one_of(
+    st.sampled_from([context for _, context in HOSTILE_DECIMAL_CONTEXTS]),
+    decimal_contexts.filter(lambda context: context is not None),
+)
+
+
+@FUZZ
+@given(
+    op=st.sampled_from(["patch_run", "get_run", "list_runs"]),
+    tenant=st.sampled_from(SEED_TENANTS),
+    run_id=st.sampled_from(SEED_RUNS),
+    cost=st.one_of(exact_costs, exact_costs.map(str), huge_exponents, costs),
+    context=hostile_contexts,
+)
+def test_costs_under_the_callers_decimal_context(
+    fuzz_state: Target[StateStore], op: str, tenant: str, run_id: str, cost: Any, context: Any
+) -> None:
+    """Seeded runs, read and patched under a decimal context the caller set: a read returns
+    the exact cost, a patch adds exactly its cost or is refused naming cost, writing nothing."""
+    store = fuzz_state.store
+
+    def exact(before: Any, result: Any) -> None:
+        prior = prior_run(before, tenant, run_id)
+        if op == "patch_run":
+            with localcontext(Context(prec=80)):
+                assert result.cost == prior.cost + Decimal(cost), (prior.cost, cost, result)
+            assert result.version == prior.version + 1
+            stored_as_returned(fuzz_state, result)
+        elif op == "get_run":
+            assert result == prior
+        else:
+            assert prior in result.items
+
+    calls: dict[str, Callable[[], Awaitable[Any]]] = {
+        "patch_run": lambda: store.patch_run(tenant, run_id, cost=cost, iterations=1),
+        "get_run": lambda: store.get_run(tenant, run_id),
+        "list_runs": lambda: store.list_runs(tenant),
+    }
+    check(
+        fuzz_state,
+        calls[op],
+        fields={"cost"},
+        observe=state_observer(fuzz_state),
+        what=f"{op}({tenant!r}, {run_id!r}, cost={cost!r:.80}) in {context!r}",
+        context=context,
+        succeeded=exact,
+    )
+
+
+@FUZZ
+@given(kind=st.sampled_from(["run", "session"]), data=blobs)
+def test_every_kind_of_value_in_a_blob(
+    fuzz_state: Target[StateStore], kind: str, data: Any
+) -> None:
+    """A new run's or session's blob built of any mapping, sequence and scalar kind: stored as
+    plain JSON, or refused with ValueError naming the path, writing nothing."""
+    store = fuzz_state.store
+    fresh = f"fresh-{fuzz_state.clock.advance(1).timestamp():.0f}"
+    record = RunRecord.model_construct(tenant="acme", run_id=fresh, data=data)
+    session = SessionRecord.model_construct(tenant="acme", session_id=fresh, data=data)
+
+    async def call() -> Any:
+        return await (store.put_run(record) if kind == "run" else store.put_session(session))
+
+    def succeeded(_before: Any, written: Any) -> None:
+        assert_plain_json(written.data, "data")
+        read = store.get_run if kind == "run" else store.get_session
+        assert fuzz_state.run(read("acme", fresh)) == written
+
+    check(
+        fuzz_state,
+        call,
+        fields={"data"},
+        observe=state_observer(fuzz_state),
+        what=f"put_{kind}(data={data!r:.300})",
+        succeeded=succeeded,
+    )
+
+
 # -- WorkQueue ----------------------------------------------------------------------------------
+
+
+def enqueued_as_returned(target: Target[WorkQueue], stored: WorkItem) -> None:
+    """A successful enqueue returned a plain JSON payload, and get_item gives the same back."""
+    assert_plain_json(stored.payload, "payload")
+    found = target.run(target.store.get_item(stored.tenant, stored.item_id))
+    assert found is not None and found.payload == stored.payload
 
 
 def queue_observer(target: Target[WorkQueue], *items: Any) -> Callable[[], Awaitable[Any]]:
@@ -579,6 +851,7 @@ def test_enqueue(
         fields={"item", "tenant", "item_id", "payload", "priority", "queue", "delay"},
         observe=queue_observer(fuzz_queue, item),
         what=f"enqueue({item!r:.300}, delay={delay!r})",
+        succeeded=lambda _before, stored: enqueued_as_returned(fuzz_queue, stored),
     )
 
 
@@ -718,6 +991,23 @@ def test_queue_calls_with_something_else(fuzz_queue: Target[WorkQueue], item: An
         )
 
 
+@FUZZ
+@given(payload=blobs)
+def test_every_kind_of_value_in_a_payload(fuzz_queue: Target[WorkQueue], payload: Any) -> None:
+    """A new item's payload built of any mapping, sequence and scalar kind: stored as plain
+    JSON, or refused with ValueError naming the path, storing nothing."""
+    fresh = f"fresh-{fuzz_queue.clock.advance(1).timestamp():.0f}"
+    item = WorkItem.model_construct(tenant="acme", item_id=fresh, payload=payload)
+    check(
+        fuzz_queue,
+        lambda: fuzz_queue.store.enqueue(item),
+        fields={"payload"},
+        observe=queue_observer(fuzz_queue, item),
+        what=f"enqueue(payload={payload!r:.300})",
+        succeeded=lambda _before, stored: enqueued_as_returned(fuzz_queue, stored),
+    )
+
+
 # -- TransactionManager -------------------------------------------------------------------------
 
 
@@ -733,6 +1023,11 @@ def tx_observer(target: Target[TransactionManager]) -> Callable[[], Awaitable[An
         return (values, history, info)
 
     return observe
+
+
+async def _read_back(manager: TransactionManager, resource: str, key: str) -> Any:
+    async with manager.transaction(isolation="read_committed") as tx:
+        return await tx.read(resource, key)
 
 
 tx_leases = st.builds(
@@ -788,8 +1083,13 @@ def test_transaction_steps(
     mode: Any,
     timeout: Any,
 ) -> None:
-    """One step in a transaction; it commits when the step was accepted."""
+    """One step in a transaction; it commits when the step was accepted, and a value written
+    reads back as plain JSON."""
     manager = fuzz_tx.store
+
+    def written_plain(_before: Any, _result: Any) -> None:
+        if op == "write":
+            assert_plain_json(fuzz_tx.run(_read_back(manager, resource, key)), "value")
 
     async def call() -> None:
         async with manager.transaction(isolation="serializable") as tx:
@@ -811,6 +1111,7 @@ def test_transaction_steps(
             f"{op}({resource!r:.60}, {key!r:.60}, value={value!r:.100}, mode={mode!r:.40}, "
             f"timeout={timeout!r})"
         ),
+        succeeded=written_plain,
     )
 
 
@@ -863,6 +1164,12 @@ def test_history_registry_and_run(
     async def fn(tx: Any) -> None:
         tx.write(resource, key, {"by": "run"})
 
+    def registered_plain(_before: Any, _result: Any) -> None:
+        if op == "register_resource":
+            info = fuzz_tx.run(manager.resource_info(resource))
+            assert info is not None
+            assert_plain_json(info.metadata, "metadata")
+
     calls: dict[str, Callable[[], Awaitable[Any]]] = {
         "history": lambda: manager.history(resource, key, limit),
         "register_resource": lambda: manager.register_resource(resource, metadata),
@@ -878,6 +1185,40 @@ def test_history_registry_and_run(
             f"{op}({resource!r:.60}, {key!r:.60}, limit={limit!r}, "
             f"metadata={metadata!r:.100}, retries={retries!r})"
         ),
+        succeeded=registered_plain,
+    )
+
+
+@FUZZ
+@given(where=st.sampled_from(["value", "metadata"]), value=st.one_of(json_values, blobs))
+def test_every_kind_of_value_in_a_transaction(
+    fuzz_tx: Target[TransactionManager], where: str, value: Any
+) -> None:
+    """A transaction value (any JSON value) or resource metadata (an object) built of any
+    mapping, sequence and scalar kind: stored as plain JSON, or refused naming the path."""
+    manager = fuzz_tx.store
+
+    async def write() -> None:
+        async with manager.transaction() as tx:
+            tx.write(SEED_RESOURCES[0], SEED_KEYS[0], value)
+
+    def stored_plain(_before: Any, _result: Any) -> None:
+        if where == "value":
+            found = fuzz_tx.run(_read_back(manager, SEED_RESOURCES[0], SEED_KEYS[0]))
+            assert_plain_json(found, "value")
+        else:
+            info = fuzz_tx.run(manager.resource_info(SEED_RESOURCES[1]))
+            assert info is not None
+            assert_plain_json(info.metadata, "metadata")
+
+    fuzz_tx.clock.advance(1)
+    check(
+        fuzz_tx,
+        write if where == "value" else lambda: manager.register_resource(SEED_RESOURCES[1], value),
+        fields={where},
+        observe=tx_observer(fuzz_tx),
+        what=f"{where}={value!r:.300}",
+        succeeded=stored_plain,
     )
 
 

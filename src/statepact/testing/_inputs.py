@@ -39,33 +39,44 @@ __all__ = [
     "EACH_REFUSED_JSON",
     "HOSTILE_DECIMAL_CONTEXTS",
     "REFUSED_JSON",
+    "Colour",
+    "LyingFloat",
+    "LyingInt",
+    "LyingText",
+    "Mood",
     "assert_plain_json",
     "assert_refused_at",
 ]
 
 
-class _Text(str):
+class LyingText(str):
     """A ``str`` subclass whose ``__str__`` lies: the stored text must be the string's own."""
 
     def __str__(self) -> str:
         return "not me"
 
 
-class _Number(int):
-    def __str__(self) -> str:
+class LyingInt(int):
+    """An ``int`` subclass whose ``__repr__`` and ``__str__`` lie."""
+
+    def __repr__(self) -> str:
         return "not me"
 
+    __str__ = __repr__
 
-class _Real(float):
+
+class LyingFloat(float):
+    """A ``float`` subclass whose ``__repr__`` lies."""
+
     def __repr__(self) -> str:
         return "not me"
 
 
-class _Colour(enum.IntEnum):
+class Colour(enum.IntEnum):
     RED = 1
 
 
-class _Mood(enum.StrEnum):
+class Mood(enum.StrEnum):
     CALM = "calm"
 
 
@@ -110,13 +121,13 @@ ACCEPTED_JSON: list[tuple[str, Any, Any]] = [
     ("chainmap", ChainMap({"a": 1}, {"a": 2, "b": 3}), {"a": 1, "b": 3}),
     ("tuple", (1, "two", None, (3.5,)), [1, "two", None, [3.5]]),
     ("namedtuple", _Pair(1, 2), [1, 2]),
-    ("str-subclass", _Text("text"), "text"),
-    ("strenum", _Mood.CALM, "calm"),
-    ("str-subclass-key", {_Text("key"): 1}, {"key": 1}),
-    ("int-subclass", _Number(7), 7),
-    ("intenum", _Colour.RED, 1),
+    ("str-subclass", LyingText("text"), "text"),
+    ("strenum", Mood.CALM, "calm"),
+    ("str-subclass-key", {LyingText("key"): 1}, {"key": 1}),
+    ("int-subclass", LyingInt(7), 7),
+    ("intenum", Colour.RED, 1),
     ("bool", True, True),
-    ("float-subclass", _Real(2.5), 2.5),
+    ("float-subclass", LyingFloat(2.5), 2.5),
     ("int-128-bits", 2**128 - 1, 2**128 - 1),
     ("negative-int-128-bits", -(2**128 - 1), -(2**128 - 1)),
     ("mappingproxy-of-tuples", types.MappingProxyType({"t": ((1,), [2])}), {"t": [[1], [2]]}),
@@ -144,7 +155,7 @@ REFUSED_JSON: list[tuple[str, Any, str]] = [
     ("nan", float("nan"), "nan"),
     ("inf-in-mappingproxy", types.MappingProxyType({"x": float("inf")}), "inf"),
     ("nan-in-tuple", (1, float("nan")), "nan"),
-    ("nan-float-subclass", _Real("nan"), "nan"),
+    ("nan-float-subclass", LyingFloat("nan"), "nan"),
     ("lone-surrogate", "a\ud800b", "Unicode"),
     ("lone-surrogate-key", {"\udfff": 1}, "Unicode"),
     ("nul", "a\x00b", "NUL"),
