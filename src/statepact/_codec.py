@@ -45,6 +45,8 @@ __all__ = [
     "encode_json",
     "encode_json_value",
     "nanos_to_decimal",
+    "plain_int",
+    "plain_str",
     "require_count",
     "require_id",
     "require_seconds",
@@ -93,7 +95,21 @@ def require_id(field: str, value: object) -> str:
         raise ValueError(f"{field}: is not valid Unicode text ({exc.reason})") from exc
     if size > MAX_ID_BYTES:
         raise ValueError(f"{field}: is {size} bytes; at most {MAX_ID_BYTES} are allowed")
-    return value
+    return plain_str(value)
+
+
+def plain_str(value: str) -> str:
+    """A ``str`` subclass (a ``StrEnum`` member) as the exact ``str`` of its text.
+
+    A backing formats ids into keys and statements; a subclass's ``__str__`` or
+    ``__format__`` must not change what it stores.
+    """
+    return value if type(value) is str else str.__str__(value)
+
+
+def plain_int(value: int) -> int:
+    """An ``int`` subclass (an ``IntEnum`` member) as the exact ``int`` of its value."""
+    return value if type(value) is int else int.__int__(value)
 
 
 def _check_str(field: str, path: str, value: str) -> None:
@@ -142,11 +158,11 @@ def _plain(field: str, root: object) -> Any:
         if value is None or value is True or value is False:
             parent[slot] = value
         elif isinstance(value, str):
-            text = value if type(value) is str else str.__str__(value)
+            text = plain_str(value)
             _check_str(field, path, text)
             parent[slot] = text
         elif isinstance(value, int):
-            number = value if type(value) is int else int.__int__(value)
+            number = plain_int(value)
             if number.bit_length() > 128:
                 raise ValueError(
                     f"{field}{path}: integer is too large to store exactly (at most 128 bits)"
@@ -167,7 +183,7 @@ def _plain(field: str, root: object) -> Any:
                         f"{field}{path}: key {key!r} is a {type(key).__name__}; "
                         "JSON object keys must be str"
                     )
-                name = key if type(key) is str else str.__str__(key)
+                name = plain_str(key)
                 _check_str(field, f"{path}[{name!r}]", name)
                 if name in obj:
                     raise ValueError(
@@ -289,7 +305,7 @@ def require_count(field: str, value: object) -> int:
         raise ValueError(f"{field}: must not be negative, got {value}")
     if value >= 2**62:
         raise ValueError(f"{field}: {value} is too large")
-    return value
+    return plain_int(value)
 
 
 def require_seconds(field: str, value: object, *, allow_zero: bool = False) -> float:

@@ -17,7 +17,14 @@ from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from statepact._codec import check_size, encode_json, require_count, require_id, require_seconds
+from statepact._codec import (
+    check_size,
+    encode_json,
+    plain_int,
+    require_count,
+    require_id,
+    require_seconds,
+)
 from statepact.clock import Clock, SystemClock, read_clock
 from statepact.models import ItemStatus, Lease, QueueStats, WorkItem
 
@@ -169,7 +176,7 @@ def _require_limit(limit: object) -> int:
         raise TypeError(f"limit: must be an int, got {type(limit).__name__}")
     if not 1 <= limit <= MAX_BATCH:
         raise ValueError(f"limit: must be between 1 and {MAX_BATCH}, got {limit}")
-    return limit
+    return plain_int(limit)
 
 
 def _require_lease(lease: object) -> Lease:
@@ -234,6 +241,7 @@ class BaseWorkQueue(ABC):
             raise TypeError(f"priority: must be an int, got {type(item.priority).__name__}")
         if not -MAX_PRIORITY <= item.priority <= MAX_PRIORITY:
             raise ValueError(f"priority: must be between -{MAX_PRIORITY} and {MAX_PRIORITY}")
+        priority = plain_int(item.priority)
         payload = encode_json("payload", item.payload)
         check_size("payload", len(payload), self._max_value_bytes, where=f"item {item_id!r}")
         now = read_clock(self._clock)
@@ -244,7 +252,7 @@ class BaseWorkQueue(ABC):
             tenant=tenant,
             item_id=item_id,
             payload=item.payload,
-            priority=item.priority,
+            priority=priority,
             available_at=available_at,
             attempts=0,
             status=ItemStatus.QUEUED,

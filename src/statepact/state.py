@@ -19,6 +19,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 from statepact._codec import (
     check_size,
     encode_json,
+    plain_int,
     require_count,
     require_id,
     to_nanos,
@@ -167,7 +168,7 @@ def _require_limit(limit: object) -> int:
         raise TypeError(f"limit: must be an int, got {type(limit).__name__}")
     if not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit: must be between 1 and {MAX_PAGE}, got {limit}")
-    return limit
+    return plain_int(limit)
 
 
 def _parse_after(after: object) -> int:
@@ -190,7 +191,7 @@ def _require_version(version: object) -> int:
         raise TypeError(f"version: must be an int, got {type(version).__name__}")
     if not 0 <= version < 2**63:
         raise ValueError(f"version: must be between 0 and 2**63 - 1, got {version}")
-    return version
+    return plain_int(version)
 
 
 def _require_status(status: object) -> RunStatus:

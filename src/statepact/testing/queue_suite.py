@@ -72,6 +72,9 @@ from statepact.testing._inputs import (
     EACH_ACCEPTED_JSON,
     EACH_BROKEN_CLOCK,
     EACH_REFUSED_JSON,
+    Colour,
+    LyingInt,
+    LyingText,
     assert_plain_json,
     assert_refused_at,
 )
@@ -851,6 +854,36 @@ class WorkQueueConformance:
             await work_queue.enqueue(WorkItem.model_construct(**values))
         assert await work_queue.get_item("acme", "job-1") is None
         assert (await work_queue.stats()).tenants == {}
+
+    async def test_ids_and_numbers_of_subclasses_are_stored_as_plain_values(
+        self, work_queue: WorkQueue
+    ) -> None:
+        """A str subclass id (one whose __str__ lies) is its own text and an int subclass
+        priority or limit its own number, on every backing."""
+        item = WorkItem.model_construct(
+            **{
+                **_item("acme", "job").model_dump(),
+                "tenant": LyingText("acme"),
+                "item_id": LyingText("job-1"),
+                "priority": LyingInt(7),
+            }
+        )
+        stored = await work_queue.enqueue(item)
+        await work_queue.enqueue(_item("acme", "job-2", priority=Colour.RED))
+        [lease, second] = await work_queue.claim_batch(
+            LyingText("w1"), lease_for=LEASE, limit=LyingInt(2)
+        )
+        assert (stored.tenant, stored.item_id, stored.priority) == ("acme", "job-1", 7)
+        assert (lease.item.item_id, second.item.item_id, lease.worker_id) == (
+            "job-1",
+            "job-2",
+            "w1",
+        )
+        fetched = await work_queue.get_item("acme", "job-1")
+        assert fetched is not None and fetched == lease.item
+        for value in (fetched.tenant, fetched.item_id, lease.worker_id):
+            assert type(value) is str
+        assert type(fetched.priority) is int and type(second.item.priority) is int
 
     @EACH_ACCEPTED_JSON
     async def test_json_values_beyond_dict_and_list_are_stored_as_plain_json(

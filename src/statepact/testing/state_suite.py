@@ -64,6 +64,9 @@ from statepact.testing._inputs import (
     EACH_BROKEN_CLOCK,
     EACH_HOSTILE_DECIMAL_CONTEXT,
     EACH_REFUSED_JSON,
+    LyingInt,
+    LyingText,
+    Mood,
     assert_plain_json,
     assert_refused_at,
 )
@@ -1053,6 +1056,33 @@ class StateStoreConformance:
         assert await state_store.get_run("acme", "run_1") is None
         assert await state_store.get_session("acme", "s1") is None
         assert (await state_store.list_runs("acme")).items == []
+
+    async def test_ids_and_counts_of_subclasses_are_stored_as_plain_values(
+        self, state_store: StateStore
+    ) -> None:
+        """A str subclass id (a StrEnum member, one whose __str__ lies) is its own text and an
+        int subclass count its own number, on every backing."""
+        record = RunRecord.model_construct(
+            **{
+                **RunRecord(tenant="acme", run_id="r").model_dump(),
+                "tenant": LyingText("acme"),
+                "run_id": LyingText("run_1"),
+                "session_id": Mood.CALM,
+            }
+        )
+        created = await state_store.put_run(record)
+        patched = await state_store.patch_run(
+            LyingText("acme"), LyingText("run_1"), iterations=LyingInt(2), cursor=LyingInt(3)
+        )
+        fetched = await state_store.get_run("acme", "run_1")
+        listed = (await state_store.list_runs("acme", session_id="calm")).items
+        assert fetched is not None
+        assert (created.tenant, created.run_id, created.session_id) == ("acme", "run_1", "calm")
+        assert (patched.iterations, patched.cursor) == (2, 3)
+        assert fetched == patched and listed == [patched]
+        for value in (fetched.tenant, fetched.run_id, fetched.session_id):
+            assert type(value) is str
+        assert type(fetched.iterations) is int
 
     async def test_non_string_ids_are_type_errors(self, state_store: StateStore) -> None:
         """An id that is not a str raises TypeError naming it."""
