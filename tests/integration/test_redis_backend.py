@@ -27,6 +27,7 @@ from statepact._retry import RetryPolicy
 from statepact.clock import ManualClock
 from statepact.errors import (
     ConflictError,
+    FencingError,
     LockTimeoutError,
     PreflightError,
     StatePersistenceError,
@@ -36,7 +37,14 @@ from statepact.storage.redis._keys import TxKeys
 from statepact.testing.faults import FaultProxy
 from statepact.testing.plugin import RedisServerFactory
 from statepact.testing.servers import free_port
-from statepact.tx import CommitResult, Isolation, Transaction, TransactionManager
+from statepact.tx import (
+    CommitRequest,
+    CommitResult,
+    Isolation,
+    Transaction,
+    TransactionManager,
+    WriteRecord,
+)
 from tests.fixtures.redis import ObservedRedis
 
 pytestmark = pytest.mark.integration
@@ -85,6 +93,7 @@ async def test_keys_follow_the_documented_layout(
     async with manager.transaction(idempotency_key="pay:1") as tx:
         tx.write("a:b", "c", {"x": 1})
         tx.write("ü", "k:1", [1])
+    txn = tx.txn_id
     lease = await manager.acquire_lease("job", "w1", 10)
     assert lease is not None
     holder = await manager.begin()
@@ -105,6 +114,7 @@ async def test_keys_follow_the_documented_layout(
         f"{{{p}}}:fence:3:job",
         f"{{{p}}}:lease:3:job",
         f"{{{p}}}:lock:3:a:b:1:c",
+        f"{{{p}}}:op:32:{txn}",
     }
     assert keys == {
         TxKeys(p).seq,
@@ -120,9 +130,12 @@ async def test_keys_follow_the_documented_layout(
         TxKeys(p).fence("job"),
         TxKeys(p).lease("job"),
         TxKeys(p).lock("a:b", "c"),
+        TxKeys(p).op(txn),
     }
-    # The idempotency record and the lock set expire; nothing else does.
+    # The idempotency record, the commit's outcome record (two minutes) and the lock set
+    # expire; nothing else does.
     assert 0 < await redis_client.ttl(TxKeys(p).idempotency("pay:1")) <= 30 * 24 * 3600
+    assert 110_000 < await redis_client.pttl(TxKeys(p).op(txn)) <= 120_000
     assert 0 < await redis_client.pttl(TxKeys(p).lock("a:b", "c")) <= 60_000
     assert await redis_client.ttl(TxKeys(p).fence("job")) == -1
     await holder.rollback()
@@ -296,6 +309,83 @@ async def test_a_commit_whose_reply_was_lost_is_applied_once(
             assert await direct.begin("probe") == 2
         finally:
             await client.aclose()
+
+
+async def test_only_a_commit_that_changed_something_leaves_an_outcome_record(
+    redis_client: Redis, backends: list[RedisBackend], clock: ManualClock
+) -> None:
+    """A writing commit, and a read-only one with an idempotency key, leave their version under
+    their transaction id; a read-only commit, a replay and a refused commit leave nothing."""
+    backend = _make(backends, redis_client, clock)
+    manager = TransactionManager(backend)
+    keys = TxKeys(backend.prefix)
+
+    async def outcome(tx: Transaction) -> bytes | None:
+        found: bytes | None = await redis_client.get(keys.op(tx.txn_id))
+        return found
+
+    async with manager.transaction() as written:
+        written.write(R, "o1", 1)
+    assert await outcome(written) == b"1"
+    async with manager.transaction() as read_only:
+        await read_only.read(R, "o1")
+    assert await outcome(read_only) is None
+    async with manager.transaction(idempotency_key="k") as keyed:
+        await keyed.read(R, "o1")
+    assert await outcome(keyed) == b"1"
+    async with manager.transaction(idempotency_key="k") as replay:
+        await replay.read(R, "o1")
+    assert replay.result == CommitResult(1, replayed=True)
+    assert await outcome(replay) is None
+    stale = await manager.begin("snapshot")
+    stale.write(R, "o1", "stale")
+    await _write(manager, "o1", 2)
+    with pytest.raises(ConflictError):
+        await stale.commit()
+    assert await outcome(stale) is None
+
+
+async def test_a_resent_commit_answers_as_it_did_and_a_refused_one_stays_refused(
+    redis_client: Redis, backends: list[RedisBackend], clock: ManualClock
+) -> None:
+    """The same commit request sent again (the failover's resend): one that applied answers its
+    version and applies nothing, even after the history trimmed it; one that was fenced is
+    fenced again, and nothing of either is applied twice."""
+    backend = _make(backends, redis_client, clock, history_limit=2)
+    manager = TransactionManager(backend)
+    old = await manager.acquire_lease("job", "w1", 10)
+    assert old is not None
+    clock.advance(11)
+    new = await manager.acquire_lease("job", "w2", 10)
+    assert new is not None
+
+    def request(txn_id: str, taken_at: int, data: str, fencing: Any = None) -> CommitRequest:
+        return CommitRequest(
+            txn_id=txn_id,
+            isolation=Isolation.SNAPSHOT,
+            taken_at=taken_at,
+            reads=(),
+            writes=(WriteRecord(R, "o1", data),),
+            idempotency_key=None,
+            fingerprint=None,
+            fencing=fencing,
+            now=clock.now(),
+        )
+
+    first = request("txn-applied", await backend.begin("txn-applied"), '"mine"')
+    assert await backend.commit(first) == CommitResult(1)
+    for n in range(3):  # more than history_limit: the commit's own entry is trimmed
+        await _write(manager, "o1", n)
+    assert [v.version for v in await manager.history(R, "o1")] == [4, 3]
+    assert await backend.commit(first) == CommitResult(1)
+    assert [v.value for v in await manager.history(R, "o1")] == [2, 1]
+
+    fenced = request("txn-fenced", await backend.begin("txn-fenced"), '"fenced"', old)
+    for _ in range(2):
+        with pytest.raises(FencingError):
+            await backend.commit(fenced)
+    assert await redis_client.exists(TxKeys(backend.prefix).op("txn-fenced")) == 0
+    assert (await manager.history(R, "o1"))[0].value == 2
 
 
 # -- locks ------------------------------------------------------------------------------------

@@ -267,6 +267,7 @@ class TxKeys:
     ``P:fence:R``           string  the highest fencing token ever issued (INCR)
     ``P:lease:R``           hash    ``owner``, ``token``, ``expires`` (µs), ``ttl``
     ``P:lock:R:K``          set     ``txn_id|shared`` / ``txn_id|exclusive`` (TTL)
+    ``P:op:<seg(txn_id)>``  string  a commit's outcome record, its version (expires)
     ======================  ======  =====================================================
     """
 
@@ -311,6 +312,10 @@ class TxKeys:
 
     def lock(self, resource: str, key: str) -> str:
         return f"{self.tag}:lock:{seg(resource)}:{seg(key)}"
+
+    def op(self, txn_id: str) -> str:
+        """A commit's outcome record, found by a resend of the same transaction."""
+        return f"{self.tag}:op:{seg(txn_id)}"
 
     @property
     def match_all(self) -> str:

@@ -22,6 +22,8 @@ cluster too; ``R``/``K`` are the length-prefixed resource and key)::
     P:lease:R           hash    owner, token, expires (µs), ttl
     P:lock:R:K          set     txn_id|shared, txn_id|exclusive; expires after
                                 lock_ttl_seconds without a grant
+    P:op:<seg(txn_id)>  string  a commit's outcome record (its version), expires
+                                after two minutes
 
 An entry is ``<version>:<µs>:<txn_id>\\0`` followed by ``=<JSON text>`` or ``-``
 for a delete (``lua/_tx.lua``). The seed's ``{"v", "ver", "d"}`` JSON wrapper is
@@ -32,10 +34,14 @@ Round trips: ``begin`` is one ``GET``, a latest read one ``HGET``, a snapshot
 read, a commit, a lock attempt and every lease call one ``EVALSHA`` each
 (``lua/tx_*.lua``). A commit does fencing, idempotency, validation, the writes,
 the capped history, the registry and the idempotency record in that one
-script, and advances ``P:seq`` only when it writes. Each written entry carries
-the transaction id, so a commit sent again after its reply was lost (our
-failover, or redis-py's own retry) finds itself and reports its version instead
-of applying twice or conflicting with itself.
+script, and advances ``P:seq`` only when it writes. A commit that changed
+something leaves an outcome record under its transaction id in the same
+script, kept two minutes (far past the failover budget), so a commit sent
+again after its reply was lost (our failover, or a client's own retry) finds
+itself and reports its version instead of applying twice or conflicting with
+itself, however many versions of its keys were committed and trimmed from the
+history in between (``lua/tx_commit.lua`` says what a resend of a refused or
+read-only commit answers).
 
 Locks are polled with backoff until the timeout (``LockTimeoutError``; no
 wait-for graph, so ``detects_deadlocks`` is ``False`` and a cycle ends as a
@@ -294,7 +300,7 @@ class RedisBackend:
         # Only serializable validates reads; the others need not send them.
         reads = request.reads if request.isolation is Isolation.SERIALIZABLE else ()
         fence = request.fencing
-        script_keys = [keys.seq, keys.resources]
+        script_keys = [keys.seq, keys.resources, keys.op(request.txn_id)]
         if request.idempotency_key is not None:
             script_keys.append(keys.idempotency(request.idempotency_key))
         if fence is not None:
