@@ -535,7 +535,7 @@ async def test_fencing_tokens_survive_a_crash_of_a_durable_server(
         server.start()
         clock.advance(11)
         second = await manager.acquire_lease("job", "w2", 10)
-        assert second is not None and second.token == first.token + 1
+        assert second is not None and second.token > first.token
         async with manager.transaction() as tx:
             assert await tx.read(R, "o1") == "kept"
         assert tx.result.version == 1

@@ -317,7 +317,7 @@ class TransactionConformance:
         assert renewed.token == held.token
         clock.advance(10)  # exactly at expiry: expired
         taken = await manager.acquire_lease("job", "w2", 10)
-        assert taken is not None and taken.token == held.token + 1
+        assert taken is not None and taken.token > held.token
 
     async def test_renew_extends_and_keeps_the_token(
         self, manager: TransactionManager, clock: ManualClock
@@ -899,8 +899,9 @@ class TransactionConformance:
         assert await _read_value(manager, "o1") is None
         assert await manager.history(R, "o1") == []
         assert await manager.resource_info(R) is None
+        # The old holder's lease is gone: another owner gets one at once.
         again = await manager.acquire_lease("job", "w2", 60)
-        assert again is not None and again.token == 1
+        assert again is not None and again.owner == "w2"
         async with manager.transaction(idempotency_key="once") as tx:
             tx.write(R, "o2", "different")
         assert tx.result == CommitResult(1, replayed=False)

@@ -18,7 +18,8 @@ cluster too; ``R``/``K`` are the length-prefixed resource and key)::
     P:trim:R            hash    key -> the newest version trimmed from P:hist:R:K
     P:idem:<seg(idem)>  string  fingerprint:version:µs:txn_id, expires after
                                 idempotency_ttl_seconds
-    P:fence:R           string  the highest fencing token ever issued (INCR only)
+    P:fence:R           string  the highest fencing token ever issued (never
+                                below the server's clock in µs: lua/_common.lua)
     P:lease:R           hash    owner, token, expires (µs), ttl
     P:lock:R:K          set     txn_id|shared, txn_id|exclusive; expires after
                                 lock_ttl_seconds without a grant

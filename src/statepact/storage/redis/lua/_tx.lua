@@ -10,7 +10,7 @@
 --   P:hist:R:K           list    the key's entries, newest first, at most history_limit
 --   P:trim:R             hash    key -> the newest version trimmed from P:hist:R:K
 --   P:idem:<seg(idem)>   string  "<fingerprint>:<version>:<µs>:<txn_id>", with a TTL
---   P:fence:R            string  the highest fencing token ever issued (INCR only)
+--   P:fence:R            string  the highest fencing token ever issued (next_token)
 --   P:lease:R            hash    owner, token, expires (µs), ttl (seconds)
 --   P:lock:R:K           set     "<txn_id>|shared" / "<txn_id>|exclusive", with a TTL
 --   P:op:<seg(txn_id)>   string  a commit's outcome record, "<version>", expiring
