@@ -212,10 +212,11 @@ async def open_backings(
 
 
 async def _server_durability(client: Any, notes: TextIO) -> bool:
-    """Whether the Redis keeps data on disk; refuses (PreflightError) a server that evicts.
+    """Whether the Redis passes the durable preflight; refuses (PreflightError) one that evicts.
 
-    The CLI's own data is deleted when the command ends, so a server that keeps
-    nothing on disk is fine for it; it says so, since production state is not.
+    The CLI's own data is deleted when the command ends, so a server that would
+    forget writes on a restart is fine for it; it says so, since production
+    state is not.
     """
     from statepact.storage.redis.preflight import read_server_configs, refusals
 
@@ -225,8 +226,9 @@ async def _server_durability(client: Any, notes: TextIO) -> bool:
         raise PreflightError(evicting, server="Redis")
     if any(refusals(c, durable=True) for c in configs):
         print(
-            "note: this Redis keeps nothing on disk; fine here (everything this command writes "
-            "is deleted when it ends), refused for real state: see `statepact doctor`",
+            "note: this Redis would forget recent writes on a restart (no append-only file "
+            "synced by Redis); fine here (everything this command writes is deleted when it "
+            "ends), refused for real state: see `statepact doctor`",
             file=notes,
         )
         return False
