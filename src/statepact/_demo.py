@@ -236,16 +236,19 @@ async def _server_durability(client: Any, notes: TextIO) -> bool:
 
 
 def redis_client(url: str, **options: Any) -> Any:
-    """A ``redis.asyncio.Redis`` for ``url``; a URL redis-py cannot read is a ``CommandError``."""
-    from redis.asyncio import Redis
+    """A ``redis.asyncio.Redis`` for ``url`` from ``create_client`` (its timeouts, redis-py's
+    retry off); a URL it refuses (unreadable, a database that is not an index) is a
+    ``CommandError`` saying why."""
+    from pydantic import SecretStr
+
+    from statepact.settings import RedisStoreSettings
+    from statepact.storage.redis import create_client
 
     try:
-        return Redis.from_url(url, **options)
+        return create_client(RedisStoreSettings(dsn=SecretStr(url)), **options)
     except ValueError as exc:
-        raise CommandError(
-            f"--redis {redact_dsn(url)!r} is not a Redis URL; use "
-            "redis://[:password@]host:port/db (or rediss:// for TLS)"
-        ) from exc
+        # create_client's message masks the password; "dsn" is --redis here.
+        raise CommandError(f"--redis: {str(exc).removeprefix('dsn: ')}") from None
 
 
 @asynccontextmanager

@@ -79,13 +79,13 @@ async def check_redis(url: str, *, durable: bool = True) -> list[Check]:
         client = redis_client(
             url, socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=CONNECT_TIMEOUT
         )
-    except CommandError:
+    except CommandError as exc:
         return [
             Check(
                 "redis",
                 "reachable",
                 False,
-                "the --redis value is not a Redis URL",
+                str(exc).removeprefix("--redis: "),
                 "use redis://[:password@]host:port/db (or rediss:// for TLS)",
             )
         ]

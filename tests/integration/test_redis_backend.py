@@ -518,6 +518,65 @@ async def test_connect_runs_the_preflight(
         await backend.close()  # idempotent
 
 
+async def test_connect_serves_150_concurrent_transactions(statepact_redis_url: str) -> None:
+    """The client connect() builds queues concurrent calls for a pooled connection instead of
+    refusing them: 150 transactions at once (read, write, commit) all land."""
+    backend = await RedisBackend.connect(statepact_redis_url, prefix=_prefix(), durable=False)
+    manager = TransactionManager(backend)
+
+    async def deposit(n: int) -> int:
+        async with manager.transaction() as tx:
+            assert await tx.read(R, f"k{n}") is None
+            tx.write(R, f"k{n}", n)
+        return tx.result.version
+
+    try:
+        versions = await asyncio.gather(*(deposit(n) for n in range(150)))
+        assert sorted(versions) == list(range(1, 151))
+    finally:
+        await backend.clear()
+        await backend.close()
+
+
+async def test_connect_counts_only_the_failovers_attempts(
+    statepact_redis_url: str, clock: ManualClock
+) -> None:
+    """Against a server that refuses connections, a call on connect()'s client makes exactly the
+    failover's attempts: redis-py's own retry is off, whatever its version's default (a retry
+    passed explicitly multiplies them, which shows the count would see one)."""
+    port = urlsplit(statepact_redis_url).port or 6379
+    for own_retries, connections in ((None, 4), (2, 12)):
+        async with FaultProxy(port) as proxy:
+            assert await _failover_connections(proxy, clock, own_retries) == connections
+
+
+async def _failover_connections(proxy: FaultProxy, clock: ManualClock, retries: int | None) -> int:
+    """How many connections one call on a connect() client opens against a refusing proxy."""
+    options = {} if retries is None else {"retry": Retry(NoBackoff(), retries)}
+    backend = await RedisBackend.connect(
+        f"redis://127.0.0.1:{proxy.port}/0",
+        prefix=_prefix(),
+        durable=False,
+        clock=clock,
+        failover=RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.02),
+        **options,
+    )
+    try:
+        proxy.refuse()
+        proxy.cut()
+        # The first call meets the cut pooled connection before it connects anew; from the
+        # second on, every attempt opens new connections.
+        with pytest.raises(StatePersistenceError, match="after 4 attempts"):
+            await backend.begin("probe")
+        before = proxy.stats.accepted
+        with pytest.raises(StatePersistenceError, match="after 4 attempts"):
+            await backend.begin("probe")
+        return proxy.stats.accepted - before
+    finally:
+        proxy.heal()
+        await backend.close()
+
+
 async def test_fencing_tokens_survive_a_crash_of_a_durable_server(
     statepact_redis_server_factory: RedisServerFactory,
 ) -> None:

@@ -80,7 +80,8 @@ from statepact.errors import (
     StatepactError,
     StatePersistenceError,
 )
-from statepact.storage.redis._client import Failover
+from statepact.settings import RedisStoreSettings
+from statepact.storage.redis._client import Failover, check_database, create_client
 from statepact.storage.redis._keys import TxKeys
 from statepact.storage.redis._scripts import TX_SCRIPTS, ScriptRunner
 from statepact.storage.redis.preflight import check
@@ -105,6 +106,10 @@ _COMMITTED, _REPLAYED, _FENCED, _IDEMPOTENCY_CONFLICT, _CONFLICT = range(5)
 _WRITE, _READ = 1, 2
 _TOO_OLD = -1  # lua/tx_read.lua: the version the snapshot needs was trimmed
 _CLEAR_BATCH = 500
+# The pool of connect()'s own client: its size, and how long a call waits for a
+# free connection before PoolExhaustedError (PostgresBackend.connect waits 30 s too).
+_POOL_SIZE = 50
+_POOL_WAIT = 30.0
 # Lock polling: the first retry comes quickly (most locks are short), then the
 # wait doubles up to a ceiling that keeps a released lock's latency small.
 _LOCK_FIRST_DELAY = 0.002
@@ -209,17 +214,32 @@ class RedisBackend:
     ) -> Self:
         """A backend on its own client for ``url``, after the persistence preflight.
 
-        The preflight (shared with the state store) refuses a server that
-        evicts keys or, with ``durable=True``, keeps nothing on disk: the
-        fencing counter must never go backwards. ``durable=False`` lifts the
-        persistence check only. ``cluster=True`` builds a ``RedisCluster``;
-        ``client_options`` go to ``from_url``. Raises ``PreflightError`` with
-        every reason, or ``StatePersistenceError`` if the server does not answer.
-        """
-        from redis.asyncio import Redis, RedisCluster
+        The client is :func:`~statepact.storage.redis.create_client`'s, as for
+        the other Redis stores: socket timeouts of 5 s and redis-py's own retry
+        off, so ``failover`` is the only count of attempts. Its pool holds up to
+        50 connections, and a call that finds them all busy waits up to 30 s
+        for one (then ``PoolExhaustedError``): a transaction is several calls,
+        and many at once should queue, not fail. On a cluster the pool is per
+        node and does not wait. ``client_options`` go to ``from_url`` and win
+        (``max_connections=``, ``timeout=`` for the wait, ``socket_timeout=``).
 
-        factory: Any = RedisCluster if cluster else Redis
-        client = factory.from_url(url, **client_options)
+        The preflight (shared with the state store) refuses a server that
+        evicts keys or, with ``durable=True``, would forget acknowledged writes
+        on a crash. ``durable=False`` lifts the persistence check only.
+        ``cluster=True`` builds a ``RedisCluster``. Raises ``ValueError`` for a
+        URL redis-py cannot read or whose database is not an index
+        (``redis://host/x``), ``PreflightError`` with every reason, or
+        ``StatePersistenceError`` if the server does not answer.
+        """
+        from pydantic import SecretStr
+
+        check_database(url, "url")
+        settings = RedisStoreSettings(dsn=SecretStr(url), pool_size=_POOL_SIZE)
+        wait = None if cluster else client_options.pop("timeout", _POOL_WAIT)
+        try:
+            client = create_client(settings, cluster=cluster, pool_wait=wait, **client_options)
+        except ValueError as exc:
+            raise ValueError(f"url: {str(exc).removeprefix('dsn: ')}") from None
         backend = cls(
             client,
             prefix=prefix,
