@@ -37,6 +37,7 @@ from enum import StrEnum
 from types import TracebackType
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from statepact._cancel import finish
 from statepact._codec import (
     check_size,
     decode_json,
@@ -543,7 +544,15 @@ class Transaction:
         """Take the snapshot; called by ``async with`` and ``manager.begin``."""
         if self._state != "new":
             raise RuntimeError("transaction: already started")
-        self._taken_at = await self._backend.begin(self.txn_id)
+        self._state = "starting"
+        try:
+            self._taken_at = await self._backend.begin(self.txn_id)
+        except BaseException:
+            # Cancelled or failed after the backing may have registered the snapshot:
+            # ``__aexit__`` will not run for a failed ``__aenter__``, so end it here.
+            self._state = "failed"
+            await finish(self._backend.end(self.txn_id))
+            raise
         self._state = "active"
         return self
 
@@ -679,21 +688,45 @@ class Transaction:
                     fencing=self.fencing,
                     now=self._manager.clock.now(),
                 )
-                result = await self._backend.commit(request)
+                result = await self._commit(request)
+            self._result = result
+            self._state = "committed"
         except BaseException:
-            self._state = "failed"
+            if self._state != "committed":  # a cancelled commit may have landed all the same
+                self._state = "failed"
             raise
         finally:
-            await self._backend.end(self.txn_id)
-        self._result = result
-        self._state = "committed"
+            # Whatever happened above, a cancellation included: the locks and the
+            # snapshot are released before the caller goes on.
+            await finish(self._backend.end(self.txn_id))
         return result
 
+    async def _commit(self, request: CommitRequest) -> CommitResult:
+        """The backing's commit, run to its answer even if the caller is cancelled meanwhile.
+
+        The commit must have settled before ``end`` releases the locks (a lock
+        released under a commit still in flight would let another holder read
+        what it is about to overwrite). If it landed, ``result`` is set even
+        though the caller gets ``CancelledError``.
+        """
+        outcome = asyncio.ensure_future(self._backend.commit(request))
+        try:
+            return await finish(outcome)
+        except asyncio.CancelledError:
+            if not outcome.cancelled() and outcome.exception() is None:
+                self._result = outcome.result()
+                self._state = "committed"
+            raise
+
     async def rollback(self) -> None:
-        """Discard the buffered writes and release the snapshot and locks; idempotent."""
+        """Discard the buffered writes and release the snapshot and locks; idempotent.
+
+        The release completes even if the caller is cancelled meanwhile (which
+        then gets its ``CancelledError`` once it has).
+        """
         if self._state == "active":
             self._state = "rolled back"
-            await self._backend.end(self.txn_id)
+            await finish(self._backend.end(self.txn_id))
         elif self._state == "new":
             self._state = "rolled back"
 
