@@ -625,6 +625,24 @@ async def test_locks_span_pools_and_expire_after_their_ttl(
     assert await _scalar(pg_database_url, "SELECT count(*) FROM statepact_locks") == 0
 
 
+async def test_close_releases_the_locks_of_transactions_still_live(
+    pg_database_url: str, backends: Callable[..., Any]
+) -> None:
+    """Closing a backend while its transactions hold locks deletes their rows (they can never
+    end now) instead of leaving the keys blocked for lock_ttl_seconds."""
+    closing = await backends(pg_database_url)
+    other = TransactionManager(await backends(pg_database_url))
+    live = [await TransactionManager(closing).begin() for _ in range(2)]
+    await live[0].lock(R, "o1")
+    await live[1].lock(R, "o2", mode="shared")
+    await closing.close()
+    assert await _scalar(pg_database_url, "SELECT count(*) FROM statepact_locks") == 0
+    tx = await other.begin()
+    await tx.lock(R, "o1", timeout=0)
+    await tx.lock(R, "o2", timeout=0)
+    await tx.rollback()
+
+
 async def test_a_waiter_on_another_pool_gets_the_lock_when_the_holder_ends(
     pg_database_url: str, backends: Callable[..., Any]
 ) -> None:

@@ -105,6 +105,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.types import JSON
 
+from statepact._cancel import finish
 from statepact._retry import RetryPolicy
 from statepact.clock import Clock, SystemClock
 from statepact.errors import (
@@ -225,7 +226,7 @@ def _stmt_try_lock() -> Any:
 
 
 def _stmt_unlock() -> Any:
-    return delete(_locks).where(_locks.c.txn_id == bindparam("txn_id"))
+    return delete(_locks).where(_locks.c.txn_id.in_(bindparam("txn_ids", expanding=True)))
 
 
 def _stmt_acquire_lease() -> Any:
@@ -680,18 +681,26 @@ class PostgresBackend:
     async def end(self, txn_id: str) -> None:
         if txn_id not in self._locking:
             return
-        self._locking.discard(txn_id)
         if self._closed:
-            return
+            return  # close() releases what is left
+        await self._unlock([txn_id])
+        # Forgotten only once the unlock answered (or the server is gone): a
+        # cancellation before that leaves the transaction for the next end() to release.
+        self._locking.discard(txn_id)
+
+    async def _unlock(self, txn_ids: list[str]) -> None:
+        """Delete the lock rows of ``txn_ids`` in one statement; never raises a backing error.
+
+        An unreachable server is left to the rows' expiry: raising here would
+        hide the outcome of a commit that has already happened.
+        """
 
         async def work(conn: Runner) -> None:
-            await conn.execute(_UNLOCK, {"txn_id": txn_id})
+            await conn.execute(_UNLOCK, {"txn_ids": txn_ids})
 
         try:
-            await self._run(work, idempotent=True)
+            await self._executor.run(work, idempotent=True)
         except StatepactError:
-            # The server is unreachable: the lock rows expire by themselves. Raising
-            # here would hide the outcome of a commit that has already happened.
             return
 
     async def read(self, resource: str, key: str, at: int | None) -> StoredValue:
@@ -893,6 +902,14 @@ class PostgresBackend:
         if self._closed:
             return
         self._closed = True
+        # A cleanup: finished even if the caller is cancelled meanwhile.
+        await finish(self._release_and_close())
+
+    async def _release_and_close(self) -> None:
+        # Transactions of this process that still hold locks will never end now:
+        # release their rows rather than leave the keys blocked for lock_ttl_seconds.
+        if self._locking:
+            await self._unlock(sorted(self._locking))
         self._locking.clear()
         if self._owns_engine:
             try:
