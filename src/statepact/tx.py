@@ -275,10 +275,11 @@ class StorageBackend(Protocol):
     Common to every method:
 
     - Arguments were validated in front; a backing does not validate again.
-    - Time: a backing never reads a clock (neither its own nor the server's
-      ``TIME``/``now()``); every time it stores or compares arrives as a
-      ``now`` argument taken from the injected clock. The one exception is a
-      lock wait, which is a real elapsed wait (``timeout`` seconds).
+    - Time: a backing never reads a clock of its own; every time it stores or
+      compares (lease expiry, commit times) arrives as a ``now`` argument taken
+      from the injected clock. The exceptions are the lock wait, a real
+      elapsed wait (``timeout`` seconds), and a lock's TTL, which the server
+      measures (see ``lock``).
     - Every method is safe to call concurrently from many tasks, and (for a
       server backing) from many processes.
     - Errors: driver exceptions never escape. A server that stayed
@@ -373,6 +374,17 @@ class StorageBackend(Protocol):
         when not granted in time, ``DeadlockError`` when waiting would close
         a wait-for cycle (only if ``detects_deadlocks``; exactly one
         transaction of the cycle gets it).
+
+        Time: a server backing's lock expires ``lock_ttl_seconds`` after its
+        grant as the *server* measures it (Redis's PX TTL, PostgreSQL's
+        ``now()``), so that a crashed holder frees its keys and no host's clock
+        can expire another's live lock; the injected clock never moves a lock
+        (lease expiry, by contrast, reads only the injected clock). Memory
+        locks live in the process and never expire.
+
+        Cancellation: the request is recorded before it is sent, so a grant
+        whose reply never arrived (a lost connection, a cancelled caller) is
+        still released by ``end``.
         """
         ...
 

@@ -464,6 +464,22 @@ class TransactionConformance:
         await third.lock(R, "o1", timeout=LOCK_WAIT)
         await third.rollback()
 
+    async def test_the_injected_clock_does_not_expire_a_live_lock(
+        self, manager: TransactionManager, clock: ManualClock
+    ) -> None:
+        """A lock's TTL (where a backing has one) runs on the server's time, not the injected
+        clock: moving the clock far ahead leaves a live holder's lock in place."""
+        holder = await manager.begin()
+        other = await manager.begin()
+        try:
+            await holder.lock(R, "o1")
+            clock.advance(24 * 3600)
+            with pytest.raises(LockTimeoutError):
+                await other.lock(R, "o1", timeout=0)
+        finally:
+            await holder.rollback()
+            await other.rollback()
+
     async def test_lock_cycle_is_broken(
         self, manager: TransactionManager, tx_backend: StorageBackend
     ) -> None:
