@@ -42,10 +42,12 @@ wait-for graph, so ``detects_deadlocks`` is ``False`` and a cycle ends as a
 timeout). A lock set expires after ``lock_ttl_seconds`` without a grant, so a
 crashed holder frees its keys by itself; a holder slower than that TTL can lose
 its lock unknowingly, so keep the TTL well above the longest critical section.
-The lock keys a transaction asked for are tracked in this process and released
-by ``end`` in one script; if the server cannot be reached then, ``end`` does
-not raise (it runs after a commit whose outcome must not be hidden) and the
-TTL frees the locks.
+The lock keys a transaction asked for are tracked in this process (recorded
+before each request is sent) and released by ``end`` in one script; they are
+forgotten only once that script answered, so an ``end`` cancelled before it can
+be repeated, and ``close`` releases those of transactions still open. If the
+server cannot be reached, ``end`` does not raise (it runs after a commit whose
+outcome must not be hidden) and the TTL frees the locks.
 Lease expiry uses the injected clock (times arrive as arguments); only the lock
 TTL is measured by Redis, as a real-time safety net.
 
