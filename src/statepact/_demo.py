@@ -35,6 +35,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, TextIO
 
+from statepact._cancel import finish
 from statepact.clock import Clock, ManualClock
 from statepact.errors import (
     IdempotencyConflictError,
@@ -293,10 +294,15 @@ async def _redis_backings(
                 raw=client,
             )
         finally:
-            await backend.clear()
-            await _delete_redis_namespace(client, tag)
+            # The scratch namespace goes whatever ended the command, a cancellation included.
+            await finish(_clear_redis(backend, client, tag))
     finally:
-        await client.aclose()
+        await finish(client.aclose())
+
+
+async def _clear_redis(backend: Any, client: Any, tag: str) -> None:
+    await backend.clear()
+    await _delete_redis_namespace(client, tag)
 
 
 #: The statement timeout the CLI's own connections carry (verify() refuses none).
@@ -384,11 +390,18 @@ async def _postgres_backings(
                 raw=engine,
             )
         finally:
-            await engine.dispose()
-            async with admin.begin() as conn:
-                await conn.execute(text(f"DROP SCHEMA IF EXISTS {quoted} CASCADE"))
+            # The scratch schema goes whatever ended the command, a cancellation included.
+            await finish(_drop_postgres_schema(engine, admin, quoted))
     finally:
-        await admin.dispose()
+        await finish(admin.dispose())
+
+
+async def _drop_postgres_schema(engine: Any, admin: Any, quoted: str) -> None:
+    from sqlalchemy import text
+
+    await engine.dispose()
+    async with admin.begin() as conn:
+        await conn.execute(text(f"DROP SCHEMA IF EXISTS {quoted} CASCADE"))
 
 
 def _first_line(exc: BaseException) -> str:

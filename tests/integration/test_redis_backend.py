@@ -447,6 +447,27 @@ async def test_a_crashed_holders_lock_frees_itself_after_its_ttl(
         await backend.clear()
 
 
+async def test_close_releases_the_locks_of_transactions_still_live(
+    redis_client: Redis, clock: ManualClock
+) -> None:
+    """Closing a backend while its transactions hold locks releases them (they can never end
+    now) instead of leaving the keys blocked for lock_ttl_seconds."""
+    prefix = _prefix()
+    closing = RedisBackend(redis_client, prefix=prefix, clock=clock)
+    other = RedisBackend(redis_client, prefix=prefix, clock=clock)
+    try:
+        live = await TransactionManager(closing).begin()
+        await live.lock(R, "o1")
+        await live.lock(R, "o2", mode="shared")
+        await closing.close()
+        tx = await TransactionManager(other).begin()
+        await tx.lock(R, "o1", timeout=0)
+        await tx.lock(R, "o2", timeout=0)
+        await tx.rollback()
+    finally:
+        await other.clear()
+
+
 # -- errors at the boundary -------------------------------------------------------------------
 
 

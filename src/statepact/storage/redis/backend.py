@@ -49,10 +49,12 @@ wait-for graph, so ``detects_deadlocks`` is ``False`` and a cycle ends as a
 timeout). A lock set expires after ``lock_ttl_seconds`` without a grant, so a
 crashed holder frees its keys by itself; a holder slower than that TTL can lose
 its lock unknowingly, so keep the TTL well above the longest critical section.
-The lock keys a transaction asked for are tracked in this process and released
-by ``end`` in one script; if the server cannot be reached then, ``end`` does
-not raise (it runs after a commit whose outcome must not be hidden) and the
-TTL frees the locks.
+The lock keys a transaction asked for are tracked in this process (recorded
+before each request is sent) and released by ``end`` in one script; they are
+forgotten only once that script answered, so an ``end`` cancelled before it can
+be repeated, and ``close`` releases those of transactions still open. If the
+server cannot be reached, ``end`` does not raise (it runs after a commit whose
+outcome must not be hidden) and the TTL frees the locks.
 Lease expiry uses the injected clock (times arrive as arguments); only the lock
 TTL is measured by Redis, as a real-time safety net.
 
@@ -69,6 +71,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, Self, TypeVar
 
+from statepact._cancel import finish
 from statepact._retry import RetryPolicy
 from statepact.clock import Clock, SystemClock, from_micros, to_micros
 from statepact.errors import (
@@ -281,14 +284,29 @@ class RedisBackend:
         return 0 if raw is None else int(raw)
 
     async def end(self, txn_id: str) -> None:
-        keys = self._locks.pop(txn_id, None)
-        if not keys or self._closed:
+        keys = self._locks.get(txn_id)
+        if not keys:
+            self._locks.pop(txn_id, None)
             return
+        if self._closed:
+            return  # close() releases what is left
+        await self._unlock(txn_id, keys)
+        # Forgotten only once the unlock answered (or the server is gone): a
+        # cancellation before that leaves the keys for the next end() to release.
+        self._locks.pop(txn_id, None)
+
+    async def _unlock(self, txn_id: str, keys: set[str]) -> None:
+        """Release ``txn_id``'s lock keys in one script; never raises a backing error.
+
+        An unreachable server is left to the locks' TTL: raising here would hide
+        the outcome of a commit that has already happened.
+        """
+        lock_keys = sorted(keys)
         try:
-            await self._script("tx_unlock", sorted(keys), [txn_id])
+            await self._failover.run(
+                "tx_unlock", lambda: self._scripts("tx_unlock", lock_keys, [txn_id])
+            )
         except StatepactError:
-            # The server is unreachable; the locks' TTL frees them. Raising here
-            # would hide the outcome of a commit that has already happened.
             return
 
     async def read(self, resource: str, key: str, at: int | None) -> StoredValue:
@@ -506,6 +524,14 @@ class RedisBackend:
         if self._closed:
             return
         self._closed = True
+        # A cleanup: finished even if the caller is cancelled meanwhile.
+        await finish(self._release_and_close())
+
+    async def _release_and_close(self) -> None:
+        # Transactions of this process that still hold locks will never end now:
+        # release their keys rather than leave them blocked for lock_ttl_seconds.
+        for txn_id, keys in list(self._locks.items()):
+            await self._unlock(txn_id, keys)
         self._locks.clear()
         if self._owns_client:
             try:
