@@ -35,6 +35,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, TextIO
 
+from statepact._cancel import finish
 from statepact._codec import decimal_context
 from statepact.clock import Clock, ManualClock
 from statepact.errors import (
@@ -213,10 +214,11 @@ async def open_backings(
 
 
 async def _server_durability(client: Any, notes: TextIO) -> bool:
-    """Whether the Redis keeps data on disk; refuses (PreflightError) a server that evicts.
+    """Whether the Redis passes the durable preflight; refuses (PreflightError) one that evicts.
 
-    The CLI's own data is deleted when the command ends, so a server that keeps
-    nothing on disk is fine for it; it says so, since production state is not.
+    The CLI's own data is deleted when the command ends, so a server that would
+    forget writes on a restart is fine for it; it says so, since production
+    state is not.
     """
     from statepact.storage.redis.preflight import read_server_configs, refusals
 
@@ -226,8 +228,9 @@ async def _server_durability(client: Any, notes: TextIO) -> bool:
         raise PreflightError(evicting, server="Redis")
     if any(refusals(c, durable=True) for c in configs):
         print(
-            "note: this Redis keeps nothing on disk; fine here (everything this command writes "
-            "is deleted when it ends), refused for real state: see `statepact doctor`",
+            "note: this Redis would forget recent writes on a restart (no append-only file "
+            "synced by Redis); fine here (everything this command writes is deleted when it "
+            "ends), refused for real state: see `statepact doctor`",
             file=notes,
         )
         return False
@@ -235,16 +238,19 @@ async def _server_durability(client: Any, notes: TextIO) -> bool:
 
 
 def redis_client(url: str, **options: Any) -> Any:
-    """A ``redis.asyncio.Redis`` for ``url``; a URL redis-py cannot read is a ``CommandError``."""
-    from redis.asyncio import Redis
+    """A ``redis.asyncio.Redis`` for ``url`` from ``create_client`` (its timeouts, redis-py's
+    retry off); a URL it refuses (unreadable, a database that is not an index) is a
+    ``CommandError`` saying why."""
+    from pydantic import SecretStr
+
+    from statepact.settings import RedisStoreSettings
+    from statepact.storage.redis import create_client
 
     try:
-        return Redis.from_url(url, **options)
+        return create_client(RedisStoreSettings(dsn=SecretStr(url)), **options)
     except ValueError as exc:
-        raise CommandError(
-            f"--redis {redact_dsn(url)!r} is not a Redis URL; use "
-            "redis://[:password@]host:port/db (or rediss:// for TLS)"
-        ) from exc
+        # create_client's message masks the password; "dsn" is --redis here.
+        raise CommandError(f"--redis: {str(exc).removeprefix('dsn: ')}") from None
 
 
 @asynccontextmanager
@@ -289,10 +295,15 @@ async def _redis_backings(
                 raw=client,
             )
         finally:
-            await backend.clear()
-            await _delete_redis_namespace(client, tag)
+            # The scratch namespace goes whatever ended the command, a cancellation included.
+            await finish(_clear_redis(backend, client, tag))
     finally:
-        await client.aclose()
+        await finish(client.aclose())
+
+
+async def _clear_redis(backend: Any, client: Any, tag: str) -> None:
+    await backend.clear()
+    await _delete_redis_namespace(client, tag)
 
 
 #: The statement timeout the CLI's own connections carry (verify() refuses none).
@@ -380,11 +391,18 @@ async def _postgres_backings(
                 raw=engine,
             )
         finally:
-            await engine.dispose()
-            async with admin.begin() as conn:
-                await conn.execute(text(f"DROP SCHEMA IF EXISTS {quoted} CASCADE"))
+            # The scratch schema goes whatever ended the command, a cancellation included.
+            await finish(_drop_postgres_schema(engine, admin, quoted))
     finally:
-        await admin.dispose()
+        await finish(admin.dispose())
+
+
+async def _drop_postgres_schema(engine: Any, admin: Any, quoted: str) -> None:
+    from sqlalchemy import text
+
+    await engine.dispose()
+    async with admin.begin() as conn:
+        await conn.execute(text(f"DROP SCHEMA IF EXISTS {quoted} CASCADE"))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -33,7 +33,8 @@ __all__ = ["Check", "add_arguments", "check_postgres", "check_redis", "command"]
 DESCRIPTION = """\
 Check that the given servers are fit to hold statepact's data. For Redis it
 runs preflight()'s checks: reachable; maxmemory-policy must not evict; for
-durable data, AOF or RDB persistence must be on. For PostgreSQL, verify()'s:
+durable data, AOF must be on with appendfsync everysec or always (RDB snapshots
+alone forget recent writes). For PostgreSQL, verify()'s:
 reachable; the schema at a version this release reads; a statement_timeout on
 the connection; and the migrations at the head revision with no drift. Each
 check is printed as passed or refused, with the reason and the fix. Exits 1
@@ -61,8 +62,9 @@ _EVICTION_FIX = (
     "line in redis.conf so a restart keeps it)"
 )
 _PERSISTENCE_FIX = (
-    "turn persistence on: appendonly yes (CONFIG SET appendonly yes, and in redis.conf) or RDB "
-    "save points; or, only for data that can be recreated, open the stores with "
+    "turn the append-only file on: appendonly yes with appendfsync everysec or always "
+    "(CONFIG SET, and the same lines in redis.conf); RDB save points alone are not enough; "
+    "or, only for data that can be recreated, open the stores with "
     "RedisStoreSettings(durable=False) and run doctor with --no-durable"
 )
 
@@ -77,13 +79,13 @@ async def check_redis(url: str, *, durable: bool = True) -> list[Check]:
         client = redis_client(
             url, socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=CONNECT_TIMEOUT
         )
-    except CommandError:
+    except CommandError as exc:
         return [
             Check(
                 "redis",
                 "reachable",
                 False,
-                "the --redis value is not a Redis URL",
+                str(exc).removeprefix("--redis: "),
                 "use redis://[:password@]host:port/db (or rediss:// for TLS)",
             )
         ]
@@ -179,13 +181,11 @@ async def check_redis(url: str, *, durable: bool = True) -> list[Check]:
 
 def _persistence_detail(config: Any) -> str:
     if config.source == "CONFIG":
-        parts = []
-        if config.appendonly:
-            parts.append("appendonly is 'yes'")
-        if config.save:
-            parts.append(f"save is {config.save!r}")
-        return " and ".join(parts) + ": writes reach disk"
-    return "INFO persistence shows AOF enabled or an RDB snapshot taken"
+        return (
+            f"appendonly is 'yes' with appendfsync {config.appendfsync!r}: every acknowledged "
+            "write is in the append-only file"
+        )
+    return "INFO persistence shows AOF enabled (appendfsync cannot be read without CONFIG)"
 
 
 # -- PostgreSQL -----------------------------------------------------------------------

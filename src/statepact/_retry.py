@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from statepact._cancel import finish
 from statepact.errors import StatepactError
 
 __all__ = ["RetryPolicy", "call_with_failover", "new_op_id"]
@@ -70,6 +71,10 @@ async def call_with_failover(
 ) -> T:
     """Run ``operation``, retrying transient (connection) errors within ``policy``.
 
+    Each attempt runs to its end even if the caller is cancelled meanwhile
+    (:func:`statepact._cancel.finish`); the caller then gets its
+    ``CancelledError`` and no further attempt is made.
+
     ``translate`` maps a non-transient driver error to its public error (or
     ``None`` to let it through). Past the budget, ``give_up(last_error)`` is
     raised from the last error.
@@ -77,7 +82,11 @@ async def call_with_failover(
     attempt = 0
     while True:
         try:
-            return await operation()
+            # One attempt is one request to the server: once sent, it is answered before
+            # a cancellation of the caller goes on (the sleeps between attempts stay
+            # cancellable), so a driver never abandons a connection mid-reply and a
+            # write has settled before whatever the caller does next.
+            return await finish(operation())
         except StatepactError:
             raise
         except Exception as exc:

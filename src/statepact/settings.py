@@ -35,7 +35,9 @@ class StoreSettings(BaseModel):
         default=262_144, gt=0, description="Largest serialized blob or payload accepted."
     )
     durable: bool = Field(
-        default=True, description="Refuse a server that keeps nothing on disk (Redis preflight)."
+        default=True,
+        description="Refuse a Redis that would forget acknowledged writes on a crash: no "
+        "append-only file, or appendfsync no (Redis preflight).",
     )
     queue_name: str = Field(default="default", min_length=1, max_length=200)
     failover_attempts: int = Field(default=6, ge=1, le=100)

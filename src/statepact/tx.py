@@ -37,6 +37,7 @@ from enum import StrEnum
 from types import TracebackType
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from statepact._cancel import finish
 from statepact._codec import (
     check_size,
     decode_json,
@@ -274,10 +275,11 @@ class StorageBackend(Protocol):
     Common to every method:
 
     - Arguments were validated in front; a backing does not validate again.
-    - Time: a backing never reads a clock (neither its own nor the server's
-      ``TIME``/``now()``); every time it stores or compares arrives as a
-      ``now`` argument taken from the injected clock. The one exception is a
-      lock wait, which is a real elapsed wait (``timeout`` seconds).
+    - Time: a backing never reads a clock of its own; every time it stores or
+      compares (lease expiry, commit times) arrives as a ``now`` argument taken
+      from the injected clock. The exceptions are the lock wait, a real
+      elapsed wait (``timeout`` seconds), and a lock's TTL, which the server
+      measures (see ``lock``).
     - Every method is safe to call concurrently from many tasks, and (for a
       server backing) from many processes.
     - Errors: driver exceptions never escape. A server that stayed
@@ -372,6 +374,17 @@ class StorageBackend(Protocol):
         when not granted in time, ``DeadlockError`` when waiting would close
         a wait-for cycle (only if ``detects_deadlocks``; exactly one
         transaction of the cycle gets it).
+
+        Time: a server backing's lock expires ``lock_ttl_seconds`` after its
+        grant as the *server* measures it (Redis's PX TTL, PostgreSQL's
+        ``now()``), so that a crashed holder frees its keys and no host's clock
+        can expire another's live lock; the injected clock never moves a lock
+        (lease expiry, by contrast, reads only the injected clock). Memory
+        locks live in the process and never expire.
+
+        Cancellation: the request is recorded before it is sent, so a grant
+        whose reply never arrived (a lost connection, a cancelled caller) is
+        still released by ``end``.
         """
         ...
 
@@ -543,7 +556,15 @@ class Transaction:
         """Take the snapshot; called by ``async with`` and ``manager.begin``."""
         if self._state != "new":
             raise RuntimeError("transaction: already started")
-        self._taken_at = await self._backend.begin(self.txn_id)
+        self._state = "starting"
+        try:
+            self._taken_at = await self._backend.begin(self.txn_id)
+        except BaseException:
+            # Cancelled or failed after the backing may have registered the snapshot:
+            # ``__aexit__`` will not run for a failed ``__aenter__``, so end it here.
+            self._state = "failed"
+            await finish(self._backend.end(self.txn_id))
+            raise
         self._state = "active"
         return self
 
@@ -679,21 +700,45 @@ class Transaction:
                     fencing=self.fencing,
                     now=read_clock(self._manager.clock),
                 )
-                result = await self._backend.commit(request)
+                result = await self._commit(request)
+            self._result = result
+            self._state = "committed"
         except BaseException:
-            self._state = "failed"
+            if self._state != "committed":  # a cancelled commit may have landed all the same
+                self._state = "failed"
             raise
         finally:
-            await self._backend.end(self.txn_id)
-        self._result = result
-        self._state = "committed"
+            # Whatever happened above, a cancellation included: the locks and the
+            # snapshot are released before the caller goes on.
+            await finish(self._backend.end(self.txn_id))
         return result
 
+    async def _commit(self, request: CommitRequest) -> CommitResult:
+        """The backing's commit, run to its answer even if the caller is cancelled meanwhile.
+
+        The commit must have settled before ``end`` releases the locks (a lock
+        released under a commit still in flight would let another holder read
+        what it is about to overwrite). If it landed, ``result`` is set even
+        though the caller gets ``CancelledError``.
+        """
+        outcome = asyncio.ensure_future(self._backend.commit(request))
+        try:
+            return await finish(outcome)
+        except asyncio.CancelledError:
+            if not outcome.cancelled() and outcome.exception() is None:
+                self._result = outcome.result()
+                self._state = "committed"
+            raise
+
     async def rollback(self) -> None:
-        """Discard the buffered writes and release the snapshot and locks; idempotent."""
+        """Discard the buffered writes and release the snapshot and locks; idempotent.
+
+        The release completes even if the caller is cancelled meanwhile (which
+        then gets its ``CancelledError`` once it has).
+        """
         if self._state == "active":
             self._state = "rolled back"
-            await self._backend.end(self.txn_id)
+            await finish(self._backend.end(self.txn_id))
         elif self._state == "new":
             self._state = "rolled back"
 

@@ -163,3 +163,35 @@ async def test_cut_after_reply_fires_on_the_marked_request_after_it_applied(
         finally:
             await client.aclose()
             await direct.aclose()
+
+
+async def test_close_ends_open_connections_quietly(fault_redis_server: RedisServer) -> None:
+    """Closing the proxy under an open client connection (passing, stalled or blackholed)
+    ends every pump and handler without asyncio reporting an error, even when the close
+    itself is cancelled again and again."""
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, object]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    try:
+        for fault in ("pass", "stall", "blackhole"):
+            proxy = await FaultProxy(fault_redis_server.port).start()
+            client = fault_redis_client(proxy.port)
+            try:
+                await client.ping()
+                if fault == "stall":
+                    proxy.stall(30)
+                elif fault == "blackhole":
+                    proxy.blackhole()
+                closing = asyncio.ensure_future(proxy.close())
+                while not closing.done():
+                    await asyncio.sleep(0)
+                    closing.cancel()
+                await asyncio.gather(closing, return_exceptions=True)
+                assert proxy.open_connections == 0
+            finally:
+                await client.aclose()
+        await asyncio.sleep(0.05)  # let done-callbacks of the ended tasks run
+    finally:
+        loop.set_exception_handler(previous)
+    assert reported == []

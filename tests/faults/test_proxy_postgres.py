@@ -48,6 +48,7 @@ from statepact.storage.postgres.backend import PostgresBackend
 from statepact.testing.faults import FaultProxy
 from statepact.testing.servers import PostgresServer
 from statepact.tx import TransactionManager
+from tests.faults._resend import deposit_resent_after_others_committed
 from tests.faults.conftest import FAST_FAILOVER, FaultFigure, FaultFigures
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
@@ -194,6 +195,36 @@ async def test_ambiguous_commit_absorbed_by_failover_applies_once(
         found=len(history),
         faults=proxy.stats.cut,
     )
+
+
+@pytest.mark.parametrize(
+    ("isolation", "idempotent"),
+    [("read_committed", False), ("snapshot", False), ("snapshot", True)],
+    ids=["read_committed", "snapshot", "snapshot-idempotency"],
+)
+async def test_commit_resent_after_others_moved_its_key_on_applies_once(
+    isolation: str,
+    idempotent: bool,
+    proxy: FaultProxy,
+    proxied_engine: AsyncEngine,
+    direct_engine: AsyncEngine,
+    clock: ManualClock,
+    fault_figures: FaultFigures,
+) -> None:
+    """A commit cut after it applied, resent after another client committed more versions of
+    the key than a Redis backend's history keeps, answers its own success: applied once,
+    manager.run's body run once (PostgreSQL keeps every version, so the resend finds it)."""
+    policy = RetryPolicy(attempts=40, base_delay=0.05, max_delay=0.2)
+    outcome = await deposit_resent_after_others_committed(
+        proxy,
+        TransactionManager(PostgresBackend(proxied_engine, clock=clock, failover=policy)),
+        TransactionManager(PostgresBackend(direct_engine, clock=clock)),
+        fault_figures,
+        backing="postgres",
+        isolation=isolation,
+        idempotency_key=f"idem-{uuid.uuid4().hex}" if idempotent else None,
+    )
+    assert (outcome.balance, outcome.body_runs) == (outcome.expected, 1)
 
 
 def resending_settings() -> PostgresStoreSettings:

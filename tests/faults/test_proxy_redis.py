@@ -4,8 +4,10 @@
   before its reply reached the client. With the failover budget at one attempt
   the caller sees the retryable error, retries with the same idempotency key,
   and gets ``replayed=True``: one version in the history. With the default
-  budget the backing's own retry recognises the commit (its transaction id is
-  in the written entry) and reports it once, without a replay.
+  budget the backing's own retry recognises the commit (its outcome record,
+  kept under its transaction id) and reports it once, without a replay, even
+  when more versions of its key than ``history_limit`` keeps were committed
+  before the resend arrived (``tests/faults/_resend.py``, on PostgreSQL too).
 - A stall longer than the budget ends in ``StatePersistenceError(reason=
   "unavailable")`` / ``QueueUnavailableError`` within ``attempts *
   socket_timeout + budget`` plus a margin. That needs a client socket timeout:
@@ -18,6 +20,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -31,6 +34,7 @@ from statepact.storage.redis import RedisBackend, RedisStateStore, RedisWorkQueu
 from statepact.testing.faults import FaultProxy
 from statepact.testing.servers import RedisServer
 from statepact.tx import TransactionManager
+from tests.faults._resend import OTHER_COMMITS, deposit_resent_after_others_committed
 from tests.faults.conftest import (
     FAST_FAILOVER,
     SOCKET_TIMEOUT,
@@ -71,14 +75,16 @@ def _prefix() -> str:
     return f"faults-{uuid.uuid4().hex[:10]}"
 
 
-async def _backend(client: Redis, clock: ManualClock, policy: RetryPolicy) -> RedisBackend:
+async def _backend(
+    client: Redis, clock: ManualClock, policy: RetryPolicy, **options: Any
+) -> RedisBackend:
     """A backend whose commit script the server already knows.
 
     The first EVALSHA of a script the server has not loaded is answered
     NOSCRIPT (then loaded and sent again); cutting that reply would be a cut
     before anything applied, not the ambiguous commit a test means.
     """
-    backend = RedisBackend(client, prefix=_prefix(), clock=clock, failover=policy)
+    backend = RedisBackend(client, prefix=_prefix(), clock=clock, failover=policy, **options)
     async with TransactionManager(backend).transaction(idempotency_key="warm-up") as tx:
         tx.write("warm-up", "k", 1)
     return backend
@@ -394,6 +400,45 @@ async def test_create_retried_after_others_wrote_reports_success(
     proxy.heal()
     stored = await asyncio.wait_for(put, 10.0)
     assert stored.data == {"who": "created-by-me"}
+
+
+# A budget that outlasts the other client's commits while the proxy refuses the resends.
+RESENDING = RetryPolicy(attempts=40, base_delay=0.05, max_delay=0.2)
+
+
+@pytest.mark.parametrize(
+    ("isolation", "idempotent"),
+    [("read_committed", False), ("snapshot", False), ("snapshot", True)],
+    ids=["read_committed", "snapshot", "snapshot-idempotency-expired"],
+)
+async def test_commit_resent_after_its_history_was_trimmed_applies_once(
+    isolation: str,
+    idempotent: bool,
+    proxy: FaultProxy,
+    proxied: Redis,
+    redis_direct: Redis,
+    clock: ManualClock,
+    fault_figures: FaultFigures,
+) -> None:
+    """A commit cut after it applied, resent after another client committed more versions of
+    the key than history_limit keeps (and, with an idempotency key, after its record
+    expired), answers its own success: applied once, manager.run's body run once."""
+    options = {"idempotency_ttl_seconds": 1} if idempotent else {}
+    backend = await _backend(proxied, clock, RESENDING, **options)
+    assert backend.history_limit < OTHER_COMMITS
+    other = TransactionManager(RedisBackend(redis_direct, prefix=backend.prefix, clock=clock))
+    outcome = await deposit_resent_after_others_committed(
+        proxy,
+        TransactionManager(backend),
+        other,
+        fault_figures,
+        backing="redis",
+        isolation=isolation,
+        idempotency_key=f"idem-{uuid.uuid4().hex}" if idempotent else None,
+        wait_before_heal=1.5 if idempotent else 0.0,
+    )
+    assert (outcome.balance, outcome.body_runs) == (outcome.expected, 1)
+    await backend.clear()
 
 
 # -- a redis-py race the boundary must translate ------------------------------------------------

@@ -25,6 +25,12 @@ Every loop is bounded in steps and the whole run in time (well under 60 s per
 backing). The queue's lease clock is a ``ManualClock`` that stands still during
 the faults (so no lease lapses under a live worker) and is moved on at the end
 to let ``reap`` return what lost acks left leased.
+
+And a Redis that forgets: with RDB snapshots only (``appendonly no``, ``save
+"3600 1"``, which ``preflight()`` refuses), a SIGKILL loses every write since
+the last snapshot. Fencing must survive even that: a lease token or a queue
+lease token issued before the crash and forgotten by it is never issued again,
+so its holder is fenced instead of settling or committing over the next one.
 """
 
 from __future__ import annotations
@@ -42,8 +48,9 @@ from pydantic import SecretStr
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from statepact._retry import RetryPolicy
 from statepact.clock import ManualClock, SystemClock
-from statepact.errors import StatepactError
+from statepact.errors import FencingError, LeaseLostError, StatepactError
 from statepact.models import ItemStatus, RunRecord, WorkItem
 from statepact.queue import QueuePolicy, WorkQueue
 from statepact.settings import PostgresStoreSettings, RedisStoreSettings
@@ -438,6 +445,116 @@ async def test_redis_sigkill_under_load_loses_nothing_acknowledged(
     """SIGKILLs of an AOF (appendfsync always) Redis under load lose no acknowledged write,
     double no patch, commit, or ack, and never move a fencing token back."""
     await exercise(redis_target, fault_figures)
+
+
+# -- Redis that forgets writes: fencing tokens must not repeat -----------------------------------
+
+RDB_ONLY = ["--appendonly", "no", "--save", "3600 1"]
+RESTART_FAILOVER = RetryPolicy(attempts=10, base_delay=0.05, max_delay=0.5)
+
+
+@pytest.fixture
+async def forgetful_redis(
+    statepact_redis_server_factory: RedisServerFactory,
+) -> AsyncIterator[tuple[Redis, Callable[[], Awaitable[None]]]]:
+    """A client on an RDB-only Redis of the test's own, and a crash that forgets everything
+    written since the last SAVE (SIGKILL, start again on the same data directory)."""
+    need_local("redis")
+    server = statepact_redis_server_factory(RDB_ONLY)
+    client: Redis = fault_redis_client(server.port, socket_timeout=1.0)
+
+    async def crash() -> None:
+        await asyncio.to_thread(server.kill)
+        await asyncio.to_thread(server.start)
+
+    try:
+        yield client, crash
+    finally:
+        await client.aclose()
+
+
+async def test_redis_lease_tokens_never_repeat_after_a_restart_that_lost_writes(
+    forgetful_redis: tuple[Redis, Callable[[], Awaitable[None]]], fault_figures: FaultFigures
+) -> None:
+    """A lease granted after the last snapshot is forgotten by the crash; the next grant still
+    gets a higher token, and the forgotten holder's commit is fenced."""
+    client, crash = forgetful_redis
+    clock = ManualClock()
+    manager = TransactionManager(
+        RedisBackend(client, prefix="fence", clock=clock, failover=RESTART_FAILOVER)
+    )
+    first = await manager.acquire_lease("job", "w1", 10)
+    assert first is not None
+    await client.save()  # the snapshot the server comes back with
+    clock.advance(11)
+    forgotten = await manager.acquire_lease("job", "w2", 10)
+    assert forgotten is not None and forgotten.token > first.token
+    async with manager.transaction(fencing=forgotten) as tx:
+        tx.write("jobs", "j1", "by w2")
+    await crash()
+    async with manager.transaction() as check:
+        assert await check.read("jobs", "j1") is None, "the server kept what it should forget"
+    clock.advance(11)
+    taken = await manager.acquire_lease("job", "w3", 10)
+    assert taken is not None
+    with pytest.raises(FencingError):
+        async with manager.transaction(fencing=forgotten) as stale:
+            stale.write("jobs", "j1", "stale write by w2")
+    fault_figures.outcome(
+        "RDB-only restart, lease token after it",
+        "redis",
+        acknowledged=1,
+        found=int(taken.token > forgotten.token),
+        unit="fresh tokens",
+        tokens=[first.token, forgotten.token, taken.token],
+    )
+    assert taken.token > forgotten.token
+
+
+async def test_redis_queue_tokens_never_repeat_after_a_restart_that_lost_writes(
+    forgetful_redis: tuple[Redis, Callable[[], Awaitable[None]]], fault_figures: FaultFigures
+) -> None:
+    """A claim and a heartbeat made after the last snapshot are forgotten by the crash; the
+    item's next claim and heartbeat get tokens never issued before, so the crashed worker's ack
+    is refused and the new worker keeps its lease."""
+    client, crash = forgetful_redis
+    clock = ManualClock()
+    settings = RedisStoreSettings(
+        namespace="fence",
+        failover_attempts=RESTART_FAILOVER.attempts,
+        failover_base_delay=RESTART_FAILOVER.base_delay,
+        failover_max_delay=RESTART_FAILOVER.max_delay,
+    )
+    queue = RedisWorkQueue(client, clock=clock, settings=settings, policy=QueuePolicy())
+    await queue.enqueue(WorkItem(tenant="acme", item_id="i1"))
+    await client.save()
+    crashed = await queue.claim("w1", lease_for=30)
+    assert crashed is not None
+    await crash()
+    again = await queue.claim("w2", lease_for=30)
+    assert again is not None and again.item.item_id == "i1", "the claim was not forgotten"
+    with pytest.raises(LeaseLostError):
+        await queue.ack(crashed)
+    item = await queue.get_item("acme", "i1")
+    assert item is not None and item.status is ItemStatus.LEASED
+
+    await client.save()
+    beat = await queue.heartbeat(again)
+    await crash()
+    beat_again = await queue.heartbeat(again)
+    with pytest.raises(LeaseLostError):
+        await queue.ack(beat)
+    tokens = [crashed.token, again.token, beat.token, beat_again.token]
+    fault_figures.outcome(
+        "RDB-only restart, queue tokens after it",
+        "redis",
+        acknowledged=len(tokens),
+        found=len(set(tokens)),
+        unit="distinct tokens",
+        tokens=tokens,
+    )
+    assert len(set(tokens)) == len(tokens), tokens
+    assert (await queue.ack(beat_again)).status is ItemStatus.DONE
 
 
 # -- PostgreSQL ----------------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 The bench runs against a database of the test's own, so a before/after
 inventory of its schemas and relations shows exactly what the run left behind
 (nothing). The write floor's table is created in the bench's scratch schema by
-name, whatever the connection's ``search_path`` says.
+name, whatever the connection's ``search_path`` says. The scratch schema (and, on
+Redis, the scratch namespace) that ``demo`` and ``bench`` share goes even when the
+command is cancelled again and again while it cleans up.
 """
 
 from __future__ import annotations
@@ -80,3 +82,56 @@ async def test_the_floor_table_lives_in_the_scratch_schema_by_name(empty_databas
         async with engine.begin() as conn:
             await conn.execute(text(f'DROP SCHEMA IF EXISTS "{tag}" CASCADE'))
         await engine.dispose()
+
+
+async def _cancel_twice_while_cleaning(kind: str, url: str) -> None:
+    """Open the CLI's scratch backings, then cancel the command, and cancel it again and
+    again while its cleanup runs (a second Ctrl-C, a TaskGroup cancelling a task that an
+    ``asyncio.timeout`` already cancelled)."""
+    from statepact import _demo
+    from statepact.clock import SystemClock
+    from statepact.models import RunRecord
+    from statepact.queue import QueuePolicy
+
+    entered = asyncio.Event()
+
+    async def command() -> None:
+        async with _demo.open_backings(
+            kind, url, clock=SystemClock(), policy=QueuePolicy(), notes=io.StringIO()
+        ) as b:
+            await b.state.put_run(RunRecord(tenant="t", run_id="r"))
+            entered.set()
+            await asyncio.sleep(3600)
+
+    task = asyncio.ensure_future(command())
+    await entered.wait()
+    task.cancel()
+    while not task.done():
+        await asyncio.sleep(0)
+        task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert task.cancelled()
+
+
+async def test_a_command_cancelled_twice_still_drops_its_scratch_schema(
+    empty_database_url: str,
+) -> None:
+    """The scratch schema is dropped even when cancellations keep arriving during cleanup."""
+    before = await _inventory(empty_database_url)
+    await _cancel_twice_while_cleaning("postgres", empty_database_url)
+    assert await _inventory(empty_database_url) == before
+
+
+async def test_a_command_cancelled_twice_still_deletes_its_redis_namespace(
+    statepact_redis_url: str,
+) -> None:
+    """The scratch namespace is deleted even when cancellations keep arriving during cleanup."""
+    from redis.asyncio import Redis
+
+    client = Redis.from_url(statepact_redis_url)
+    try:
+        await client.flushdb()
+        await _cancel_twice_while_cleaning("redis", statepact_redis_url)
+        assert await client.dbsize() == 0
+    finally:
+        await client.aclose()

@@ -117,7 +117,7 @@ async def test_doctor_refuses_a_redis_that_keeps_nothing_on_disk(
     code, out, _ = await _run_off_loop(lambda: _run_doctor("--redis", server.url))
     assert code == 1
     assert "REFUSED  persistence: appendonly is 'no' and save is ''" in out
-    assert "fix: turn persistence on: appendonly yes" in out
+    assert "fix: turn the append-only file on: appendonly yes" in out
     assert "doctor: 1 check(s) refused" in out
     # --no-durable: the same server is fine for data that can be recreated.
     code, out, _ = await _run_off_loop(lambda: _run_doctor("--redis", server.url, "--no-durable"))
@@ -155,6 +155,18 @@ async def test_doctor_refuses_this_machines_redis_on_6379() -> None:
     assert code == 1
     assert "REFUSED  persistence" in out
     assert "appendonly" in out
+
+
+async def test_doctor_refuses_a_redis_with_rdb_snapshots_only(
+    statepact_redis_server_factory: RedisServerFactory,
+) -> None:
+    """appendonly no with RDB save points: refused, saying what a restart forgets; exit 1."""
+    server = statepact_redis_server_factory(["--appendonly", "no", "--save", "3600 1"])
+    code, out, _ = await _run_off_loop(lambda: _run_doctor("--redis", server.url))
+    assert code == 1
+    assert "REFUSED  persistence: appendonly is 'no' and save is '3600 1'" in out
+    assert "every write since the last snapshot" in out
+    assert "RDB save points alone are not enough" in out
 
 
 async def test_doctor_says_an_unreachable_redis_is_unreachable_without_its_password() -> None:

@@ -15,6 +15,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -605,24 +606,67 @@ async def test_locks_span_pools_and_expire_after_their_ttl(
     pg_database_url: str, backends: Callable[..., Any], clock: ManualClock
 ) -> None:
     """A lock taken through one pool excludes a transaction on another; a holder that never ends
-    (a crashed process) loses it lock_ttl_seconds later, by the injected clock."""
-    first = TransactionManager(await backends(pg_database_url, lock_ttl_seconds=30))
-    second = TransactionManager(await backends(pg_database_url, lock_ttl_seconds=30))
+    (a crashed process) loses it lock_ttl_seconds later, by the server's time (moving the
+    injected clock changes nothing)."""
+    ttl = 1.0
+    first = TransactionManager(await backends(pg_database_url, lock_ttl_seconds=ttl))
+    second = TransactionManager(await backends(pg_database_url, lock_ttl_seconds=ttl))
     crashed = await first.begin()
     await crashed.lock(R, "o1", mode=LockMode.EXCLUSIVE)
+    granted_at = time.monotonic()
     waiter = await second.begin()
     with pytest.raises(LockTimeoutError):
         await waiter.lock(R, "o1", mode="shared", timeout=0.1)
-    clock.advance(29)
+    clock.advance(3600)
     with pytest.raises(LockTimeoutError):
         await waiter.lock(R, "o1", timeout=0)
-    clock.advance(1)
-    await waiter.lock(R, "o1", timeout=0)
+    await waiter.lock(R, "o1", timeout=ttl + 3)
+    assert time.monotonic() - granted_at >= ttl * 0.9
     assert (
         await _scalar(pg_database_url, "SELECT count(*) FROM statepact_locks WHERE key = 'o1'") == 1
     )
     await waiter.rollback()
     assert await _scalar(pg_database_url, "SELECT count(*) FROM statepact_locks") == 0
+
+
+async def test_a_host_whose_clock_runs_ahead_does_not_take_a_live_lock(
+    pg_database_url: str, backends: Callable[..., Any], clock: ManualClock
+) -> None:
+    """Lock rows expire by the server's time: a process whose clock is 61 s ahead of the
+    holder's (past the 60 s lock TTL) is refused the holder's live lock."""
+    ahead = ManualClock(clock.now() + timedelta(seconds=61))
+    holder = TransactionManager(await backends(pg_database_url, lock_ttl_seconds=60))
+    skewed = TransactionManager(await backends(pg_database_url, lock_ttl_seconds=60, clock=ahead))
+    held = await holder.begin()
+    await held.lock(R, "o1")
+    other = await skewed.begin()
+    with pytest.raises(LockTimeoutError):
+        await other.lock(R, "o1", timeout=0)
+    with pytest.raises(LockTimeoutError):
+        await other.lock(R, "o1", mode="shared", timeout=0)
+    await other.rollback()
+    await held.rollback()
+    taker = await skewed.begin()
+    await taker.lock(R, "o1", timeout=0)
+    await taker.rollback()
+
+
+async def test_close_releases_the_locks_of_transactions_still_live(
+    pg_database_url: str, backends: Callable[..., Any]
+) -> None:
+    """Closing a backend while its transactions hold locks deletes their rows (they can never
+    end now) instead of leaving the keys blocked for lock_ttl_seconds."""
+    closing = await backends(pg_database_url)
+    other = TransactionManager(await backends(pg_database_url))
+    live = [await TransactionManager(closing).begin() for _ in range(2)]
+    await live[0].lock(R, "o1")
+    await live[1].lock(R, "o2", mode="shared")
+    await closing.close()
+    assert await _scalar(pg_database_url, "SELECT count(*) FROM statepact_locks") == 0
+    tx = await other.begin()
+    await tx.lock(R, "o1", timeout=0)
+    await tx.lock(R, "o2", timeout=0)
+    await tx.rollback()
 
 
 async def test_a_waiter_on_another_pool_gets_the_lock_when_the_holder_ends(

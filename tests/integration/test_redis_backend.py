@@ -27,6 +27,7 @@ from statepact._retry import RetryPolicy
 from statepact.clock import ManualClock
 from statepact.errors import (
     ConflictError,
+    FencingError,
     LockTimeoutError,
     PreflightError,
     StatePersistenceError,
@@ -36,7 +37,14 @@ from statepact.storage.redis._keys import TxKeys
 from statepact.testing.faults import FaultProxy
 from statepact.testing.plugin import RedisServerFactory
 from statepact.testing.servers import free_port
-from statepact.tx import CommitResult, Isolation, Transaction, TransactionManager
+from statepact.tx import (
+    CommitRequest,
+    CommitResult,
+    Isolation,
+    Transaction,
+    TransactionManager,
+    WriteRecord,
+)
 from tests.fixtures.redis import ObservedRedis
 
 pytestmark = pytest.mark.integration
@@ -85,6 +93,7 @@ async def test_keys_follow_the_documented_layout(
     async with manager.transaction(idempotency_key="pay:1") as tx:
         tx.write("a:b", "c", {"x": 1})
         tx.write("ü", "k:1", [1])
+    txn = tx.txn_id
     lease = await manager.acquire_lease("job", "w1", 10)
     assert lease is not None
     holder = await manager.begin()
@@ -105,6 +114,7 @@ async def test_keys_follow_the_documented_layout(
         f"{{{p}}}:fence:3:job",
         f"{{{p}}}:lease:3:job",
         f"{{{p}}}:lock:3:a:b:1:c",
+        f"{{{p}}}:op:32:{txn}",
     }
     assert keys == {
         TxKeys(p).seq,
@@ -120,9 +130,12 @@ async def test_keys_follow_the_documented_layout(
         TxKeys(p).fence("job"),
         TxKeys(p).lease("job"),
         TxKeys(p).lock("a:b", "c"),
+        TxKeys(p).op(txn),
     }
-    # The idempotency record and the lock set expire; nothing else does.
+    # The idempotency record, the commit's outcome record (two minutes) and the lock set
+    # expire; nothing else does.
     assert 0 < await redis_client.ttl(TxKeys(p).idempotency("pay:1")) <= 30 * 24 * 3600
+    assert 110_000 < await redis_client.pttl(TxKeys(p).op(txn)) <= 120_000
     assert 0 < await redis_client.pttl(TxKeys(p).lock("a:b", "c")) <= 60_000
     assert await redis_client.ttl(TxKeys(p).fence("job")) == -1
     await holder.rollback()
@@ -298,6 +311,83 @@ async def test_a_commit_whose_reply_was_lost_is_applied_once(
             await client.aclose()
 
 
+async def test_only_a_commit_that_changed_something_leaves_an_outcome_record(
+    redis_client: Redis, backends: list[RedisBackend], clock: ManualClock
+) -> None:
+    """A writing commit, and a read-only one with an idempotency key, leave their version under
+    their transaction id; a read-only commit, a replay and a refused commit leave nothing."""
+    backend = _make(backends, redis_client, clock)
+    manager = TransactionManager(backend)
+    keys = TxKeys(backend.prefix)
+
+    async def outcome(tx: Transaction) -> bytes | None:
+        found: bytes | None = await redis_client.get(keys.op(tx.txn_id))
+        return found
+
+    async with manager.transaction() as written:
+        written.write(R, "o1", 1)
+    assert await outcome(written) == b"1"
+    async with manager.transaction() as read_only:
+        await read_only.read(R, "o1")
+    assert await outcome(read_only) is None
+    async with manager.transaction(idempotency_key="k") as keyed:
+        await keyed.read(R, "o1")
+    assert await outcome(keyed) == b"1"
+    async with manager.transaction(idempotency_key="k") as replay:
+        await replay.read(R, "o1")
+    assert replay.result == CommitResult(1, replayed=True)
+    assert await outcome(replay) is None
+    stale = await manager.begin("snapshot")
+    stale.write(R, "o1", "stale")
+    await _write(manager, "o1", 2)
+    with pytest.raises(ConflictError):
+        await stale.commit()
+    assert await outcome(stale) is None
+
+
+async def test_a_resent_commit_answers_as_it_did_and_a_refused_one_stays_refused(
+    redis_client: Redis, backends: list[RedisBackend], clock: ManualClock
+) -> None:
+    """The same commit request sent again (the failover's resend): one that applied answers its
+    version and applies nothing, even after the history trimmed it; one that was fenced is
+    fenced again, and nothing of either is applied twice."""
+    backend = _make(backends, redis_client, clock, history_limit=2)
+    manager = TransactionManager(backend)
+    old = await manager.acquire_lease("job", "w1", 10)
+    assert old is not None
+    clock.advance(11)
+    new = await manager.acquire_lease("job", "w2", 10)
+    assert new is not None
+
+    def request(txn_id: str, taken_at: int, data: str, fencing: Any = None) -> CommitRequest:
+        return CommitRequest(
+            txn_id=txn_id,
+            isolation=Isolation.SNAPSHOT,
+            taken_at=taken_at,
+            reads=(),
+            writes=(WriteRecord(R, "o1", data),),
+            idempotency_key=None,
+            fingerprint=None,
+            fencing=fencing,
+            now=clock.now(),
+        )
+
+    first = request("txn-applied", await backend.begin("txn-applied"), '"mine"')
+    assert await backend.commit(first) == CommitResult(1)
+    for n in range(3):  # more than history_limit: the commit's own entry is trimmed
+        await _write(manager, "o1", n)
+    assert [v.version for v in await manager.history(R, "o1")] == [4, 3]
+    assert await backend.commit(first) == CommitResult(1)
+    assert [v.value for v in await manager.history(R, "o1")] == [2, 1]
+
+    fenced = request("txn-fenced", await backend.begin("txn-fenced"), '"fenced"', old)
+    for _ in range(2):
+        with pytest.raises(FencingError):
+            await backend.commit(fenced)
+    assert await redis_client.exists(TxKeys(backend.prefix).op("txn-fenced")) == 0
+    assert (await manager.history(R, "o1"))[0].value == 2
+
+
 # -- locks ------------------------------------------------------------------------------------
 
 _HOLDER = textwrap.dedent(
@@ -355,6 +445,27 @@ async def test_a_crashed_holders_lock_frees_itself_after_its_ttl(
             holder.kill()
             await holder.wait()
         await backend.clear()
+
+
+async def test_close_releases_the_locks_of_transactions_still_live(
+    redis_client: Redis, clock: ManualClock
+) -> None:
+    """Closing a backend while its transactions hold locks releases them (they can never end
+    now) instead of leaving the keys blocked for lock_ttl_seconds."""
+    prefix = _prefix()
+    closing = RedisBackend(redis_client, prefix=prefix, clock=clock)
+    other = RedisBackend(redis_client, prefix=prefix, clock=clock)
+    try:
+        live = await TransactionManager(closing).begin()
+        await live.lock(R, "o1")
+        await live.lock(R, "o2", mode="shared")
+        await closing.close()
+        tx = await TransactionManager(other).begin()
+        await tx.lock(R, "o1", timeout=0)
+        await tx.lock(R, "o2", timeout=0)
+        await tx.rollback()
+    finally:
+        await other.clear()
 
 
 # -- errors at the boundary -------------------------------------------------------------------
@@ -428,6 +539,65 @@ async def test_connect_runs_the_preflight(
         await backend.close()  # idempotent
 
 
+async def test_connect_serves_150_concurrent_transactions(statepact_redis_url: str) -> None:
+    """The client connect() builds queues concurrent calls for a pooled connection instead of
+    refusing them: 150 transactions at once (read, write, commit) all land."""
+    backend = await RedisBackend.connect(statepact_redis_url, prefix=_prefix(), durable=False)
+    manager = TransactionManager(backend)
+
+    async def deposit(n: int) -> int:
+        async with manager.transaction() as tx:
+            assert await tx.read(R, f"k{n}") is None
+            tx.write(R, f"k{n}", n)
+        return tx.result.version
+
+    try:
+        versions = await asyncio.gather(*(deposit(n) for n in range(150)))
+        assert sorted(versions) == list(range(1, 151))
+    finally:
+        await backend.clear()
+        await backend.close()
+
+
+async def test_connect_counts_only_the_failovers_attempts(
+    statepact_redis_url: str, clock: ManualClock
+) -> None:
+    """Against a server that refuses connections, a call on connect()'s client makes exactly the
+    failover's attempts: redis-py's own retry is off, whatever its version's default (a retry
+    passed explicitly multiplies them, which shows the count would see one)."""
+    port = urlsplit(statepact_redis_url).port or 6379
+    for own_retries, connections in ((None, 4), (2, 12)):
+        async with FaultProxy(port) as proxy:
+            assert await _failover_connections(proxy, clock, own_retries) == connections
+
+
+async def _failover_connections(proxy: FaultProxy, clock: ManualClock, retries: int | None) -> int:
+    """How many connections one call on a connect() client opens against a refusing proxy."""
+    options = {} if retries is None else {"retry": Retry(NoBackoff(), retries)}
+    backend = await RedisBackend.connect(
+        f"redis://127.0.0.1:{proxy.port}/0",
+        prefix=_prefix(),
+        durable=False,
+        clock=clock,
+        failover=RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.02),
+        **options,
+    )
+    try:
+        proxy.refuse()
+        proxy.cut()
+        # The first call meets the cut pooled connection before it connects anew; from the
+        # second on, every attempt opens new connections.
+        with pytest.raises(StatePersistenceError, match="after 4 attempts"):
+            await backend.begin("probe")
+        before = proxy.stats.accepted
+        with pytest.raises(StatePersistenceError, match="after 4 attempts"):
+            await backend.begin("probe")
+        return proxy.stats.accepted - before
+    finally:
+        proxy.heal()
+        await backend.close()
+
+
 async def test_fencing_tokens_survive_a_crash_of_a_durable_server(
     statepact_redis_server_factory: RedisServerFactory,
 ) -> None:
@@ -445,7 +615,7 @@ async def test_fencing_tokens_survive_a_crash_of_a_durable_server(
         server.start()
         clock.advance(11)
         second = await manager.acquire_lease("job", "w2", 10)
-        assert second is not None and second.token == first.token + 1
+        assert second is not None and second.token > first.token
         async with manager.transaction() as tx:
             assert await tx.read(R, "o1") == "kept"
         assert tx.result.version == 1

@@ -86,12 +86,45 @@ async def test_nothing_on_disk_is_refused(
     await preflight(client, durable=False)
 
 
-@pytest.mark.parametrize("persistence", [["--appendonly", "yes", "--save", ""], ["--save", "60 1"]])
-async def test_either_kind_of_persistence_passes(
-    statepact_redis_server_factory: RedisServerFactory, connect: Connect, persistence: list[str]
+async def test_rdb_snapshots_alone_are_refused(
+    statepact_redis_server_factory: RedisServerFactory, connect: Connect
 ) -> None:
-    """AOF alone or RDB snapshots alone are enough."""
-    server = statepact_redis_server_factory(["--appendonly", "no", *persistence])
+    """appendonly no with RDB save points is refused: a restart forgets every write since the
+    last snapshot; durable=False lifts it."""
+    server = statepact_redis_server_factory(["--appendonly", "no", "--save", "3600 1"])
+    client = connect(server.url)
+    reasons = await _reasons(client)
+    assert len(reasons) == 1
+    assert "appendonly is 'no' and save is '3600 1'" in reasons[0]
+    assert "every write since the last snapshot" in reasons[0]
+    assert "durable=False" in reasons[0]
+    await client.save()  # a snapshot taken changes nothing: the next writes are still at risk
+    assert await _reasons(client) == reasons
+    await preflight(client, durable=False)
+
+
+async def test_aof_left_to_the_kernel_is_refused(
+    statepact_redis_server_factory: RedisServerFactory, connect: Connect
+) -> None:
+    """appendfsync no is refused: an OS crash loses what the kernel had not flushed."""
+    server = statepact_redis_server_factory(["--appendonly", "yes", "--appendfsync", "no"])
+    client = connect(server.url)
+    reasons = await _reasons(client)
+    assert len(reasons) == 1
+    assert "appendfsync is 'no'" in reasons[0]
+    assert "OS crash" in reasons[0]
+    await preflight(client, durable=False)
+
+
+@pytest.mark.parametrize("fsync", ["everysec", "always"])
+@pytest.mark.parametrize("save", ["", "60 1"])
+async def test_aof_synced_by_redis_passes(
+    statepact_redis_server_factory: RedisServerFactory, connect: Connect, fsync: str, save: str
+) -> None:
+    """AOF with appendfsync everysec or always passes, with or without RDB snapshots."""
+    server = statepact_redis_server_factory(
+        ["--appendonly", "yes", "--appendfsync", fsync, "--save", save]
+    )
     await preflight(connect(server.url))
 
 
@@ -166,18 +199,21 @@ async def test_without_config_it_reads_info(
     await preflight(connect(bare.url), durable=False)
 
 
-async def test_without_config_an_rdb_snapshot_counts(
+async def test_without_config_rdb_alone_is_refused_even_after_a_snapshot(
     statepact_redis_server_factory: RedisServerFactory, connect: Connect
 ) -> None:
-    """From INFO alone, RDB is believed once the server has been seen to snapshot."""
+    """From INFO alone, a server without AOF is refused, snapshots taken or not."""
     server = statepact_redis_server_factory(
         ["--rename-command", "CONFIG", "", "--appendonly", "no", "--save", "3600 1"]
     )
     client = connect(server.url)
     reasons = await _reasons(client)
-    assert "no RDB snapshot" in reasons[0]
     await client.save()
-    await preflight(client)
+    assert await _reasons(client) == reasons
+    assert len(reasons) == 1
+    assert "aof_enabled:0" in reasons[0]
+    assert "every write since its last snapshot" in reasons[0]
+    await preflight(client, durable=False)
 
 
 async def test_a_user_without_config_permission_falls_back_to_info(

@@ -50,9 +50,6 @@ from statepact.state import StateStore
 from statepact.storage.memory import MemoryBackend, MemoryStateStore, MemoryWorkQueue
 from statepact.tx import StorageBackend
 
-#: Seconds: above what a model run can advance its clock (steps x the largest advance).
-LOCK_TTL_BEYOND_ANY_RUN = 10**7
-
 T = TypeVar("T")
 Closer = Callable[[], Awaitable[None]]
 Snapshot = Callable[[], Awaitable[Any]]
@@ -237,20 +234,10 @@ class PostgresBacking:
 
         from statepact.storage.postgres import PostgresBackend
 
-        # A lock row expires lock_ttl_seconds after its grant by this clock, which the
-        # machine moves by up to 100 s a step: that frees a crashed holder's lock, and a
-        # live holder's too once its clock has run past the TTL. The reference has no
-        # crashed holders and never expires a lock (nor does Redis here: its lock TTL runs
-        # on the server's time, which ManualClock does not move), so the model compares
-        # live holders only, with a TTL no run can reach; expiry is tested on its own in
-        # tests/integration/test_postgres_backend.py.
+        # Lock rows expire by the server's time (as Redis's lock TTL does), so the
+        # machine moving this clock never frees a live holder's lock.
         backend = await PostgresBackend.connect(
-            self.url,
-            clock=clock,
-            min_size=1,
-            max_size=4,
-            create_schema=False,
-            lock_ttl_seconds=LOCK_TTL_BEYOND_ANY_RUN,
+            self.url, clock=clock, min_size=1, max_size=4, create_schema=False
         )
         await backend.clear()
         probe = create_async_engine(self.url, pool_size=1, max_overflow=0)

@@ -111,6 +111,18 @@ def test_demo_through_the_entry_point_exits_0(capsys: pytest.CaptureFixture[str]
     assert "== summary (memory: in-process memory)" in out
 
 
+def test_doctor_refuses_a_database_that_is_not_an_index(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """doctor --redis redis://host/x: refused before connecting, naming the database; exit 1."""
+    assert cli.main(["doctor", "--redis", "redis://:hunter2@127.0.0.1:1/x"]) == 1
+    out = capsys.readouterr().out
+    assert (
+        "REFUSED  reachable: 'redis://:***@127.0.0.1:1/x' names database 'x', which is not an index"
+    ) in out
+    assert "hunter2" not in out
+
+
 def test_doctor_without_a_server_says_what_to_give(capsys: pytest.CaptureFixture[str]) -> None:
     """Nothing to check is a usage error (exit 2) in one line."""
     assert cli.main(["doctor"]) == 2
@@ -156,8 +168,14 @@ def test_an_unknown_backing_for_bench_is_a_usage_error(capsys: pytest.CaptureFix
     [
         (
             ["demo", "--redis", "foo://:hunter2@x"],
-            "statepact demo: error: --redis 'foo://:***@x' is not a Redis URL; "
-            "use redis://[:password@]host:port/db (or rediss:// for TLS)",
+            "statepact demo: error: --redis: 'foo://:***@x' is not a Redis URL; use "
+            "redis://[user:password@]host:port/db, rediss:// for TLS, or unix://path",
+        ),
+        (
+            ["demo", "--redis", "redis://:hunter2@127.0.0.1:1/x"],
+            "statepact demo: error: --redis: 'redis://:***@127.0.0.1:1/x' names database "
+            "'x', which is not an index; use redis://[:password@]host:port/<n> with n a "
+            "number such as 0",
         ),
         (
             ["demo", "--postgres", "not a url"],

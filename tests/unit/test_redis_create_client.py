@@ -47,3 +47,75 @@ async def test_building_a_client_connects_to_nothing(cluster: bool) -> None:
     client = create_client(settings, cluster=cluster)
     assert isinstance(client, RedisCluster if cluster else Redis)
     await client.aclose()
+
+
+@pytest.mark.parametrize(
+    ("url", "database"),
+    [
+        (f"redis://app:{SECRET}@127.0.0.1:6379/x", "'x'"),
+        (f"redis://app:{SECRET}@127.0.0.1:6379/1x", "'1x'"),
+        (f"redis://app:{SECRET}@127.0.0.1:6379/-1", "'-1'"),
+        (f"redis://app:{SECRET}@127.0.0.1:6379/1/2", "'1/2'"),
+        (f"redis://app:{SECRET}@127.0.0.1:6379/?db=x", "'x'"),
+        (f"redis://app:{SECRET}@127.0.0.1:6379/1?db=2", "both '1' and '2'"),
+        (f"unix://app:{SECRET}@/tmp/redis.sock?db=one", "'one'"),
+    ],
+)
+def test_a_database_that_is_not_an_index_is_refused(url: str, database: str) -> None:
+    """redis://host/x is not database 0: a ValueError naming the URL's database and the URL,
+    password masked, before anything is built."""
+    with pytest.raises(ValueError) as caught:
+        create_client(RedisStoreSettings(dsn=SecretStr(url)))
+    message = str(caught.value)
+    assert message.startswith("dsn: ")
+    assert f"database {database}" in message
+    assert "app:***@" in message
+    assert SECRET not in message
+
+
+@pytest.mark.parametrize(
+    ("url", "db"),
+    [
+        ("redis://127.0.0.1:6379", 0),
+        ("redis://127.0.0.1:6379/", 0),
+        ("redis://127.0.0.1:6379/7", 7),
+        ("redis://127.0.0.1:6379?db=3", 3),
+        ("redis://127.0.0.1:6379/3?db=3", 3),
+        ("rediss://127.0.0.1:6380/2", 2),
+        ("unix:///tmp/redis.sock?db=4", 4),
+    ],
+)
+async def test_a_database_index_is_taken(url: str, db: int) -> None:
+    """A URL naming no database is database 0; one naming an index selects it."""
+    client = create_client(RedisStoreSettings(dsn=SecretStr(url)))
+    assert client.connection_pool.connection_kwargs.get("db", 0) == db
+    await client.aclose()
+
+
+async def test_connect_refuses_a_database_that_is_not_an_index() -> None:
+    """RedisBackend.connect("redis://host/x") is a ValueError naming the database, sent nowhere."""
+    from statepact._retry import RetryPolicy
+    from statepact.storage.redis import RedisBackend
+
+    with pytest.raises(ValueError, match=r"database 'x'") as caught:
+        await RedisBackend.connect(
+            f"redis://app:{SECRET}@127.0.0.1:1/x", failover=RetryPolicy(attempts=1)
+        )
+    assert str(caught.value).startswith("url: ")
+    assert SECRET not in str(caught.value)
+
+
+async def test_pool_wait_makes_a_pool_that_waits() -> None:
+    """pool_wait: a BlockingConnectionPool of pool_size that waits that long; no wait on a
+    cluster (its per-node pools cannot), and never a negative one."""
+    from redis.asyncio import BlockingConnectionPool
+
+    settings = RedisStoreSettings(dsn=SecretStr("redis://127.0.0.1:1/2"), pool_size=7)
+    client = create_client(settings, pool_wait=1.5)
+    pool = client.connection_pool
+    assert isinstance(pool, BlockingConnectionPool)
+    assert (pool.max_connections, pool.timeout, pool.connection_kwargs["db"]) == (7, 1.5, 2)
+    await client.aclose()
+    for cluster, wait in ((True, 1.0), (False, -1.0)):
+        with pytest.raises(ValueError, match=r"^pool_wait: "):
+            create_client(settings, cluster=cluster, pool_wait=wait)

@@ -3,6 +3,7 @@ and what it decides without asking the backing."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -171,3 +172,94 @@ def test_manager_refuses_a_bad_size_limit() -> None:
 async def test_renew_refuses_something_that_is_not_a_lease(manager: TransactionManager) -> None:
     with pytest.raises(TypeError, match="lease"):
         await manager.renew_lease("job")  # type: ignore[arg-type]
+
+
+# -- cancellation --------------------------------------------------------------------------
+
+
+class SlowBackend(MemoryBackend):
+    """The memory backend answering ``begin``, ``commit`` and ``end`` a round trip late: the
+    work is done at once (a server that applied it) and the reply takes ``ROUND_TRIP``
+    seconds, so a cancellation can land while one of them is in flight."""
+
+    ROUND_TRIP = 0.05
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.begun: list[str] = []
+        self.ended: list[str] = []
+        self.in_flight = {call: asyncio.Event() for call in ("begin", "commit", "end")}
+
+    async def _reply(self, call: str) -> None:
+        self.in_flight[call].set()
+        await asyncio.sleep(self.ROUND_TRIP)
+
+    async def begin(self, txn_id: str) -> int:
+        taken_at = await super().begin(txn_id)
+        self.begun.append(txn_id)
+        await self._reply("begin")
+        return taken_at
+
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        result = await super().commit(request)
+        await self._reply("commit")
+        return result
+
+    async def end(self, txn_id: str) -> None:
+        await self._reply("end")  # the release is on its way: a cancel here must not stop it
+        await super().end(txn_id)
+        self.ended.append(txn_id)
+
+
+async def _cancel_in_flight(backend: SlowBackend, call: Any, during: str) -> asyncio.Task[Any]:
+    """Start ``call``, cancel it while the backing's ``during`` reply is in flight, and wait
+    for it to finish."""
+    task = asyncio.ensure_future(call)
+    await backend.in_flight[during].wait()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return task
+
+
+async def test_a_cancelled_begin_ends_what_it_started(clock: ManualClock) -> None:
+    """A begin cancelled after the backing registered the snapshot ends it again."""
+    backend = SlowBackend(clock=clock)
+    manager = TransactionManager(backend)
+    task = await _cancel_in_flight(backend, manager.begin(), "begin")
+    assert task.cancelled()
+    assert backend.ended == backend.begun != []
+
+
+async def test_a_commit_cancelled_in_flight_settles_and_says_so(clock: ManualClock) -> None:
+    """A commit cancelled while its reply is in flight: the caller gets CancelledError once
+    the commit answered and the transaction ended; ``result`` says it landed."""
+    backend = SlowBackend(clock=clock)
+    manager = TransactionManager(backend)
+    tx = await manager.begin()
+    await tx.lock("r", "k")
+    tx.write("r", "k", 1)
+    task = await _cancel_in_flight(backend, tx.commit(), "commit")
+    assert task.cancelled()
+    assert tx.result == CommitResult(1)
+    assert not tx.active
+    assert backend.ended == [tx.txn_id]
+    assert backend.locks.holders(("r", "k")) == {}
+
+
+@pytest.mark.parametrize("ending", ["commit", "rollback"])
+async def test_a_transaction_cancelled_while_it_ends_still_ends(
+    clock: ManualClock, ending: str
+) -> None:
+    """Cancelled while the backing's ``end`` is in flight, a commit or rollback still
+    releases the locks and the snapshot before the caller gets CancelledError."""
+    backend = SlowBackend(clock=clock)
+    manager = TransactionManager(backend)
+    tx = await manager.begin()
+    await tx.lock("r", "k")
+    tx.write("r", "k", 1)
+    task = await _cancel_in_flight(backend, getattr(tx, ending)(), "end")
+    assert task.cancelled()
+    assert backend.ended == [tx.txn_id]
+    assert backend.locks.holders(("r", "k")) == {}
+    if ending == "commit":
+        assert tx.result == CommitResult(1)  # it landed before the cancel

@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal, Self
 
+from statepact._cancel import finish
+
 __all__ = ["ArmedCut", "FaultProxy", "ProxyMode", "ProxyStats"]
 
 ProxyMode = Literal["pass", "blackhole", "refuse"]
@@ -171,19 +173,29 @@ class FaultProxy:
         return self
 
     async def close(self) -> None:
-        """Stop listening, cut every connection and wait for the pumps to end."""
+        """Stop listening, cut every connection and wait for the pumps to end.
+
+        Finished even if the caller is cancelled meanwhile (the caller then gets
+        its ``CancelledError``): a proxy half closed would keep its port and tasks.
+        """
+        await finish(self._close())
+
+    async def _close(self) -> None:
         server, self._server = self._server, None
         if server is not None:
             server.close()
         links = list(self._links.values())
         for link in links:
             link.abort()
-        # Aborted transports end every pump; cancelling covers a pump stuck elsewhere.
+        # Aborted transports end every pump and handler by themselves; only one stuck
+        # elsewhere is cancelled (asyncio's streams log a cancelled handler as an error).
         tasks = [task for link in links for task in link.tasks] + list(self._handlers)
-        for task in tasks:
-            task.cancel()
         if tasks:
-            await asyncio.wait(tasks, timeout=5.0)
+            _, stuck = await asyncio.wait(tasks, timeout=5.0)
+            for task in stuck:
+                task.cancel()
+            if stuck:
+                await asyncio.wait(stuck, timeout=5.0)
         self._links.clear()
         if server is not None:
             with contextlib.suppress(TimeoutError):

@@ -325,7 +325,7 @@ class TransactionConformance:
         assert renewed.token == held.token
         clock.advance(10)  # exactly at expiry: expired
         taken = await manager.acquire_lease("job", "w2", 10)
-        assert taken is not None and taken.token == held.token + 1
+        assert taken is not None and taken.token > held.token
 
     async def test_renew_extends_and_keeps_the_token(
         self, manager: TransactionManager, clock: ManualClock
@@ -472,6 +472,22 @@ class TransactionConformance:
         await third.lock(R, "o1", timeout=LOCK_WAIT)
         await third.rollback()
 
+    async def test_the_injected_clock_does_not_expire_a_live_lock(
+        self, manager: TransactionManager, clock: ManualClock
+    ) -> None:
+        """A lock's TTL (where a backing has one) runs on the server's time, not the injected
+        clock: moving the clock far ahead leaves a live holder's lock in place."""
+        holder = await manager.begin()
+        other = await manager.begin()
+        try:
+            await holder.lock(R, "o1")
+            clock.advance(24 * 3600)
+            with pytest.raises(LockTimeoutError):
+                await other.lock(R, "o1", timeout=0)
+        finally:
+            await holder.rollback()
+            await other.rollback()
+
     async def test_lock_cycle_is_broken(
         self, manager: TransactionManager, tx_backend: StorageBackend
     ) -> None:
@@ -503,6 +519,81 @@ class TransactionConformance:
             assert all(isinstance(e, LockTimeoutError) for e in errors)
         for tx in (t1, t2):
             await tx.rollback()
+
+    # -- cancellation -----------------------------------------------------------------------
+
+    async def _lock_every_key(self, manager: TransactionManager, keys: Sequence[str]) -> list[str]:
+        """The keys a fresh transaction cannot lock at once (timeout 0); it holds none after."""
+        probe = await manager.begin()
+        stuck = []
+        try:
+            for key in keys:
+                try:
+                    await probe.lock(R, key, timeout=0)
+                except LockTimeoutError:
+                    stuck.append(key)
+        finally:
+            await probe.rollback()
+        return stuck
+
+    async def test_a_cancelled_transaction_releases_its_locks(
+        self, manager: TransactionManager
+    ) -> None:
+        """A transaction cancelled at any await (``asyncio.wait_for`` running out inside
+        ``manager.run``) leaves none of its locks behind: every key can be locked afterwards."""
+        rng = random.Random(10)
+        keys = [f"c{i}" for i in range(40)]
+        finished = 0
+
+        async def body(tx: Transaction) -> None:
+            key = rng.choice(keys)
+            await tx.lock(R, key)
+            tx.write(R, key, (await tx.read(R, key) or 0) + 1)
+
+        async def worker() -> None:
+            nonlocal finished
+            for _ in range(15):
+                try:
+                    await asyncio.wait_for(manager.run(body), rng.uniform(0.005, 0.08))
+                    finished += 1
+                except TimeoutError:
+                    pass
+
+        await asyncio.gather(*(worker() for _ in range(20)))
+        stuck = await self._lock_every_key(manager, keys)
+        assert not stuck, f"{len(stuck)} of {len(keys)} keys still locked: {stuck}"
+        assert finished > 0  # the scenario committed some, not only cancelled
+
+    @pytest.mark.parametrize("ending", ["commit", "rollback"])
+    async def test_a_transaction_cancelled_at_any_step_releases_its_locks(
+        self, manager: TransactionManager, ending: str
+    ) -> None:
+        """However far a transaction got (begin, lock, read, commit or rollback) when it was
+        cancelled, its locks are released and a fresh transaction can take them at once."""
+
+        class Abandon(Exception):
+            pass
+
+        async def scenario(key: str) -> None:
+            async with manager.transaction() as tx:
+                await tx.lock(R, key)
+                await asyncio.sleep(0)  # the caller's own awaits inside the transaction
+                tx.write(R, key, (await tx.read(R, key) or 0) + 1)
+                if ending == "rollback":
+                    raise Abandon
+
+        cancelled = 0
+        for steps in range(1, 80):
+            key = f"e{steps}"
+            task = asyncio.ensure_future(scenario(key))
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            task.cancel()
+            outcome = (await asyncio.gather(task, return_exceptions=True))[0]
+            cancelled += isinstance(outcome, asyncio.CancelledError)
+            stuck = await self._lock_every_key(manager, [key])
+            assert not stuck, f"{ending} cancelled after {steps} loop steps left {key} locked"
+        assert cancelled > 0  # the cancellations landed inside the transaction
 
     # -- Hermitage-style interleavings -------------------------------------------------------
 
@@ -1002,8 +1093,9 @@ class TransactionConformance:
         assert await _read_value(manager, "o1") is None
         assert await manager.history(R, "o1") == []
         assert await manager.resource_info(R) is None
+        # The old holder's lease is gone: another owner gets one at once.
         again = await manager.acquire_lease("job", "w2", 60)
-        assert again is not None and again.token == 1
+        assert again is not None and again.owner == "w2"
         async with manager.transaction(idempotency_key="once") as tx:
             tx.write(R, "o2", "different")
         assert tx.result == CommitResult(1, replayed=False)

@@ -68,10 +68,13 @@ calls, so a lock cannot be a session lock. Each attempt is one statement that
 never waits; ``lock`` polls with backoff until its timeout
 (``LockTimeoutError``; there is no wait-for graph, so ``detects_deadlocks`` is
 ``False`` and a cycle ends as a timeout). A lock row expires
-``lock_ttl_seconds`` after it was granted, by the backing's clock, so a
-crashed process frees its keys; a holder slower than that can lose its lock
-unknowingly. Lease times and lock expiry are bound parameters from the
-injected clock, never the server's ``now()``.
+``lock_ttl_seconds`` after it was granted, by the server's ``now()`` (as a
+Redis lock's PX TTL runs on Redis's clock), so a crashed process frees its
+keys and a host whose clock runs ahead cannot take a live holder's lock; a
+holder slower than the TTL can lose its lock unknowingly. The lock rows a
+transaction may hold are tracked in this process until ``end`` deleted them;
+``close`` deletes those of transactions still live. Lease times are bound
+parameters from the injected clock, never the server's ``now()``.
 
 This module must never create or alter a table except through the packaged
 Alembic revisions (:meth:`PostgresBackend.connect` on an empty database), never
@@ -89,6 +92,7 @@ from typing import Any, Self, TypeVar
 
 from sqlalchemy import (
     Boolean,
+    Interval,
     Row,
     Text,
     bindparam,
@@ -105,6 +109,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.types import JSON
 
+from statepact._cancel import finish
 from statepact._retry import RetryPolicy
 from statepact.clock import Clock, SystemClock
 from statepact.errors import (
@@ -211,21 +216,24 @@ def _stmt_commit() -> Any:
 
 
 def _stmt_try_lock() -> Any:
+    # The server's time, as Redis's PX TTL: a lock row's expiry must not depend on which
+    # host's clock asked (one running ahead would take a live holder's lock). now() is
+    # the statement's start in autocommit, one value for both arguments.
     return select(
         func.statepact_try_lock(
             bindparam("resource", type_=Text),
             bindparam("key", type_=Text),
             bindparam("txn_id", type_=Text),
             bindparam("mode", type_=Text),
-            bindparam("now"),
-            bindparam("expires_at"),
+            func.now(),
+            func.now() + bindparam("ttl", type_=Interval),
             type_=Boolean,
         )
     )
 
 
 def _stmt_unlock() -> Any:
-    return delete(_locks).where(_locks.c.txn_id == bindparam("txn_id"))
+    return delete(_locks).where(_locks.c.txn_id.in_(bindparam("txn_ids", expanding=True)))
 
 
 def _stmt_acquire_lease() -> Any:
@@ -453,11 +461,11 @@ class PostgresBackend:
 
     - ``lock_timeout``: the default lock wait in seconds.
     - ``lock_ttl_seconds``: a lock row expires that long after its grant (by
-      the backing's clock), so a crashed holder cannot keep a key forever.
+      the server's time), so a crashed holder cannot keep a key forever.
     - ``serialization_window``: accepted for parity with ``MemoryBackend``;
       serializable commits are validated in full under locks instead.
-    - ``clock``: the front reads it; this backing reads it only to stamp lock
-      rows with their expiry (``lock`` has no ``now`` argument).
+    - ``clock``: read by the front, never here (lock rows are stamped with the
+      server's ``now()``).
     - ``failover``: the retry budget for connection errors (default 6 attempts).
     """
 
@@ -680,18 +688,26 @@ class PostgresBackend:
     async def end(self, txn_id: str) -> None:
         if txn_id not in self._locking:
             return
-        self._locking.discard(txn_id)
         if self._closed:
-            return
+            return  # close() releases what is left
+        await self._unlock([txn_id])
+        # Forgotten only once the unlock answered (or the server is gone): a
+        # cancellation before that leaves the transaction for the next end() to release.
+        self._locking.discard(txn_id)
+
+    async def _unlock(self, txn_ids: list[str]) -> None:
+        """Delete the lock rows of ``txn_ids`` in one statement; never raises a backing error.
+
+        An unreachable server is left to the rows' expiry: raising here would
+        hide the outcome of a commit that has already happened.
+        """
 
         async def work(conn: Runner) -> None:
-            await conn.execute(_UNLOCK, {"txn_id": txn_id})
+            await conn.execute(_UNLOCK, {"txn_ids": txn_ids})
 
         try:
-            await self._run(work, idempotent=True)
+            await self._executor.run(work, idempotent=True)
         except StatepactError:
-            # The server is unreachable: the lock rows expire by themselves. Raising
-            # here would hide the outcome of a commit that has already happened.
             return
 
     async def read(self, resource: str, key: str, at: int | None) -> StoredValue:
@@ -746,18 +762,15 @@ class PostgresBackend:
         wait = self.lock_timeout if timeout is None else timeout
         # Recorded before asking: a grant whose reply is lost is still released by end().
         self._locking.add(txn_id)
-        ttl = timedelta(seconds=self.lock_ttl_seconds)
+        params = {
+            "resource": resource,
+            "key": key,
+            "txn_id": txn_id,
+            "mode": mode.value,
+            "ttl": timedelta(seconds=self.lock_ttl_seconds),
+        }
 
         async def attempt(conn: Runner) -> bool:
-            now = self.clock.now()
-            params = {
-                "resource": resource,
-                "key": key,
-                "txn_id": txn_id,
-                "mode": mode.value,
-                "now": now,
-                "expires_at": now + ttl,
-            }
             return bool((await conn.execute(_TRY_LOCK, params)).scalar_one())
 
         loop = asyncio.get_running_loop()
@@ -893,6 +906,14 @@ class PostgresBackend:
         if self._closed:
             return
         self._closed = True
+        # A cleanup: finished even if the caller is cancelled meanwhile.
+        await finish(self._release_and_close())
+
+    async def _release_and_close(self) -> None:
+        # Transactions of this process that still hold locks will never end now:
+        # release their rows rather than leave the keys blocked for lock_ttl_seconds.
+        if self._locking:
+            await self._unlock(sorted(self._locking))
         self._locking.clear()
         if self._owns_engine:
             try:

@@ -32,9 +32,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar, overload
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from redis import exceptions as rex
-from redis.asyncio import Redis, RedisCluster
+from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -45,6 +46,7 @@ from statepact.settings import RedisStoreSettings, redact_dsn
 __all__ = [
     "Failover",
     "as_text",
+    "check_database",
     "create_client",
     "is_pool_exhausted",
     "is_transient",
@@ -168,31 +170,81 @@ class Failover:
         )
 
 
+def check_database(url: str, field: str) -> None:
+    """Refuse a URL whose database is not an index (``ValueError`` naming ``field``).
+
+    redis-py reads ``redis://host/x`` (and ``/1x``, ``/-1``) as database 0, or
+    ``/1/2`` as 12, without a word; a typo would then write into someone
+    else's database. The path (``redis://``, ``rediss://``) and ``?db=`` may
+    each name one, as digits, and must agree. The message shows the URL with
+    its password masked.
+    """
+    try:
+        parts = urlsplit(url)
+        query = parse_qs(parts.query, keep_blank_values=True)
+    except ValueError:
+        return  # not a URL at all: from_url says so
+    named: list[str] = []
+    if parts.scheme in ("redis", "rediss") and parts.path not in ("", "/"):
+        named.append(unquote(parts.path).removeprefix("/"))
+    named += query.get("db", [])
+    for database in named:
+        if not (database.isascii() and database.isdigit()):
+            raise ValueError(
+                f"{field}: {redact_dsn(url)!r} names database {database!r}, which is not an "
+                "index; use redis://[:password@]host:port/<n> with n a number such as 0"
+            )
+    if len({int(database) for database in named}) > 1:
+        raise ValueError(
+            f"{field}: {redact_dsn(url)!r} names database both {named[0]!r} and {named[1]!r} "
+            "(in the path and in ?db=); name it once"
+        )
+
+
 @overload
 def create_client(
-    settings: RedisStoreSettings, *, cluster: Literal[False] = False, **client_options: Any
+    settings: RedisStoreSettings,
+    *,
+    cluster: Literal[False] = False,
+    pool_wait: float | None = None,
+    **client_options: Any,
 ) -> Redis: ...
 
 
 @overload
 def create_client(
-    settings: RedisStoreSettings, *, cluster: Literal[True], **client_options: Any
+    settings: RedisStoreSettings,
+    *,
+    cluster: Literal[True],
+    pool_wait: float | None = None,
+    **client_options: Any,
 ) -> RedisCluster: ...
 
 
 @overload
 def create_client(
-    settings: RedisStoreSettings, *, cluster: bool, **client_options: Any
+    settings: RedisStoreSettings,
+    *,
+    cluster: bool,
+    pool_wait: float | None = None,
+    **client_options: Any,
 ) -> Redis | RedisCluster: ...
 
 
 def create_client(
-    settings: RedisStoreSettings, *, cluster: bool = False, **client_options: Any
+    settings: RedisStoreSettings,
+    *,
+    cluster: bool = False,
+    pool_wait: float | None = None,
+    **client_options: Any,
 ) -> Redis | RedisCluster:
     """A redis-py asyncio client for ``settings.dsn``, sized and timed by ``settings``.
 
     - ``max_connections`` is ``settings.pool_size``, on a pool that does not
-      wait: a call beyond it raises ``PoolExhaustedError`` at once;
+      wait: a call beyond it raises ``PoolExhaustedError`` at once; with
+      ``pool_wait`` (seconds) it waits that long for a free connection first
+      (redis-py's ``BlockingConnectionPool``; not on a cluster, whose per-node
+      pools cannot wait);
     - ``socket_timeout`` and ``socket_connect_timeout`` come from the settings,
       so a stalled server becomes a dropped connection the failover budget
       waits out, instead of a call that never returns;
@@ -205,10 +257,17 @@ def create_client(
     Extra keyword arguments go to ``from_url`` and win over the above. The
     caller owns the client: ``await client.aclose()`` when done. Raises
     ``ValueError`` (naming the URL with its password masked) for a missing or
-    unreadable DSN; nothing connects until the first call.
+    unreadable DSN, or one whose database is not an index (``redis://host/x``
+    is refused, not read as database 0); nothing connects until the first call.
     """
     if settings.dsn is None:
         raise ValueError("dsn: RedisStoreSettings.dsn is needed to create a client")
+    if pool_wait is not None and (cluster or not pool_wait >= 0):
+        raise ValueError(
+            f"pool_wait: must be seconds >= 0 on a single-server client, got {pool_wait!r}"
+            + (" with cluster=True" if cluster else "")
+        )
+    check_database(settings.dsn.get_secret_value(), "dsn")
     options: dict[str, Any] = {
         "max_connections": settings.pool_size,
         "socket_timeout": settings.socket_timeout,
@@ -217,9 +276,18 @@ def create_client(
     if not cluster:
         options["retry"] = Retry(NoBackoff(), 0)
     options.update(client_options)
-    factory: Any = RedisCluster if cluster else Redis
+    url = settings.dsn.get_secret_value()
     try:
-        client: Redis | RedisCluster = factory.from_url(settings.dsn.get_secret_value(), **options)
+        client: Redis | RedisCluster
+        if cluster:
+            client = RedisCluster.from_url(url, **options)
+        elif pool_wait is None:
+            client = Redis.from_url(url, **options)
+        else:
+            # The client owns the pool (from_pool): aclose() closes it.
+            client = Redis.from_pool(
+                BlockingConnectionPool.from_url(url, timeout=pool_wait, **options)
+            )
     except ValueError:
         # ``from None``: redis-py's message or its cause may quote the URL.
         raise ValueError(

@@ -151,7 +151,7 @@ class QueueKeys:
     ``Q turns``                 hash    T -> the turn T was last served at (kept when idle)
     ``Q turn``                  string  INCR: the rotation's turn counter
     ``Q order``                 string  INCR: enqueue order
-    ``Q token``                 string  INCR: lease tokens (fencing)
+    ``Q token``                 string  the last lease token (fencing; lua/_common.lua)
     ``Q leases``                zset    leased items; member R, score expires_at µs
     ``Q lease-tokens``          hash    R -> the token of its live lease
     ``Q pending``               zset    claimed items whose record is not written yet
@@ -264,9 +264,10 @@ class TxKeys:
     ``P:hist:R:K``          list    the key's entries, newest first, capped
     ``P:trim:R``            hash    key -> the newest version trimmed from its history
     ``P:idem:<seg(idem)>``  string  ``fingerprint:version:µs:txn_id`` (TTL)
-    ``P:fence:R``           string  the highest fencing token ever issued (INCR)
+    ``P:fence:R``           string  the highest fencing token ever issued
     ``P:lease:R``           hash    ``owner``, ``token``, ``expires`` (µs), ``ttl``
     ``P:lock:R:K``          set     ``txn_id|shared`` / ``txn_id|exclusive`` (TTL)
+    ``P:op:<seg(txn_id)>``  string  a commit's outcome record, its version (expires)
     ======================  ======  =====================================================
     """
 
@@ -311,6 +312,10 @@ class TxKeys:
 
     def lock(self, resource: str, key: str) -> str:
         return f"{self.tag}:lock:{seg(resource)}:{seg(key)}"
+
+    def op(self, txn_id: str) -> str:
+        """A commit's outcome record, found by a resend of the same transaction."""
+        return f"{self.tag}:op:{seg(txn_id)}"
 
     @property
     def match_all(self) -> str:

@@ -18,10 +18,13 @@ cluster too; ``R``/``K`` are the length-prefixed resource and key)::
     P:trim:R            hash    key -> the newest version trimmed from P:hist:R:K
     P:idem:<seg(idem)>  string  fingerprint:version:µs:txn_id, expires after
                                 idempotency_ttl_seconds
-    P:fence:R           string  the highest fencing token ever issued (INCR only)
+    P:fence:R           string  the highest fencing token ever issued (never
+                                below the server's clock in µs: lua/_common.lua)
     P:lease:R           hash    owner, token, expires (µs), ttl
     P:lock:R:K          set     txn_id|shared, txn_id|exclusive; expires after
                                 lock_ttl_seconds without a grant
+    P:op:<seg(txn_id)>  string  a commit's outcome record (its version), expires
+                                after two minutes
 
 An entry is ``<version>:<µs>:<txn_id>\\0`` followed by ``=<JSON text>`` or ``-``
 for a delete (``lua/_tx.lua``). The seed's ``{"v", "ver", "d"}`` JSON wrapper is
@@ -32,20 +35,26 @@ Round trips: ``begin`` is one ``GET``, a latest read one ``HGET``, a snapshot
 read, a commit, a lock attempt and every lease call one ``EVALSHA`` each
 (``lua/tx_*.lua``). A commit does fencing, idempotency, validation, the writes,
 the capped history, the registry and the idempotency record in that one
-script, and advances ``P:seq`` only when it writes. Each written entry carries
-the transaction id, so a commit sent again after its reply was lost (our
-failover, or redis-py's own retry) finds itself and reports its version instead
-of applying twice or conflicting with itself.
+script, and advances ``P:seq`` only when it writes. A commit that changed
+something leaves an outcome record under its transaction id in the same
+script, kept two minutes (far past the failover budget), so a commit sent
+again after its reply was lost (our failover, or a client's own retry) finds
+itself and reports its version instead of applying twice or conflicting with
+itself, however many versions of its keys were committed and trimmed from the
+history in between (``lua/tx_commit.lua`` says what a resend of a refused or
+read-only commit answers).
 
 Locks are polled with backoff until the timeout (``LockTimeoutError``; no
 wait-for graph, so ``detects_deadlocks`` is ``False`` and a cycle ends as a
 timeout). A lock set expires after ``lock_ttl_seconds`` without a grant, so a
 crashed holder frees its keys by itself; a holder slower than that TTL can lose
 its lock unknowingly, so keep the TTL well above the longest critical section.
-The lock keys a transaction asked for are tracked in this process and released
-by ``end`` in one script; if the server cannot be reached then, ``end`` does
-not raise (it runs after a commit whose outcome must not be hidden) and the
-TTL frees the locks.
+The lock keys a transaction asked for are tracked in this process (recorded
+before each request is sent) and released by ``end`` in one script; they are
+forgotten only once that script answered, so an ``end`` cancelled before it can
+be repeated, and ``close`` releases those of transactions still open. If the
+server cannot be reached, ``end`` does not raise (it runs after a commit whose
+outcome must not be hidden) and the TTL frees the locks.
 Lease expiry uses the injected clock (times arrive as arguments); only the lock
 TTL is measured by Redis, as a real-time safety net.
 
@@ -62,6 +71,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, Self, TypeVar
 
+from statepact._cancel import finish
 from statepact._retry import RetryPolicy
 from statepact.clock import Clock, SystemClock, from_micros, to_micros
 from statepact.errors import (
@@ -73,7 +83,8 @@ from statepact.errors import (
     StatepactError,
     StatePersistenceError,
 )
-from statepact.storage.redis._client import Failover
+from statepact.settings import RedisStoreSettings
+from statepact.storage.redis._client import Failover, check_database, create_client
 from statepact.storage.redis._keys import TxKeys
 from statepact.storage.redis._scripts import TX_SCRIPTS, ScriptRunner
 from statepact.storage.redis.preflight import check
@@ -98,6 +109,10 @@ _COMMITTED, _REPLAYED, _FENCED, _IDEMPOTENCY_CONFLICT, _CONFLICT = range(5)
 _WRITE, _READ = 1, 2
 _TOO_OLD = -1  # lua/tx_read.lua: the version the snapshot needs was trimmed
 _CLEAR_BATCH = 500
+# The pool of connect()'s own client: its size, and how long a call waits for a
+# free connection before PoolExhaustedError (PostgresBackend.connect waits 30 s too).
+_POOL_SIZE = 50
+_POOL_WAIT = 30.0
 # Lock polling: the first retry comes quickly (most locks are short), then the
 # wait doubles up to a ceiling that keeps a released lock's latency small.
 _LOCK_FIRST_DELAY = 0.002
@@ -202,17 +217,32 @@ class RedisBackend:
     ) -> Self:
         """A backend on its own client for ``url``, after the persistence preflight.
 
-        The preflight (shared with the state store) refuses a server that
-        evicts keys or, with ``durable=True``, keeps nothing on disk: the
-        fencing counter must never go backwards. ``durable=False`` lifts the
-        persistence check only. ``cluster=True`` builds a ``RedisCluster``;
-        ``client_options`` go to ``from_url``. Raises ``PreflightError`` with
-        every reason, or ``StatePersistenceError`` if the server does not answer.
-        """
-        from redis.asyncio import Redis, RedisCluster
+        The client is :func:`~statepact.storage.redis.create_client`'s, as for
+        the other Redis stores: socket timeouts of 5 s and redis-py's own retry
+        off, so ``failover`` is the only count of attempts. Its pool holds up to
+        50 connections, and a call that finds them all busy waits up to 30 s
+        for one (then ``PoolExhaustedError``): a transaction is several calls,
+        and many at once should queue, not fail. On a cluster the pool is per
+        node and does not wait. ``client_options`` go to ``from_url`` and win
+        (``max_connections=``, ``timeout=`` for the wait, ``socket_timeout=``).
 
-        factory: Any = RedisCluster if cluster else Redis
-        client = factory.from_url(url, **client_options)
+        The preflight (shared with the state store) refuses a server that
+        evicts keys or, with ``durable=True``, would forget acknowledged writes
+        on a crash. ``durable=False`` lifts the persistence check only.
+        ``cluster=True`` builds a ``RedisCluster``. Raises ``ValueError`` for a
+        URL redis-py cannot read or whose database is not an index
+        (``redis://host/x``), ``PreflightError`` with every reason, or
+        ``StatePersistenceError`` if the server does not answer.
+        """
+        from pydantic import SecretStr
+
+        check_database(url, "url")
+        settings = RedisStoreSettings(dsn=SecretStr(url), pool_size=_POOL_SIZE)
+        wait = None if cluster else client_options.pop("timeout", _POOL_WAIT)
+        try:
+            client = create_client(settings, cluster=cluster, pool_wait=wait, **client_options)
+        except ValueError as exc:
+            raise ValueError(f"url: {str(exc).removeprefix('dsn: ')}") from None
         backend = cls(
             client,
             prefix=prefix,
@@ -254,14 +284,29 @@ class RedisBackend:
         return 0 if raw is None else int(raw)
 
     async def end(self, txn_id: str) -> None:
-        keys = self._locks.pop(txn_id, None)
-        if not keys or self._closed:
+        keys = self._locks.get(txn_id)
+        if not keys:
+            self._locks.pop(txn_id, None)
             return
+        if self._closed:
+            return  # close() releases what is left
+        await self._unlock(txn_id, keys)
+        # Forgotten only once the unlock answered (or the server is gone): a
+        # cancellation before that leaves the keys for the next end() to release.
+        self._locks.pop(txn_id, None)
+
+    async def _unlock(self, txn_id: str, keys: set[str]) -> None:
+        """Release ``txn_id``'s lock keys in one script; never raises a backing error.
+
+        An unreachable server is left to the locks' TTL: raising here would hide
+        the outcome of a commit that has already happened.
+        """
+        lock_keys = sorted(keys)
         try:
-            await self._script("tx_unlock", sorted(keys), [txn_id])
+            await self._failover.run(
+                "tx_unlock", lambda: self._scripts("tx_unlock", lock_keys, [txn_id])
+            )
         except StatepactError:
-            # The server is unreachable; the locks' TTL frees them. Raising here
-            # would hide the outcome of a commit that has already happened.
             return
 
     async def read(self, resource: str, key: str, at: int | None) -> StoredValue:
@@ -294,7 +339,7 @@ class RedisBackend:
         # Only serializable validates reads; the others need not send them.
         reads = request.reads if request.isolation is Isolation.SERIALIZABLE else ()
         fence = request.fencing
-        script_keys = [keys.seq, keys.resources]
+        script_keys = [keys.seq, keys.resources, keys.op(request.txn_id)]
         if request.idempotency_key is not None:
             script_keys.append(keys.idempotency(request.idempotency_key))
         if fence is not None:
@@ -479,6 +524,14 @@ class RedisBackend:
         if self._closed:
             return
         self._closed = True
+        # A cleanup: finished even if the caller is cancelled meanwhile.
+        await finish(self._release_and_close())
+
+    async def _release_and_close(self) -> None:
+        # Transactions of this process that still hold locks will never end now:
+        # release their keys rather than leave them blocked for lock_ttl_seconds.
+        for txn_id, keys in list(self._locks.items()):
+            await self._unlock(txn_id, keys)
         self._locks.clear()
         if self._owns_client:
             try:

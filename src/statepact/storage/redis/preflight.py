@@ -6,16 +6,26 @@ It reads the server's configuration and refuses, listing every reason at once:
   the server evicts keys, and an evicted run or lease reads as one that never
   existed. (``noeviction`` is right; the other ``volatile-*`` policies only
   evict keys with a TTL, and statepact's records have none.)
-- with ``durable=True``, ``appendonly no`` together with ``save ""``: nothing
-  reaches disk, so a restart looks like every run finishing at once.
+- with ``durable=True``, anything short of an append-only file that Redis
+  syncs itself: ``appendonly no`` (with ``save ""`` nothing reaches disk; with
+  RDB save points a crash or restart forgets every write since the last
+  snapshot, so runs and counters go back, settled work comes back and
+  idempotency records vanish), or ``appendfsync no`` (the kernel decides when
+  the file reaches the disk, so an OS crash loses tens of seconds). Accepted:
+  ``appendonly yes`` with ``appendfsync everysec`` (a process crash loses
+  nothing acknowledged, an OS crash about a second) or ``always`` (nothing).
+  docs/operations.md has the table of what each setting keeps.
 
 ``CONFIG GET`` is the source. Managed services often disable ``CONFIG``; then
 ``INFO memory`` gives ``maxmemory_policy`` and ``INFO persistence`` gives
-``aof_enabled``, but RDB save points are not shown there, so RDB persistence is
-only believed when the server has evidently snapshotted (``rdb_saves`` > 0,
-``rdb_last_bgsave_time_sec`` set, or a snapshot in progress). Anything short of
-that is refused with a reason saying so: pass ``durable=False`` for data that
-can be recreated. On a cluster every primary is checked.
+``aof_enabled`` (but not ``appendfsync``, which is then taken on trust), and a
+server without AOF is refused whatever snapshots it took. Pass
+``durable=False`` for data that can be recreated. On a cluster every primary
+is checked.
+
+Fencing tokens do not depend on this check: the scripts never issue a token
+below the server's clock in microseconds (``lua/_common.lua``), so even a
+server that forgot writes never hands out a token twice.
 
 This module reads and refuses; it must never set a configuration value.
 """
@@ -41,8 +51,8 @@ _EVICTING = ("allkeys-", "volatile-ttl")
 class ServerConfig:
     """What preflight learned about one server; ``None`` where it could not tell.
 
-    ``source`` is ``"CONFIG"`` or ``"INFO"``. From INFO, ``save`` is unknown and
-    ``rdb_evidence`` says whether the server has been seen taking a snapshot.
+    ``source`` is ``"CONFIG"`` or ``"INFO"``. From INFO, ``save`` and
+    ``appendfsync`` are unknown.
     """
 
     server: str
@@ -50,7 +60,47 @@ class ServerConfig:
     maxmemory_policy: str | None
     appendonly: bool | None
     save: str | None
-    rdb_evidence: bool = False
+    appendfsync: str | None = None
+
+
+_NOT_DURABLE = "pass durable=False for data that can be recreated"
+
+
+def _persistence_refusals(config: ServerConfig) -> list[str]:
+    """Why ``config`` would lose acknowledged writes on a restart (empty: it would not)."""
+    if config.source != "CONFIG":
+        if config.appendonly:
+            return []  # appendfsync is not in INFO: taken on trust
+        return [
+            "CONFIG is not available and INFO persistence shows aof_enabled:0: without an "
+            "append-only file a restart forgets every write since its last snapshot, if it "
+            f"took any; enable AOF (appendonly yes), or {_NOT_DURABLE}"
+        ]
+    if config.appendonly is True:
+        if config.appendfsync == "no":
+            return [
+                "appendfsync is 'no': the kernel decides when the append-only file reaches the "
+                "disk, so an OS crash or power loss loses tens of seconds of acknowledged "
+                "writes; use appendfsync everysec (at most about a second) or always "
+                f"(nothing), or {_NOT_DURABLE}"
+            ]
+        return []
+    if config.appendonly is False and config.save == "":
+        return [
+            "appendonly is 'no' and save is '': the server keeps nothing on disk, so "
+            f"a restart loses every run and lease; enable AOF (appendonly yes), or {_NOT_DURABLE}"
+        ]
+    if config.appendonly is False and config.save:
+        return [
+            f"appendonly is 'no' and save is {config.save!r}: RDB snapshots alone forget "
+            "every write since the last snapshot on a crash or restart (runs and counters "
+            "go back, settled work comes back, idempotency records vanish); enable AOF "
+            f"(appendonly yes), or {_NOT_DURABLE}"
+        ]
+    return [
+        "appendonly/save could not be read with CONFIG GET, so persistence "
+        f"cannot be confirmed; {_NOT_DURABLE}"
+    ]
 
 
 def refusals(config: ServerConfig, *, durable: bool = True) -> list[str]:
@@ -67,27 +117,8 @@ def refusals(config: ServerConfig, *, durable: bool = True) -> list[str]:
             f"maxmemory-policy is {policy!r}: the server evicts keys under memory pressure, "
             "and an evicted run or lease reads as one that never existed; use noeviction"
         )
-    if not durable:
-        return reasons
-    if config.source == "CONFIG":
-        if config.appendonly is not True and not config.save:
-            if config.appendonly is False and config.save == "":
-                reasons.append(
-                    "appendonly is 'no' and save is '': the server keeps nothing on disk, so "
-                    "a restart loses every run and lease; enable AOF or RDB snapshots, or "
-                    "pass durable=False for data that can be recreated"
-                )
-            else:
-                reasons.append(
-                    "appendonly/save could not be read with CONFIG GET, so persistence "
-                    "cannot be confirmed; pass durable=False for data that can be recreated"
-                )
-    elif not config.appendonly and not config.rdb_evidence:
-        reasons.append(
-            "CONFIG is not available and INFO persistence shows aof_enabled:0 and no RDB "
-            "snapshot taken since the server started, so persistence cannot be confirmed; "
-            "enable AOF, or pass durable=False for data that can be recreated"
-        )
+    if durable:
+        reasons.extend(_persistence_refusals(config))
     return reasons
 
 
@@ -125,35 +156,33 @@ def _int(value: Any, default: int) -> int:
 
 async def _read_config(redis: Any, server: str, **target: Any) -> ServerConfig:
     try:
-        reply = await redis.config_get("maxmemory-policy", "appendonly", "save", **target)
+        reply = await redis.config_get(
+            "maxmemory-policy", "appendonly", "save", "appendfsync", **target
+        )
     except rex.ResponseError:
         # CONFIG renamed away or not permitted (managed Redis): read INFO instead.
         reply = None
     config = _flat(reply) if reply is not None else {}
     if reply is not None and "maxmemory-policy" in config and "appendonly" in config:
+        fsync = config.get("appendfsync")
         return ServerConfig(
             server=server,
             source="CONFIG",
             maxmemory_policy=config["maxmemory-policy"],
             appendonly=config["appendonly"].strip().lower() == "yes",
             save=config.get("save", "").strip() if "save" in config else None,
+            appendfsync=None if fsync is None else fsync.strip().lower(),
         )
     memory = _info_section(await redis.info("memory", **target))
     persistence = _info_section(await redis.info("persistence", **target))
     policy = memory.get("maxmemory_policy")
     aof = persistence.get("aof_enabled")
-    evidence = (
-        _int(persistence.get("rdb_saves"), 0) > 0
-        or _int(persistence.get("rdb_last_bgsave_time_sec"), -1) >= 0
-        or _int(persistence.get("rdb_bgsave_in_progress"), 0) == 1
-    )
     return ServerConfig(
         server=server,
         source="INFO",
         maxmemory_policy=None if policy is None else as_text(policy),
         appendonly=None if aof is None else _int(aof, 0) == 1,
         save=None,
-        rdb_evidence=evidence,
     )
 
 

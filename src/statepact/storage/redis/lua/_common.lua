@@ -24,7 +24,8 @@ local function str(n)
 end
 
 -- Retries: a call that changes something names a key of its own (KEYS, built
--- from a fresh 72-bit call id: "op:<seg(id)>" in the record's slot). The script
+-- from a fresh 96-bit call id, or for a RedisBackend commit its transaction id:
+-- "op:<seg(id)>" in the record's slot). The script
 -- writes it as its last step, with the result a retry needs, expiring after
 -- REPLAY_MS; a retry of the same call (its reply lost to a dropped connection,
 -- redis-py's own retry or our failover) finds it and answers as the first run
@@ -39,4 +40,22 @@ end
 
 local function op_record(key, value)
   redis.call('SET', key, value, 'PX', REPLAY_MS)
+end
+
+-- Fencing tokens (RedisBackend's lease tokens, a queue's lease tokens): each is
+-- above the last one its counter issued AND at least the server's clock in
+-- microseconds. The counter alone goes back on a server that forgot writes (RDB
+-- snapshots only, an OS crash before the AOF fsync, a failover to a replica that
+-- lagged) and would hand a token out twice; the clock does not go back with it,
+-- so a token issued after such a restart is above every token issued before
+-- (as long as the server's clock has not been set back by more than the writes
+-- it lost). Tokens stay integers below 2^53, exact in Lua, until the year 2255,
+-- and below the 2^63 the fronts accept. A token is not a time: nothing expires
+-- by it (leases expire by the caller's injected clock, ARGV).
+local function next_token(counter)
+  local now = redis.call('TIME')
+  local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local token = math.max(tonumber(redis.call('GET', counter) or '0') + 1, floor)
+  redis.call('SET', counter, str(token))
+  return token
 end

@@ -12,7 +12,8 @@
 --                            (0: never served); lowest score, then lowest T in
 --                            byte order, is served next
 --   Q turns           hash   T -> last turn (kept while T is idle)
---   Q turn/order/token string INCR counters
+--   Q turn/order      string INCR counters
+--   Q token           string the last lease token issued (next_token, _common.lua)
 --   Q leases          zset   leased items: member R, score expires_at
 --   Q lease-tokens    hash   R -> token of the live lease (the fencing truth)
 --   Q pending         zset   R claimed but record not yet written: score claim time

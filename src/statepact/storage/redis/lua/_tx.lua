@@ -10,9 +10,11 @@
 --   P:hist:R:K           list    the key's entries, newest first, at most history_limit
 --   P:trim:R             hash    key -> the newest version trimmed from P:hist:R:K
 --   P:idem:<seg(idem)>   string  "<fingerprint>:<version>:<µs>:<txn_id>", with a TTL
---   P:fence:R            string  the highest fencing token ever issued (INCR only)
+--   P:fence:R            string  the highest fencing token ever issued (next_token)
 --   P:lease:R            hash    owner, token, expires (µs), ttl (seconds)
 --   P:lock:R:K           set     "<txn_id>|shared" / "<txn_id>|exclusive", with a TTL
+--   P:op:<seg(txn_id)>   string  a commit's outcome record, "<version>", expiring
+--                                after REPLAY_MS (tx_commit.lua)
 --
 -- An entry (a value in P:data:R, an element of P:hist:R:K) is
 --
@@ -21,8 +23,8 @@
 -- "-" is a delete (a tombstone). The JSON text is stored and returned byte for
 -- byte, never decoded here (cjson would rewrite numbers and key order). Ids
 -- never contain NUL (the front refuses it) and compact JSON never holds a raw
--- NUL, so the first NUL ends the txn id. The txn id lets a commit retried
--- after a lost reply recognise that it already applied (tx_commit.lua).
+-- NUL, so the first NUL ends the txn id, which says which transaction wrote
+-- the version. (A resend of a commit finds its outcome record, never these.)
 -- Versions are integers below 2^53, so tonumber is exact; they are written
 -- with str() (from _common.lua), never by letting Lua print a number.
 
@@ -30,8 +32,3 @@ local function entry_version(entry)
   return tonumber(string.match(entry, '^(%d+):'))
 end
 
-local function entry_txn(entry)
-  local _, head_end = string.find(entry, '^%d+:%d+:')
-  local nul = string.find(entry, '\0', head_end + 1, true)
-  return string.sub(entry, head_end + 1, nul - 1)
-end

@@ -66,7 +66,7 @@ while claimed < limit do
       redis.call('ZREM', ROTATION, tenant)
     end
     local r = ref(tenant, id)
-    local token = str(redis.call('INCR', TOKEN))
+    local token = str(next_token(TOKEN))
     redis.call('ZADD', LEASES, expires, r)
     redis.call('HSET', LEASE_TOKENS, r, token)
     redis.call('ZADD', PENDING, NOW, r)

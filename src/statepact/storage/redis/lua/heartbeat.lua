@@ -19,7 +19,7 @@ end
 if redis.call('HGET', LEASE_TOKENS, r) ~= token then
   return { 0 }
 end
-local fresh = str(redis.call('INCR', TOKEN))
+local fresh = str(next_token(TOKEN))
 redis.call('HSET', LEASE_TOKENS, r, fresh)
 redis.call('ZADD', LEASES, ARGV[5], r)
 op_record(OP, fresh)

@@ -2,7 +2,8 @@
 
 KEYS[1]  P:seq                       the global commit sequence
 KEYS[2]  P:res                       registered resource names
-KEYS[3]  P:idem:<seg(idem)>          only when ARGV[7] (fingerprint) is not ''
+KEYS[3]  P:op:<seg(txn_id)>          this commit's outcome record (see below)
+KEYS[4]  P:idem:<seg(idem)>          only when ARGV[7] (fingerprint) is not ''
 next     P:fence:<seg(fence res)>    only when ARGV[8] (fencing token) is not ''
 then 4 keys per write, in the order of the writes:
          P:meta:R, P:data:R, P:hist:R:K, P:trim:R
@@ -22,8 +23,8 @@ then 2 per read:  key, the version the transaction observed (0 = absent)
 
 Returns, nothing applied unless the first element is 0:
   {0, version}                committed (read-only: version = taken_at); also
-                              when this same txn already committed (a retry
-                              after a lost reply finds its own entry or record)
+                              when this same txn already committed (a resend
+                              after a lost reply finds its outcome record)
   {1, version}                replayed: the idempotency key committed the same
                               request before (fingerprints equal)
   {2, highest}                fencing token below the highest issued
@@ -31,9 +32,24 @@ Returns, nothing applied unless the first element is 0:
   {4, 1, i, latest}           write i (1-based) was committed after taken_at
   {4, 2, j, latest}           read j is no longer at the version observed
 
-Order (the StorageBackend contract): own-retry check, fencing, idempotency,
+The outcome record: a commit that changed something (it wrote, or it stored
+an idempotency record) leaves "<version>" under P:op:<seg(txn_id)> as its
+last step, expiring after REPLAY_MS (lua/_common.lua, two minutes: far past
+any failover budget). A resend of the same commit (its reply lost; our
+failover, or a client's own retry, sends the same txn id) finds it first and
+answers {0, version}, applying nothing, however many versions of its keys
+were committed and trimmed in between and whether or not its idempotency
+record is still there. A commit that was refused (2, 3, 4) or replayed (1)
+applied nothing and records nothing: its resend is judged afresh, and since
+versions and fencing tokens only grow, a refusal stays a refusal; whichever
+answer the caller gets, the request applied at most once. A read-only commit
+without an idempotency key records nothing either: a resend validates again,
+which can only turn its success into a refusal of a commit that wrote nothing.
+
+Order (the StorageBackend contract): own-resend check, fencing, idempotency,
 validation, apply (INCR P:seq only when writing; data, capped history, meta,
-registry), idempotency record -- all in this one script, so one round trip.
+registry), idempotency record, outcome record -- all in this one script, so
+one round trip.
 ]]
 local isolation = ARGV[1]
 local taken_at = tonumber(ARGV[2])
@@ -42,7 +58,8 @@ local limit = tonumber(ARGV[5])
 local fingerprint, token = ARGV[7], ARGV[8]
 local nwrites, nreads = tonumber(ARGV[9]), tonumber(ARGV[10])
 
-local k = 3
+local op_key = KEYS[3]
+local k = 4
 local idem_key, fence_key
 if fingerprint ~= '' then
   idem_key = KEYS[k]
@@ -54,8 +71,17 @@ if token ~= '' then
 end
 local write_keys, read_keys = k, k + 4 * nwrites
 local write_args, read_args = 11, 11 + 3 * nwrites
+local records = nwrites > 0 or idem_key ~= nil
 
--- The latest entry of every written key: needed by the retry check and validation.
+-- A resend of this very commit after it applied: its outcome record tells.
+if records then
+  local done = op_done(op_key)
+  if done then
+    return { 0, tonumber(done) }
+  end
+end
+
+-- The latest entry of every written key: needed by validation.
 local latest = {}
 for i = 1, nwrites do
   local base = write_keys + 4 * (i - 1)
@@ -63,42 +89,9 @@ for i = 1, nwrites do
   latest[i] = entry and entry_version(entry) or 0
 end
 
--- A retry of this very commit (its reply was lost, the call was sent again):
--- everything it wrote carries its txn id, so the first write tells.
 local record
 if idem_key then
   record = redis.call('GET', idem_key)
-  if record then
-    local _, version, _, owner = string.match(record, '^([^:]*):(%d+):(%d+):(.*)$')
-    if owner == txn then
-      return { 0, tonumber(version) }
-    end
-  end
-end
-if nwrites > 0 and latest[1] > taken_at then
-  local hist = KEYS[write_keys + 2]
-  local start = 0
-  while true do
-    local chunk = redis.call('LRANGE', hist, start, start + 31)
-    if #chunk == 0 then
-      break
-    end
-    local older = false
-    for _, entry in ipairs(chunk) do
-      local version = entry_version(entry)
-      if version <= taken_at then
-        older = true
-        break
-      end
-      if entry_txn(entry) == txn then
-        return { 0, version }
-      end
-    end
-    if older then
-      break
-    end
-    start = start + 32
-  end
 end
 
 if fence_key then
@@ -163,5 +156,8 @@ end
 if idem_key then
   redis.call('SET', idem_key, fingerprint .. ':' .. str(version) .. ':' .. now .. ':' .. txn,
     'EX', ARGV[6])
+end
+if records then
+  op_record(op_key, str(version))
 end
 return { 0, version }

@@ -1,0 +1,68 @@
+"""What a cancellation may interrupt, and what it must not: the one helper for work that,
+once started, has to finish.
+
+A caller's ``CancelledError`` (``asyncio.wait_for``/``asyncio.timeout`` running
+out, a ``TaskGroup`` cancelling its children) may arrive at any ``await``. Two
+kinds of work must not be abandoned there: a round trip already sent to a server
+(abandoning it leaves the driver to tear the connection down mid-reply, and a
+write whose outcome nobody waited for may land after what the caller does next),
+and a cleanup that releases something (a transaction's locks and snapshot).
+:func:`finish` runs such work in a task of its own, which the caller's
+cancellation does not reach; the caller waits for it and then gets its
+``CancelledError`` back, never swallowed. See docs/transactions.md
+("Cancellation").
+
+This module must never swallow a ``CancelledError`` and never import a driver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+
+__all__ = ["finish"]
+
+T = TypeVar("T")
+
+
+async def finish(work: Awaitable[T]) -> T:
+    """Await ``work`` to its end even if the caller is cancelled meanwhile.
+
+    ``work`` runs in a task of its own (or is that task, if it already is
+    one). Uncancelled, this is ``await work``. Cancelled (once or several
+    times), the caller keeps waiting until ``work`` has finished, then raises
+    the first ``CancelledError``; what ``work`` returned or raised is dropped
+    (the caller asked to stop). The wait is as long as ``work`` takes, so
+    ``work`` must be bounded by its own timeouts (a socket timeout, the
+    failover budget). Like SQLAlchemy's cleanup on exit and
+    ``asyncio.Condition.wait``, a second cancellation does not cut the wait
+    short: returning early would leave ``work`` running behind the caller's
+    back, racing whatever it does next (the next statement of the same
+    transaction, closing the pool). Only the task running ``work`` being
+    cancelled itself (the event loop shutting down) ends it early.
+    """
+    task = asyncio.ensure_future(work)
+    cancelled: asyncio.CancelledError | None = None
+    while True:
+        try:
+            result = await asyncio.shield(task)
+        except asyncio.CancelledError as exc:
+            if task.cancelled():
+                raise  # ``work`` itself was cancelled (the event loop is shutting down)
+            cancelled = cancelled or exc
+            if not task.done():
+                continue  # the caller was cancelled: keep waiting for ``work``
+        except BaseException:
+            if cancelled is None:
+                raise
+        else:
+            if cancelled is None:
+                return result
+        break
+    # ``work`` is done and the caller was cancelled: what ``work`` raised is retrieved, so
+    # that an error nobody waits for any more is not reported as unhandled, and dropped.
+    if not task.cancelled():
+        task.exception()
+    assert cancelled is not None
+    raise cancelled
