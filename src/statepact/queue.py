@@ -25,6 +25,7 @@ from statepact._codec import (
     require_id,
     require_seconds,
 )
+from statepact._limits import DEFAULT_MAX_VALUE_BYTES
 from statepact.clock import Clock, SystemClock, read_clock
 from statepact.models import ItemStatus, Lease, QueueStats, WorkItem
 
@@ -39,7 +40,6 @@ __all__ = [
 MAX_PRIORITY = 1000
 MAX_ERROR_CHARS = 4096
 MAX_BATCH = 1000
-DEFAULT_MAX_VALUE_BYTES = 262_144
 
 
 class QueuePolicy(BaseModel):

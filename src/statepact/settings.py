@@ -12,6 +12,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from statepact._limits import DEFAULT_MAX_VALUE_BYTES
 from statepact._retry import RetryPolicy
 
 __all__ = ["PostgresStoreSettings", "RedisStoreSettings", "StoreSettings", "redact_dsn"]
@@ -32,7 +33,9 @@ class StoreSettings(BaseModel):
         "optional when a client is injected.",
     )
     max_value_bytes: int = Field(
-        default=262_144, gt=0, description="Largest serialized blob or payload accepted."
+        default=DEFAULT_MAX_VALUE_BYTES,
+        gt=0,
+        description="Largest serialized blob or payload accepted.",
     )
     durable: bool = Field(
         default=True,

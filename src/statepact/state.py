@@ -24,6 +24,7 @@ from statepact._codec import (
     require_id,
     to_nanos,
 )
+from statepact._limits import DEFAULT_MAX_VALUE_BYTES, MAX_PAGE
 from statepact.clock import Clock, SystemClock, read_clock
 from statepact.models import Page, RunRecord, RunStatus, SessionRecord
 
@@ -35,9 +36,6 @@ __all__ = [
     "SessionWrite",
     "StateStore",
 ]
-
-DEFAULT_MAX_VALUE_BYTES = 262_144
-MAX_PAGE = 1000
 
 
 @runtime_checkable

@@ -46,6 +46,7 @@ from statepact._codec import (
     require_id,
     require_seconds,
 )
+from statepact._limits import DEFAULT_MAX_VALUE_BYTES, MAX_HISTORY
 from statepact._retry import RetryPolicy
 from statepact.clock import Clock, read_clock
 from statepact.errors import ConflictError, DeadlockError, LockTimeoutError, StatepactError
@@ -452,8 +453,6 @@ class StorageBackend(Protocol):
 
 # -- the front ------------------------------------------------------------------------
 
-DEFAULT_MAX_VALUE_BYTES = 262_144
-MAX_HISTORY = 1000
 # Conflicts, deadlocks and lock timeouts are the transaction errors that a fresh
 # attempt can get past; a lock cycle is a DeadlockError on memory but a
 # LockTimeoutError on Redis and PostgreSQL, so ``run`` treats them alike.

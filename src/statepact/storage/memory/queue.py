@@ -52,14 +52,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from statepact._codec import decode_json
+from statepact._limits import DEFAULT_MAX_VALUE_BYTES, LEASE_EXPIRED
 from statepact.clock import Clock
 from statepact.errors import LeaseLostError
 from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem
-from statepact.queue import DEFAULT_MAX_VALUE_BYTES, BaseWorkQueue, FailOutcome, QueuePolicy
+from statepact.queue import BaseWorkQueue, FailOutcome, QueuePolicy
 
 __all__ = ["MemoryWorkQueue"]
-
-LEASE_EXPIRED = "lease expired"
 
 
 @dataclass(slots=True)

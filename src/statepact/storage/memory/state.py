@@ -32,11 +32,11 @@ from datetime import datetime
 from typing import TypeVar
 
 from statepact._codec import decode_json, nanos_to_decimal
+from statepact._limits import DEFAULT_MAX_VALUE_BYTES, MAX_COUNTER
 from statepact.clock import Clock
 from statepact.errors import RunNotFoundError, StateConflictError
 from statepact.models import RunRecord, RunStatus, SessionRecord
 from statepact.state import (
-    DEFAULT_MAX_VALUE_BYTES,
     BaseStateStore,
     CounterDelta,
     ListQuery,
@@ -47,7 +47,6 @@ from statepact.state import (
 __all__ = ["MemoryStateStore"]
 
 # What a BIGINT column and a Redis HINCRBY hold; memory refuses the same overflow.
-MAX_COUNTER = 2**63 - 1
 
 K = TypeVar("K")
 

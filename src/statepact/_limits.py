@@ -1,0 +1,26 @@
+"""The one home of statepact's limits and shared defaults.
+
+Settings, the fronts, the backings and the conformance suites read these
+names; none of them writes the numbers again. See docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DEFAULT_MAX_VALUE_BYTES",
+    "LEASE_EXPIRED",
+    "MAX_COUNTER",
+    "MAX_HISTORY",
+    "MAX_PAGE",
+]
+
+#: The largest serialized blob, payload or value accepted unless settings say otherwise.
+DEFAULT_MAX_VALUE_BYTES = 262_144
+#: The most rows one page of ``list_runs``/``list_sessions``/``dead_letters`` returns.
+MAX_PAGE = 1000
+#: The most versions one ``history`` call returns.
+MAX_HISTORY = 1000
+#: The largest value a run counter holds (cost in nano-units): a signed 64-bit integer.
+MAX_COUNTER = 2**63 - 1
+#: ``last_error`` of an item whose lease lapsed and was reaped.
+LEASE_EXPIRED = "lease expired"
