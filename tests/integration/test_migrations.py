@@ -11,6 +11,10 @@
   fresh virtualenv (the wheel ships the revisions; marked slow).
 - the installed ``statepact db check`` passes right after ``db upgrade`` and
   fails, naming the drift, after a manual ``ALTER TABLE`` or ``DROP INDEX``.
+- a database an earlier release stamped with the bare ids ``0001``-``0003``
+  reads as the prefixed ids, upgrades cleanly and has its record rewritten;
+- ``statepact db upgrade|downgrade --sql`` prints scripts without a database,
+  which applied build (and remove) a schema ``verify()`` and ``check()`` accept.
 """
 
 from __future__ import annotations
