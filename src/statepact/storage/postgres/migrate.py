@@ -50,6 +50,7 @@ import io
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import fields
 from importlib import resources
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
@@ -426,7 +427,7 @@ class AutogenerateFilter:
     def __init__(self, *, tables: StateTables | None = None, db_schema: str | None = None) -> None:
         state = tables_for(tables, db_schema)
         names = {table.name for table in metadata.tables.values()}
-        names |= {getattr(state.names, spec) for spec in StateTables.__dataclass_fields__}
+        names |= {getattr(state.names, spec.name) for spec in fields(state.names)}
         names.add(VERSION_TABLE)
         self._names = frozenset(names)
         sequences = {sequence.name for sequence in metadata._sequences.values()}
