@@ -11,12 +11,22 @@ connection", and its async template):
    ``STATEPACT_DATABASE_URL`` environment variable. A plain ``postgresql://``
    URL is run through asyncpg.
 
-Every online run takes a transaction-scoped advisory lock first, so two
-processes upgrading at once (workers starting together) run the revisions once.
-Revisions are recorded in ``statepact_alembic_version``, apart from an
-application's own ``alembic_version``. This file must never configure logging
-when a caller asks it not to (``config.attributes["configure_logger"] = False``):
-a library call must not reconfigure an application's loggers.
+Every run takes a transaction-scoped advisory lock first (an offline script
+too), so two processes upgrading at once (workers starting together) run the
+revisions once. Revisions are recorded in ``statepact_alembic_version``, apart
+from an application's own ``alembic_version``; a record an earlier release
+wrote with a bare id (``0001``-``0003``) is rewritten to today's
+(``statepact_0001``...) before anything runs. Offline (``--sql``), the SQL goes
+to the config's output buffer; with ``config.attributes["within_application"]``
+(``migrate.upgrade_from_env`` inside an application's offline script) it is
+written without a ``BEGIN``/``COMMIT`` of its own, inside the application's.
+
+New revisions: ``alembic revision --autogenerate --rev-id statepact_NNNN -m ...``
+(the ids carry statepact's name so they can never be an application's).
+
+This file must never configure logging when a caller asks it not to
+(``config.attributes["configure_logger"] = False``): a library call must not
+reconfigure an application's loggers.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from sqlalchemy import pool, text
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from statepact.storage.postgres.migrate import LEGACY_REVISIONS, owned_table
 from statepact.storage.postgres.schema import metadata
 
 config = context.config
@@ -41,13 +52,21 @@ target_metadata = metadata
 VERSION_TABLE = config.get_main_option("version_table") or "statepact_alembic_version"
 # pg_advisory_xact_lock key of migrations: b"STATEPAC" as a big-endian bigint.
 MIGRATION_LOCK_KEY = 0x5354415445504143
-_OWN_TABLES = frozenset(metadata.tables)
+LOCK = f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})"
+# One statement, harmless when nothing matches: earlier releases' bare ids become today's.
+RENAME_LEGACY = (
+    f"UPDATE {VERSION_TABLE} SET version_num = CASE version_num "
+    + " ".join(f"WHEN '{old}' THEN '{new}'" for old, new in LEGACY_REVISIONS.items())
+    + " END WHERE version_num IN ("
+    + ", ".join(f"'{old}'" for old in LEGACY_REVISIONS)
+    + ")"
+)
 
 
 def include_name(name: str | None, type_: str, parent_names: object) -> bool:
     """Compare only statepact's own tables: the database may hold an application's too."""
     if type_ == "table":
-        return name in _OWN_TABLES
+        return owned_table(name)
     return True
 
 
@@ -80,16 +99,38 @@ def _configure(**kwargs: object) -> None:
 
 
 def run_migrations_offline() -> None:
-    """Emit the SQL of the revisions instead of running it (``alembic upgrade --sql``)."""
-    _configure(url=_url(), literal_binds=True, dialect_opts={"paramstyle": "named"})
+    """Emit the SQL of the revisions instead of running it (``alembic upgrade --sql``).
+
+    No database is needed: the dialect is PostgreSQL, the only one statepact runs on.
+    """
+    nested = bool(config.attributes.get("within_application"))
+    _configure(
+        dialect_name="postgresql",
+        literal_binds=True,
+        dialect_opts={"paramstyle": "named"},
+        # Inside an application's script: its BEGIN/COMMIT hold ours too.
+        **({"transactional_ddl": False} if nested else {}),
+    )
     with context.begin_transaction():
+        context.execute(LOCK)
+        if context.get_starting_revision_argument() is not None:
+            context.execute(RENAME_LEGACY)
         context.run_migrations()
+
+
+def _rename_legacy(connection: Connection) -> None:
+    present = connection.execute(
+        text("SELECT to_regclass(:name) IS NOT NULL"), {"name": VERSION_TABLE}
+    ).scalar()
+    if present:
+        connection.execute(text(RENAME_LEGACY))
 
 
 def do_run_migrations(connection: Connection) -> None:
     _configure(connection=connection)
     with context.begin_transaction():
-        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+        connection.execute(text(LOCK))
+        _rename_legacy(connection)
         context.run_migrations()
 
 

@@ -87,6 +87,8 @@ def describe_error(exc: BaseException) -> str:
     if isinstance(exc, PreflightError):
         return f"{exc}; fix the server's settings (see `statepact doctor`)"
     if isinstance(exc, SchemaVersionError):
+        if str(exc).startswith("statepact migrations"):
+            return str(exc)  # the migrations' own failure: running them again is no advice
         return f"{exc}; run `statepact db upgrade` against that database"
     if isinstance(exc, StatepactError):
         return f"{type(exc).__name__}: {exc}"

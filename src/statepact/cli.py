@@ -63,6 +63,8 @@ from an application's own alembic_version). upgrade applies revisions (default:
 all, "head"); downgrade undoes them down to a revision ("base" drops every
 statepact table); current prints the database's revision; check lists what keeps
 the database from matching this release and exits 1 if anything does.
+upgrade --sql and downgrade --sql print the SQL instead, for a DBA to review, and
+touch no database (no URL needed).
 """
 
 
@@ -71,6 +73,12 @@ URL_HELP = (
     "Its password is never printed"
 )
 DEBUG_HELP = "show the full traceback when something fails"
+SQL_HELP = {
+    "upgrade": "print the SQL to stdout instead of running it (no database is touched); "
+    "REVISION may be FROM:TO for a database already at FROM",
+    "downgrade": "print the SQL to stdout instead of running it (no database is touched); "
+    "REVISION is TO (from this release's head) or FROM:TO",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -116,6 +124,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action.add_argument(
             "--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP
         )
+        if name in ("upgrade", "downgrade"):
+            action.add_argument("--sql", action="store_true", help=SQL_HELP[name])
 
 
 def _scrubbed(message: str, url: str) -> str:
@@ -135,7 +145,8 @@ def command(
     stream, errors = out or sys.stdout, err or sys.stderr
     name = f"db {args.db_action}"
     url: str = args.url or os.environ.get(URL_ENV) or ""
-    if not url:
+    offline = bool(getattr(args, "sql", False))
+    if not url and not offline:
         print(
             f"statepact {name}: error: no database given; pass --url URL or set {URL_ENV}",
             file=errors,
@@ -150,6 +161,10 @@ def command(
     async def body() -> int:
         from statepact.storage.postgres import migrate
 
+        if offline:
+            render = migrate.upgrade_sql if args.db_action == "upgrade" else migrate.downgrade_sql
+            stream.write(render(args.revision))
+            return 0
         if args.db_action == "upgrade":
             await migrate.upgrade(url, args.revision)
             print(f"{where}: at revision {await migrate.current(url) or 'none'}", file=stream)

@@ -99,10 +99,23 @@ class RedisStoreSettings(StoreSettings):
 
 
 class PostgresStoreSettings(StoreSettings):
-    """Settings of ``PostgresStateStore`` and ``PostgresWorkQueue``."""
+    """Settings of ``PostgresStateStore`` and ``PostgresWorkQueue``.
+
+    ``create_engine(settings)`` reads the client-side fields (``dsn``, the pool
+    fields, ``statement_timeout``); an engine you build yourself carries its own.
+    """
 
     db_schema: str | None = Field(
         default=None, description="PostgreSQL schema holding the tables; None uses search_path."
+    )
+    statement_timeout: float | None = Field(
+        default=30.0,
+        ge=0.001,
+        description="Seconds; create_engine sets it (SET statement_timeout) on each new "
+        "connection whose effective statement_timeout is 0 (none), so open() passes on a "
+        "database left at PostgreSQL's default. A value set for the role or the database, or "
+        "passed in the connection options (connect_args server_settings), is kept. None sets "
+        "nothing.",
     )
     max_overflow: int = Field(default=0, ge=0)
     pool_timeout: float = Field(

@@ -2,9 +2,11 @@
 
 Each block gets ``STATEPACT_REDIS_URL`` (the plugin's durable Redis, flushed
 after the block) and ``STATEPACT_DATABASE_URL`` (a fresh database migrated to
-head, with a statement_timeout, dropped after the block), and runs as a
-program of its own: each block calls ``asyncio.run`` itself, so the tests are
-plain functions with no event loop of their own.
+head and otherwise as PostgreSQL makes one: no ``statement_timeout``, dropped
+after the block), and runs as a program of its own, TWICE in a row with
+nothing cleaned between: a reader runs an example verbatim on a default
+database, and runs it again. Each block calls ``asyncio.run`` itself, so the
+tests are plain functions with no event loop of their own.
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ from tests.fixtures.postgres import (
     run_in_thread,
     unique_database_name,
 )
-from tests.unit.test_docs_examples import ALL, Example, run_example
+from tests.unit.test_docs_examples import PROGRAMS, Example, run_example
 
 pytestmark = pytest.mark.integration
 
-SERVER_EXAMPLES = [e for e in ALL if e.needs]
+SERVER_EXAMPLES = [e for e in PROGRAMS if e.needs]
 
 
 async def _flush(url: str) -> None:
@@ -39,13 +41,14 @@ async def _flush(url: str) -> None:
 
 @pytest.fixture
 def docs_database(statepact_postgres_url: str) -> Iterator[str]:
-    """A fresh database at the head revision, with statement_timeout set; dropped after."""
+    """A fresh database at the head revision, with the server's defaults (statement_timeout
+    0); dropped after."""
     from statepact.storage.postgres import migrate
 
     name = unique_database_name("docs")
 
     async def build() -> str:
-        url = await create_database(statepact_postgres_url, name)
+        url = await create_database(statepact_postgres_url, name, statement_timeout=None)
         await migrate.upgrade(url)
         return url
 
@@ -64,7 +67,8 @@ def test_some_examples_need_each_server() -> None:
 def test_server_example_runs(
     example: Example, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The example runs to the end against the servers it names, its own asserts included."""
+    """The example runs to the end against the servers it names, its own asserts included,
+    and again right after on what the first run left."""
     redis_url: str | None = None
     if "redis" in example.needs:
         redis_url = request.getfixturevalue("statepact_redis_url")
@@ -72,6 +76,7 @@ def test_server_example_runs(
     if "postgres" in example.needs:
         monkeypatch.setenv("STATEPACT_DATABASE_URL", request.getfixturevalue("docs_database"))
     try:
+        run_example(example)
         run_example(example)
     finally:
         if redis_url is not None:

@@ -11,6 +11,10 @@
   fresh virtualenv (the wheel ships the revisions; marked slow).
 - the installed ``statepact db check`` passes right after ``db upgrade`` and
   fails, naming the drift, after a manual ``ALTER TABLE`` or ``DROP INDEX``.
+- a database an earlier release stamped with the bare ids ``0001``-``0003``
+  reads as the prefixed ids, upgrades cleanly and has its record rewritten;
+- ``statepact db upgrade|downgrade --sql`` prints scripts without a database,
+  which applied build (and remove) a schema ``verify()`` and ``check()`` accept.
 """
 
 from __future__ import annotations
@@ -33,9 +37,12 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from statepact import cli
-from statepact.storage.postgres import migrate
+from statepact.clock import ManualClock
+from statepact.errors import SchemaVersionError
+from statepact.storage.postgres import PostgresStateStore, migrate
 from statepact.storage.postgres.schema import SCHEMA_VERSION, metadata
 from tests.fixtures.postgres import (
+    apply_sql_script,
     create_database,
     drop_database,
     run_in_thread,
@@ -365,3 +372,149 @@ def test_statepact_db_upgrade_from_the_installed_wheel(
     tables = run_in_thread(lambda: _tables(empty_database_url_sync))
     assert tables >= OWN_TABLES
     assert run_in_thread(lambda: migrate.current(empty_database_url_sync)) == migrate.head()
+
+
+# -- revision ids of earlier releases -------------------------------------------------------
+
+
+async def _stamp(url: str, revision: str) -> None:
+    """Record ``revision`` as an earlier release would have (bare ids, no prefix)."""
+    await _execute(url, f"UPDATE statepact_alembic_version SET version_num = '{revision}'")
+    await _execute(url, f"UPDATE adk_schema SET revision = '{revision}'")
+
+
+@pytest.mark.parametrize("old", ["0001", "0002", "0003"])
+async def test_a_database_stamped_with_an_old_id_upgrades_cleanly(
+    empty_database_url: str, old: str, clock: ManualClock
+) -> None:
+    """A database an earlier release left at 0001, 0002 or 0003 reads as statepact_000N,
+    upgrades to head with the record rewritten, and opens."""
+    new = migrate.LEGACY_REVISIONS[old]
+    await migrate.upgrade(empty_database_url, new)
+    await _stamp(empty_database_url, old)
+    assert await migrate.current(empty_database_url) == new
+    await migrate.upgrade(empty_database_url)
+    rows = await _scalar(
+        empty_database_url, "SELECT array_agg(version_num) FROM statepact_alembic_version"
+    )
+    assert rows == [migrate.head()]
+    assert await migrate.check(empty_database_url) == []
+    engine = create_async_engine(
+        empty_database_url, connect_args={"server_settings": {"statement_timeout": "30s"}}
+    )
+    try:
+        await PostgresStateStore.open(engine, clock=clock)
+    finally:
+        await engine.dispose()
+
+
+async def test_old_ids_are_read_as_new_and_accepted_as_arguments(empty_database_url: str) -> None:
+    """At the old 0003, current() and check() report head with nothing to do; the old ids
+    work as upgrade and downgrade targets."""
+    await migrate.upgrade(empty_database_url)
+    await _stamp(empty_database_url, "0003")
+    assert await migrate.current(empty_database_url) == migrate.head()
+    assert await migrate.check(empty_database_url) == []
+    await migrate.downgrade(empty_database_url, "0002")
+    assert await migrate.current(empty_database_url) == "statepact_0002"
+    await migrate.upgrade(empty_database_url, "0003")
+    assert await migrate.current(empty_database_url) == "statepact_0003"
+
+
+def test_the_alembic_command_rewrites_an_old_record(empty_database_url_sync: str) -> None:
+    """`alembic -x url=... upgrade head` from the checkout on a database at the old 0002."""
+    url = empty_database_url_sync
+    run_in_thread(lambda: migrate.upgrade(url, "statepact_0002"))
+    run_in_thread(lambda: _stamp(url, "0002"))
+    done = subprocess.run(
+        [sys.executable, "-m", "alembic", "-x", f"url={url}", "upgrade", "head"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    version = run_in_thread(
+        lambda: _scalar(url, "SELECT version_num FROM statepact_alembic_version")
+    )
+    assert version == migrate.head()
+
+
+async def test_tables_made_by_another_environment_are_named_as_such(
+    empty_database_url: str,
+) -> None:
+    """statepact's tables without a record in statepact_alembic_version (what an app's
+    version_locations leaves): check() says so, and upgrade's 42P07 explains itself."""
+    await migrate.upgrade(empty_database_url)
+    await _execute(empty_database_url, "DROP TABLE statepact_alembic_version")
+    problems = await migrate.check(empty_database_url)
+    assert problems[0].startswith(f"revision is none, head is {migrate.head()}")
+    assert "version_locations" in problems[0]
+    with pytest.raises(SchemaVersionError, match="42P07") as caught:
+        await migrate.upgrade(empty_database_url)
+    assert "version_locations" in str(caught.value)
+
+
+# -- offline SQL (--sql) --------------------------------------------------------------------
+
+
+def _cli_process(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(_installed_statepact()), *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+
+
+def test_db_upgrade_sql_touches_no_database_and_builds_what_verify_accepts(
+    empty_database_url_sync: str, clock: ManualClock
+) -> None:
+    """`statepact db upgrade --sql` prints the script without a database (the URL in the
+    environment points nowhere); applied, it builds a schema verify() and check() accept.
+    `db downgrade base --sql` applied after removes every statepact table."""
+    environment = {
+        **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        "STATEPACT_DATABASE_URL": "postgresql://nobody:pw@127.0.0.1:9/nowhere",
+    }
+    upgrade = _cli_process("db", "upgrade", "--sql", env=environment)
+    assert upgrade.returncode == 0, upgrade.stderr
+    assert upgrade.stderr == ""
+    script = upgrade.stdout
+    assert script.startswith("BEGIN;")
+    assert script.rstrip().endswith("COMMIT;")
+    assert "pg_advisory_xact_lock" in script
+    url = empty_database_url_sync
+    run_in_thread(lambda: apply_sql_script(url, script))
+    assert run_in_thread(lambda: migrate.current(url)) == migrate.head()
+    assert run_in_thread(lambda: migrate.check(url)) == []
+
+    async def open_store() -> None:
+        engine = create_async_engine(url)  # the database's own statement_timeout
+        try:
+            await PostgresStateStore.open(engine, clock=clock)
+        finally:
+            await engine.dispose()
+
+    run_in_thread(open_store)
+
+    downgrade = _cli_process("db", "downgrade", "base", "--sql", env=environment)
+    assert downgrade.returncode == 0, downgrade.stderr
+    run_in_thread(lambda: apply_sql_script(url, downgrade.stdout))
+    assert not OWN_TABLES & run_in_thread(lambda: _tables(url))
+    assert run_in_thread(lambda: migrate.current(url)) is None
+
+
+async def test_upgrade_sql_from_a_revision_applies_the_rest(empty_database_url: str) -> None:
+    """upgrade_sql("statepact_0002:head") on a database at the old 0002: the script rewrites
+    the record and applies statepact_0003."""
+    await migrate.upgrade(empty_database_url, "statepact_0002")
+    await _stamp(empty_database_url, "0002")
+    script = migrate.upgrade_sql("0002:head")
+    assert "CREATE TABLE adk_runs" not in script
+    await apply_sql_script(empty_database_url, script)
+    assert await migrate.current(empty_database_url) == migrate.head()
+    assert await migrate.check(empty_database_url) == []

@@ -139,11 +139,12 @@ async def test_create_schema_false_refuses_an_empty_database(
 async def test_tables_without_the_commit_functions_are_refused(
     empty_database_url: str, backends: Callable[..., Any]
 ) -> None:
-    """Tables at revision 0001 are an existing schema: connect() refuses, it does not alter it."""
-    await migrate.upgrade(empty_database_url, "0001")
+    """Tables at revision statepact_0001 are an existing schema: connect() refuses, it does
+    not alter it."""
+    await migrate.upgrade(empty_database_url, "statepact_0001")
     with pytest.raises(SchemaVersionError, match="statepact db upgrade"):
         await backends(empty_database_url)
-    assert await migrate.current(empty_database_url) == "0001"
+    assert await migrate.current(empty_database_url) == "statepact_0001"
     await migrate.upgrade(empty_database_url)
     backend = await backends(empty_database_url, create_schema=False)
     assert await backend.health_check() is True

@@ -384,9 +384,9 @@ async def test_a_write_sweeps_its_runs_rows_past_the_retention(
 async def test_a_database_before_revision_0003_is_refused(
     empty_database_url: str, clock: ManualClock
 ) -> None:
-    """At revision 0002 (schema version 1, no adk_run_writes) open() refuses with
+    """At revision statepact_0002 (schema version 1, no adk_run_writes) open() refuses with
     SchemaVersionError naming `statepact db upgrade`; after the upgrade it opens."""
-    await migrate.upgrade(empty_database_url, "0002")
+    await migrate.upgrade(empty_database_url, "statepact_0002")
     engine = create_async_engine(
         empty_database_url, connect_args={"server_settings": {"statement_timeout": "30s"}}
     )
@@ -400,7 +400,7 @@ async def test_a_database_before_revision_0003_is_refused(
         store = await PostgresStateStore.open(engine, clock=clock)
         await store.put_run(_run("r1"))
         assert await store.patch_run("acme", "r1", iterations=1) is not None
-        await migrate.downgrade(empty_database_url, "0002")
+        await migrate.downgrade(empty_database_url, "statepact_0002")
         assert await _scalar(engine, "SELECT version FROM adk_schema") == 1
         assert await _scalar(engine, "SELECT to_regclass('adk_run_writes')") is None
     finally:

@@ -6,6 +6,10 @@ and runs in ``tests/integration/test_cli_docs_examples.py`` against the test
 servers, with ``STATEPACT_REDIS_URL`` / ``STATEPACT_DATABASE_URL`` set. Each
 block is a whole program (it calls ``asyncio.run`` itself), run in a fresh
 namespace as ``__main__``.
+
+A block marked ``<!-- statepact-docs: file NAME -->`` is not a program but a
+file of a recipe (an application's Alembic ``env.py``): it is compiled here and
+written out verbatim, under NAME, by the test that uses it (:func:`recipe_file`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import pytest
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 SERVERS = frozenset({"redis", "postgres"})
 _MARKER = re.compile(r"^<!--\s*statepact-docs:\s*needs\s+(?P<needs>[a-z, ]+?)\s*-->$")
+_FILE_MARKER = re.compile(r"^<!--\s*statepact-docs:\s*file\s+(?P<name>[\w./-]+)\s*-->$")
 # What makes a block need a server: importing its driver or backing, or starting one.
 _USES = {
     "redis": re.compile(
@@ -41,6 +46,7 @@ class Example:
     line: int
     code: str
     needs: frozenset[str]
+    file: str | None = None
 
     @property
     def id(self) -> str:
@@ -74,8 +80,16 @@ def examples(docs: Path = DOCS) -> list[Example]:
                 if marker
                 else frozenset()
             )
-            found.append(Example(page.name, start + 1, "\n".join(body) + "\n", needs))
+            named = _FILE_MARKER.match(previous.strip())
+            file = named.group("name") if named else None
+            found.append(Example(page.name, start + 1, "\n".join(body) + "\n", needs, file))
     return found
+
+
+def recipe_file(name: str, docs: Path = DOCS) -> str:
+    """The text of the one block marked ``file NAME`` in the docs."""
+    (found,) = [e for e in examples(docs) if e.file == name]
+    return found.code
 
 
 def run_example(example: Example) -> None:
@@ -85,7 +99,8 @@ def run_example(example: Example) -> None:
 
 
 ALL = examples()
-LOCAL = [e for e in ALL if not e.needs]
+PROGRAMS = [e for e in ALL if e.file is None]
+LOCAL = [e for e in PROGRAMS if not e.needs]
 
 
 def test_the_docs_have_examples_and_every_marker_is_known() -> None:
@@ -93,13 +108,15 @@ def test_the_docs_have_examples_and_every_marker_is_known() -> None:
     assert len(ALL) >= 10
     for example in ALL:
         assert example.needs <= SERVERS, example.id
-    assert len(LOCAL) > len(ALL) // 2
+    assert len(LOCAL) > len(PROGRAMS) // 2
 
 
 @pytest.mark.parametrize("example", ALL, ids=[e.id for e in ALL])
 def test_every_example_compiles_and_server_ones_are_marked(example: Example) -> None:
     """A block that touches a server's backing says so; nothing else may import its driver."""
     compile(example.code, f"docs/{example.id}", "exec")
+    if example.file is not None:
+        return  # a recipe's file, written out and run by the test that uses it
     for server, pattern in _USES.items():
         if pattern.search(example.code):
             assert server in example.needs, f"{example.id} uses {server} but is not marked"

@@ -8,7 +8,9 @@
   derived from it, and :class:`StateTables` (table names, plain identifiers only).
 - :func:`verify` (what ``open()`` runs) and ``statepact.storage.postgres.migrate``
   (``upgrade``/``downgrade``/``current``/``check``, the same revisions as
-  ``statepact db``).
+  ``statepact db``; ``upgrade_from_env`` for an application's own Alembic
+  ``env.py``), and :class:`AutogenerateFilter`, which hides statepact's objects
+  from an application's autogenerate.
 
 Importing this package imports SQLAlchemy (and asyncpg when a connection is
 made), never Alembic: that is loaded only by the migration helpers. Nothing
@@ -18,6 +20,7 @@ here creates or alters a table at import or at ``open()``.
 from statepact.settings import PostgresStoreSettings
 from statepact.storage.postgres._client import create_engine, refuse_closed_connections
 from statepact.storage.postgres.backend import PostgresBackend
+from statepact.storage.postgres.migrate import AutogenerateFilter
 from statepact.storage.postgres.queue import PostgresWorkQueue
 from statepact.storage.postgres.schema import EXPECTED_SCHEMA, StateTables, metadata
 from statepact.storage.postgres.state import PostgresStateStore
@@ -25,6 +28,7 @@ from statepact.storage.postgres.verify import verify
 
 __all__ = [
     "EXPECTED_SCHEMA",
+    "AutogenerateFilter",
     "PostgresBackend",
     "PostgresStateStore",
     "PostgresStoreSettings",

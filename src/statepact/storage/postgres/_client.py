@@ -473,6 +473,14 @@ def create_engine(settings: PostgresStoreSettings, **engine_kwargs: Any) -> Asyn
     unless you pass ``pool_pre_ping=True``; a connection whose peer vanished
     without closing it is then found by its first statement, and the failover
     takes over. Extra keyword arguments go to ``create_async_engine``.
+
+    ``settings.statement_timeout`` (30 s by default) is set on each new
+    connection whose effective ``statement_timeout`` is 0: one statement when
+    the connection opens, none per call. A timeout the user chose wins: one set
+    for the role or the database, or passed in ``connect_args`` (asyncpg's
+    ``server_settings``). It is a session setting: behind PgBouncer in
+    transaction mode only a role or database setting reaches every server
+    connection (``docs/operations.md``).
     """
     if settings.dsn is None:
         raise ValueError("dsn: PostgresStoreSettings.dsn is needed to create an engine")
@@ -488,6 +496,20 @@ def create_engine(settings: PostgresStoreSettings, **engine_kwargs: Any) -> Asyn
     options.update(engine_kwargs)
     engine = create_async_engine(url, **options)
     refuse_closed_connections(engine)
+    if settings.statement_timeout is not None:
+        # Literal milliseconds (validated >= 1): the simple protocol, no prepared statement.
+        milliseconds = max(1, round(settings.statement_timeout * 1000))
+        only_if_none = (
+            f"SELECT set_config('statement_timeout', '{milliseconds}ms', false) "
+            "WHERE current_setting('statement_timeout') = '0'"
+        )
+
+        def set_statement_timeout(dbapi_connection: Any, _record: Any) -> None:
+            # Outside any transaction, so the session keeps it; a value from the
+            # startup options, the role or the database is not 0 and stays.
+            dbapi_connection.run_async(lambda raw: raw.execute(only_if_none))
+
+        event.listen(engine.sync_engine, "connect", set_statement_timeout)
     return engine
 
 

@@ -9,7 +9,10 @@ the storage options of ``adk_work`` (``autovacuum_vacuum_scale_factor = 0.01``,
 on every claim, heartbeat and settle and must be vacuumed long before the
 defaults would. A revision is a frozen snapshot: it never imports statepact.
 
-Revision ID: 0001
+Releases before the ids were prefixed recorded this revision as ``0001``;
+``alembic/env.py`` rewrites such a record before it runs anything.
+
+Revision ID: statepact_0001
 Revises:
 Create Date: 2026-12-02 17:38:30.712257
 
@@ -23,9 +26,10 @@ import sqlalchemy as sa
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision: str = "0001"
+revision: str = "statepact_0001"
 down_revision: str | None = None
-branch_labels: str | Sequence[str] | None = None
+# The label names the lineage: `statepact@head`, and it can never be an app's own.
+branch_labels: str | Sequence[str] | None = ("statepact",)
 depends_on: str | Sequence[str] | None = None
 
 

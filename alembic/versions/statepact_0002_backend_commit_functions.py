@@ -18,8 +18,8 @@ moved (serializable), ``SPC03`` an idempotency record vanished mid-commit.
 A revision is a frozen snapshot: it never imports statepact. Autogenerate does
 not see functions: they are created and dropped by hand here.
 
-Revision ID: 0002
-Revises: 0001
+Revision ID: statepact_0002
+Revises: statepact_0001
 Create Date: 2026-12-02 19:05:00.000000
 
 """
@@ -32,8 +32,8 @@ import sqlalchemy as sa
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision: str = "0002"
-down_revision: str | None = "0001"
+revision: str = "statepact_0002"
+down_revision: str | None = "statepact_0001"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
