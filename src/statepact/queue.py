@@ -279,6 +279,10 @@ class BaseWorkQueue(ABC):
         checked = _require_lease(lease)
         require_id("lease.worker_id", checked.worker_id)
         seconds = require_seconds("lease.lease_seconds", checked.lease_seconds)
+        if checked.lease_seconds != seconds or type(checked.lease_seconds) is not float:
+            # A forged lease (model_copy/model_construct) may carry a timedelta or an
+            # int: the backings build the next lease from this one, so hand them seconds.
+            checked = checked.model_copy(update={"lease_seconds": seconds})
         now = read_clock(self._clock)
         return await self._heartbeat(checked, now, now + timedelta(seconds=seconds))
 
