@@ -218,9 +218,15 @@ def _dumps(value: Any, sort_keys: bool) -> bytes:
 
 def encode_json(field: str, value: object, *, sort_keys: bool = False) -> bytes:
     """Validate a JSON object (any ``Mapping``) and return its compact UTF-8 encoding."""
+    return plain_json(field, value, sort_keys=sort_keys)[1]
+
+
+def plain_json(field: str, value: object, *, sort_keys: bool = False) -> tuple[Any, bytes]:
+    """``encode_json``, also giving the plain tree it encoded (what a read would return)."""
     if not isinstance(value, Mapping):
         raise ValueError(f"{field}: must be a JSON object (a dict), got {type(value).__name__}")
-    return _dumps(_plain(field, value), sort_keys)
+    plain = _plain(field, value)
+    return plain, _dumps(plain, sort_keys)
 
 
 def encode_json_value(field: str, value: object, *, sort_keys: bool = False) -> bytes:

@@ -9,13 +9,19 @@ from __future__ import annotations
 __all__ = [
     "DEFAULT_MAX_VALUE_BYTES",
     "LEASE_EXPIRED",
+    "MAX_BATCH_BYTES",
     "MAX_COUNTER",
+    "MAX_ENQUEUE_BATCH",
     "MAX_HISTORY",
     "MAX_PAGE",
 ]
 
 #: The largest serialized blob, payload or value accepted unless settings say otherwise.
 DEFAULT_MAX_VALUE_BYTES = 262_144
+#: The most items one ``enqueue_many`` takes.
+MAX_ENQUEUE_BATCH = 10_000
+#: The most payload bytes one ``enqueue_many`` sends (each item is also held to max_value_bytes).
+MAX_BATCH_BYTES = 64 * 1024 * 1024
 #: The most rows one page of ``list_runs``/``list_sessions``/``dead_letters`` returns.
 MAX_PAGE = 1000
 #: The most versions one ``history`` call returns.

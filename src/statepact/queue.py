@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
@@ -19,14 +20,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from statepact._codec import (
     check_size,
-    encode_json,
     plain_int,
+    plain_json,
     require_count,
     require_id,
     require_seconds,
 )
-from statepact._limits import DEFAULT_MAX_VALUE_BYTES
+from statepact._limits import DEFAULT_MAX_VALUE_BYTES, MAX_BATCH_BYTES, MAX_ENQUEUE_BATCH
 from statepact.clock import Clock, SystemClock, read_clock
+from statepact.errors import LeaseLostError, StatePersistenceError
 from statepact.models import ItemStatus, Lease, QueueStats, WorkItem
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "FailOutcome",
     "QueuePolicy",
     "WorkQueue",
+    "lease_lost",
 ]
 
 MAX_PRIORITY = 1000
@@ -121,6 +124,18 @@ class WorkQueue(Protocol):
         """
         ...
 
+    async def enqueue_many(
+        self, items: Sequence[WorkItem], *, delay: float | timedelta | None = None
+    ) -> list[WorkItem]:
+        """Store up to 10,000 items in one round trip, all or none, each due at ``now + delay``.
+
+        Idempotent per item, as ``enqueue`` is: an item already stored is returned
+        as it is, in its place in the answer. Every item is checked (errors name
+        ``items[i].field``, a repeated id in the batch included) before anything
+        is sent.
+        """
+        ...
+
     async def claim(self, worker_id: str, *, lease_for: float | timedelta) -> Lease | None:
         """Lease the next due item by tenant rotation, or ``None`` when nothing is due."""
         ...
@@ -137,6 +152,16 @@ class WorkQueue(Protocol):
 
     async def ack(self, lease: Lease) -> WorkItem:
         """Mark the item done."""
+        ...
+
+    async def ack_many(self, leases: Sequence[Lease]) -> list[WorkItem | LeaseLostError]:
+        """Ack up to 1,000 leases in one round trip, each fenced on its own token.
+
+        The answer is in lease order: the done item, or the ``LeaseLostError`` a
+        single ``ack`` of that lease would have raised (that item is unchanged);
+        the others land. Every lease is checked (errors name ``leases[i]``, an
+        item named twice included) before anything is sent.
+        """
         ...
 
     async def fail(self, lease: Lease, error: str, *, retryable: bool = True) -> WorkItem:
@@ -179,25 +204,36 @@ def _require_limit(limit: object) -> int:
     return plain_int(limit)
 
 
-def _require_lease(lease: object) -> Lease:
+def _require_lease(lease: object, field: str = "lease") -> Lease:
     """A lease whose fields a backing reads have the right types and ranges.
 
     A lease rebuilt with ``model_copy``/``model_construct`` skips pydantic's
     checks, so what the settle calls read is checked here, before anything is sent.
     """
     if not isinstance(lease, Lease):
-        raise TypeError(f"lease: must be a Lease, got {type(lease).__name__}")
+        raise TypeError(f"{field}: must be a Lease, got {type(lease).__name__}")
     if not isinstance(lease.item, WorkItem):
-        raise TypeError(f"lease.item: must be a WorkItem, got {type(lease.item).__name__}")
-    require_id("lease.item.tenant", lease.item.tenant)
-    require_id("lease.item.item_id", lease.item.item_id)
-    require_count("lease.item.attempts", lease.item.attempts)
+        raise TypeError(f"{field}.item: must be a WorkItem, got {type(lease.item).__name__}")
+    require_id(f"{field}.item.tenant", lease.item.tenant)
+    require_id(f"{field}.item.item_id", lease.item.item_id)
+    require_count(f"{field}.item.attempts", lease.item.attempts)
     token = lease.token
     if isinstance(token, bool) or not isinstance(token, int):
-        raise TypeError(f"lease.token: must be an int, got {type(token).__name__}")
+        raise TypeError(f"{field}.token: must be an int, got {type(token).__name__}")
     if not 0 <= token < 2**63:
-        raise ValueError(f"lease.token: {token} is not a token any queue issues")
+        raise ValueError(f"{field}.token: {token} is not a token any queue issues")
     return lease
+
+
+def lease_lost(queue: str, lease: Lease, action: str) -> LeaseLostError:
+    """The one ``LeaseLostError`` every backing raises (or reports) for a stale lease."""
+    item = lease.item
+    return LeaseLostError(
+        f"{action} of item {item.item_id!r} of tenant {item.tenant!r} in queue {queue!r}: "
+        f"lease token {lease.token} no longer holds it; it lapsed and was moved on, or was "
+        "settled already",
+        item_id=item.item_id,
+    )
 
 
 class BaseWorkQueue(ABC):
@@ -230,28 +266,33 @@ class BaseWorkQueue(ABC):
     def clock(self) -> Clock:
         return self._clock
 
-    async def enqueue(self, item: WorkItem, *, delay: float | timedelta | None = None) -> WorkItem:
+    def _prepare(
+        self, field: str, item: object, now: datetime, available_at: datetime
+    ) -> tuple[WorkItem, bytes]:
+        """The checked, fresh record of ``item`` and its encoded payload; errors name ``field``."""
         if not isinstance(item, WorkItem):
-            raise TypeError(f"item: must be a WorkItem, got {type(item).__name__}")
-        tenant = require_id("tenant", item.tenant)
-        item_id = require_id("item_id", item.item_id)
+            raise TypeError(f"{field or 'item'}: must be a WorkItem, got {type(item).__name__}")
+        tenant = require_id(f"{field}tenant", item.tenant)
+        item_id = require_id(f"{field}item_id", item.item_id)
         if item.queue is not None and item.queue != self._name:
-            raise ValueError(f"queue: the item names queue {item.queue!r}, this is {self._name!r}")
+            raise ValueError(
+                f"{field}queue: the item names queue {item.queue!r}, this is {self._name!r}"
+            )
         if isinstance(item.priority, bool) or not isinstance(item.priority, int):
-            raise TypeError(f"priority: must be an int, got {type(item.priority).__name__}")
+            raise TypeError(f"{field}priority: must be an int, got {type(item.priority).__name__}")
         if not -MAX_PRIORITY <= item.priority <= MAX_PRIORITY:
-            raise ValueError(f"priority: must be between -{MAX_PRIORITY} and {MAX_PRIORITY}")
+            raise ValueError(f"{field}priority: must be between -{MAX_PRIORITY} and {MAX_PRIORITY}")
         priority = plain_int(item.priority)
-        payload = encode_json("payload", item.payload)
-        check_size("payload", len(payload), self._max_value_bytes, where=f"item {item_id!r}")
-        now = read_clock(self._clock)
-        wait = 0.0 if delay is None else require_seconds("delay", delay, allow_zero=True)
-        available_at = now + timedelta(seconds=wait)
-        fresh = WorkItem(
+        plain, payload = plain_json(f"{field}payload", item.payload)
+        check_size(
+            f"{field}payload", len(payload), self._max_value_bytes, where=f"item {item_id!r}"
+        )
+        # Every field is checked above: build the record without validating it again.
+        fresh = WorkItem.model_construct(
             queue=self._name,
             tenant=tenant,
             item_id=item_id,
-            payload=item.payload,
+            payload=plain,
             priority=priority,
             available_at=available_at,
             attempts=0,
@@ -260,7 +301,46 @@ class BaseWorkQueue(ABC):
             created_at=now,
             updated_at=now,
         )
+        return fresh, payload
+
+    async def enqueue(self, item: WorkItem, *, delay: float | timedelta | None = None) -> WorkItem:
+        now = read_clock(self._clock)
+        wait = 0.0 if delay is None else require_seconds("delay", delay, allow_zero=True)
+        fresh, payload = self._prepare("", item, now, now + timedelta(seconds=wait))
         return await self._enqueue(fresh, payload)
+
+    async def enqueue_many(
+        self, items: Sequence[WorkItem], *, delay: float | timedelta | None = None
+    ) -> list[WorkItem]:
+        if isinstance(items, str | bytes) or not isinstance(items, Sequence):
+            raise TypeError(f"items: must be a sequence of WorkItem, got {type(items).__name__}")
+        if not 1 <= len(items) <= MAX_ENQUEUE_BATCH:
+            raise ValueError(
+                f"items: must hold between 1 and {MAX_ENQUEUE_BATCH} items, got {len(items)}"
+            )
+        now = read_clock(self._clock)
+        wait = 0.0 if delay is None else require_seconds("delay", delay, allow_zero=True)
+        available_at = now + timedelta(seconds=wait)
+        batch: list[tuple[WorkItem, bytes]] = []
+        seen: dict[tuple[str, str], int] = {}
+        for index, item in enumerate(items):
+            fresh, payload = self._prepare(f"items[{index}].", item, now, available_at)
+            key = (fresh.tenant, fresh.item_id)
+            if key in seen:
+                raise ValueError(
+                    f"items[{index}].item_id: item {fresh.item_id!r} of tenant "
+                    f"{fresh.tenant!r} is already items[{seen[key]}] of this batch"
+                )
+            seen[key] = index
+            batch.append((fresh, payload))
+        total = sum(len(payload) for _, payload in batch)
+        if total > MAX_BATCH_BYTES:
+            raise StatePersistenceError(
+                f"items: the batch's payloads are {total} bytes serialized, over the "
+                f"{MAX_BATCH_BYTES} one enqueue_many sends; split it",
+                reason="too_large",
+            )
+        return await self._enqueue_many(batch)
 
     async def claim(self, worker_id: str, *, lease_for: float | timedelta) -> Lease | None:
         leases = await self.claim_batch(worker_id, lease_for=lease_for, limit=1)
@@ -288,6 +368,25 @@ class BaseWorkQueue(ABC):
 
     async def ack(self, lease: Lease) -> WorkItem:
         return await self._ack(_require_lease(lease), read_clock(self._clock))
+
+    async def ack_many(self, leases: Sequence[Lease]) -> list[WorkItem | LeaseLostError]:
+        if isinstance(leases, str | bytes) or not isinstance(leases, Sequence):
+            raise TypeError(f"leases: must be a sequence of Lease, got {type(leases).__name__}")
+        if not 1 <= len(leases) <= MAX_BATCH:
+            raise ValueError(
+                f"leases: must hold between 1 and {MAX_BATCH} leases, got {len(leases)}"
+            )
+        seen: dict[tuple[str, str], int] = {}
+        for index, lease in enumerate(leases):
+            checked = _require_lease(lease, f"leases[{index}]")
+            key = (checked.item.tenant, checked.item.item_id)
+            if key in seen:
+                raise ValueError(
+                    f"leases[{index}]: item {key[1]!r} of tenant {key[0]!r} is already "
+                    f"leases[{seen[key]}] of this batch"
+                )
+            seen[key] = index
+        return await self._ack_many(list(leases), read_clock(self._clock))
 
     async def fail(self, lease: Lease, error: str, *, retryable: bool = True) -> WorkItem:
         checked = _require_lease(lease)
@@ -331,6 +430,13 @@ class BaseWorkQueue(ABC):
         """Insert ``item`` unless ``(queue, tenant, item_id)`` exists; return the stored item."""
 
     @abstractmethod
+    async def _enqueue_many(self, batch: list[tuple[WorkItem, bytes]]) -> list[WorkItem]:
+        """Store every new item of ``batch`` at once (all or none) in one round trip.
+
+        The answer is in ``batch`` order: an item already stored is returned as it is.
+        """
+
+    @abstractmethod
     async def _claim(
         self, worker_id: str, now: datetime, seconds: float, limit: int
     ) -> list[Lease]:
@@ -342,6 +448,13 @@ class BaseWorkQueue(ABC):
 
     @abstractmethod
     async def _ack(self, lease: Lease, now: datetime) -> WorkItem: ...
+
+    @abstractmethod
+    async def _ack_many(
+        self, leases: list[Lease], now: datetime
+    ) -> list[WorkItem | LeaseLostError]:
+        """Ack every lease that still holds its item, in one round trip; each stale one is
+        reported in its place (``lease_lost``) and changes nothing."""
 
     @abstractmethod
     async def _fail(

@@ -799,6 +799,15 @@ def enqueued_as_returned(target: Target[WorkQueue], stored: WorkItem) -> None:
     assert found is not None and found.payload == stored.payload
 
 
+def batch_enqueued_as_returned(
+    target: Target[WorkQueue], items: list[Any], stored: list[WorkItem]
+) -> None:
+    """A successful enqueue_many answered every item, in order, each as get_item reads it."""
+    assert [(s.tenant, s.item_id) for s in stored] == [(i.tenant, i.item_id) for i in items]
+    for record in stored:
+        enqueued_as_returned(target, record)
+
+
 def queue_observer(target: Target[WorkQueue], *items: Any) -> Callable[[], Awaitable[Any]]:
     """Stats, every seeded tenant's dead letters and every item the test knows of."""
     queue = target.store
@@ -852,6 +861,35 @@ def test_enqueue(
         observe=queue_observer(fuzz_queue, item),
         what=f"enqueue({item!r:.300}, delay={delay!r})",
         succeeded=lambda _before, stored: enqueued_as_returned(fuzz_queue, stored),
+    )
+
+
+fuzzed_items = st.builds(
+    lambda tenant, item_id, payload, priority: build(
+        WorkItem, {"tenant": tenant, "item_id": item_id, "payload": payload, "priority": priority}
+    ),
+    tenant=seeded_or(SEED_TENANTS, ids),
+    item_id=seeded_or(["seed-1", "fresh", "fresh-2"], ids),
+    payload=blobs,
+    priority=st.one_of(st.integers(-1001, 1001), WRONG_TYPES),
+)
+
+
+@FUZZ
+@given(
+    items=st.lists(st.one_of(fuzzed_items, WRONG_TYPES), min_size=0, max_size=4),
+    delay=st.one_of(st.none(), durations),
+)
+def test_enqueue_many(fuzz_queue: Target[WorkQueue], items: list[Any], delay: Any) -> None:
+    """A batch of fuzzed items (repeats, wrong types, an empty batch): stored whole as
+    returned, or refused naming ``items`` with nothing of it stored."""
+    check(
+        fuzz_queue,
+        lambda: fuzz_queue.store.enqueue_many(items, delay=delay),
+        fields={"items", "delay"},
+        observe=queue_observer(fuzz_queue, *items),
+        what=f"enqueue_many({items!r:.300}, delay={delay!r})",
+        succeeded=lambda _before, stored: batch_enqueued_as_returned(fuzz_queue, items, stored),
     )
 
 

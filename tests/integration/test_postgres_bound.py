@@ -46,6 +46,7 @@ def _calls(state: PostgresStateStore, queue: PostgresWorkQueue) -> dict[str, Cal
         "patch_run": lambda s: state.bound(s).patch_run("acme", "r0", iterations=1),
         "get_run": lambda s: state.bound(s).get_run("acme", "r0"),
         "enqueue": lambda s: queue.bound(s).enqueue(_item("late")),
+        "enqueue_many": lambda s: queue.bound(s).enqueue_many([_item("late-1"), _item("late-2")]),
         "claim": lambda s: queue.bound(s).claim("w1", lease_for=30),
     }
 
@@ -231,3 +232,24 @@ async def test_a_transaction_the_callers_own_statement_autobegan_is_used(
         await postgres_state_store.bound(session).put_run(_run("by-session"))
         await session.commit()
     assert await _rows(pg_engine) == ([("by-connection", 1, 0), ("by-session", 1, 0)], [])
+
+
+async def test_a_bound_enqueue_many_lands_with_the_callers_commit_only(
+    postgres_work_queue: PostgresWorkQueue, pg_engine: AsyncEngine
+) -> None:
+    """enqueue_many inside the caller's transaction is one statement of it: rolled back, none
+    of the batch is stored; committed, all of it is, with the tenants' turns woken."""
+    queue = postgres_work_queue
+    batch = [_item(f"batch-{i}") for i in range(5)]
+    async with AsyncSession(pg_engine) as session:
+        transaction = await session.begin()
+        stored = await queue.bound(session).enqueue_many(batch)
+        assert [s.item_id for s in stored] == [b.item_id for b in batch]
+        await transaction.rollback()
+    assert await _rows(pg_engine) == ([], [])
+    assert await queue.claim("w1", lease_for=30) is None
+    async with AsyncSession(pg_engine) as session, session.begin():
+        await queue.bound(session).enqueue_many(batch)
+    assert sorted(await _rows(pg_engine)) == sorted(([], [(b.item_id, "queued") for b in batch]))
+    leases = await queue.claim_batch("w1", lease_for=30, limit=10)
+    assert [lease.item.item_id for lease in leases] == [b.item_id for b in batch]

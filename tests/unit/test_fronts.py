@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from statepact.clock import ManualClock, SystemClock
-from statepact.errors import StatePersistenceError
+from statepact.errors import LeaseLostError, StatePersistenceError
 from statepact.models import (
     ItemStatus,
     Lease,
@@ -76,6 +76,16 @@ class RecordingQueue(BaseWorkQueue):
     async def _enqueue(self, item: WorkItem, payload: bytes) -> WorkItem:
         self.calls.append(("enqueue", (item, payload)))
         return item
+
+    async def _ack_many(
+        self, leases: list[Lease], now: datetime
+    ) -> list[WorkItem | LeaseLostError]:
+        self.calls.append(("ack_many", (leases, now)))
+        return [lease.item for lease in leases]
+
+    async def _enqueue_many(self, batch: list[tuple[WorkItem, bytes]]) -> list[WorkItem]:
+        self.calls.append(("enqueue_many", batch))
+        return [item for item, _ in batch]
 
     async def _claim(
         self, worker_id: str, now: datetime, seconds: float, limit: int
@@ -301,6 +311,21 @@ async def test_bad_queue_input_never_reaches_the_backing(clock: ManualClock) -> 
         await queue.dead_letters("acme", limit=0)
     with pytest.raises(TypeError, match="error"):
         await queue.fail(_lease(clock), None)  # type: ignore[arg-type]
+    with pytest.raises(StatePersistenceError, match=r"items\[1\]\.payload"):
+        await queue.enqueue_many(
+            [
+                WorkItem(tenant="acme", item_id="j0"),
+                WorkItem(tenant="acme", item_id="j1", payload={"x": "y" * 10}),
+            ]
+        )
+    with pytest.raises(ValueError, match=r"leases\[1\]"):
+        await queue.ack_many([_lease(clock), _lease(clock)])
+    with pytest.raises(ValueError, match=r"leases\[0\]\.token"):
+        await queue.ack_many([_lease(clock).model_copy(update={"token": -1})])
+    with pytest.raises(ValueError, match=r"items\[1\]\.item_id"):
+        await queue.enqueue_many(
+            [WorkItem(tenant="a", item_id="j"), WorkItem(tenant="a", item_id="j")]
+        )
     assert queue.calls == []
 
 

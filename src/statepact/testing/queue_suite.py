@@ -56,6 +56,7 @@ docstring has the full list):
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from datetime import UTC, timedelta
@@ -209,6 +210,209 @@ class WorkQueueConformance:
         )
         assert all(result == results[0] for result in results)
         assert (await work_queue.stats()).tenants == _stats(acme=(1, 0, 0))
+
+    # -- enqueue_many ------------------------------------------------------------
+
+    async def test_enqueue_many_stores_the_batch_in_order(
+        self, work_queue: WorkQueue, clock: ManualClock
+    ) -> None:
+        """Every item is stored as a single enqueue stores it, answered in batch order,
+        and claims serve the batch like the same items enqueued one by one."""
+        items = [_item(tenant, f"b{i:03d}", payload={"n": i}) for i in range(6) for tenant in "BA"]
+        stored = await work_queue.enqueue_many(items)
+        assert [(s.tenant, s.item_id) for s in stored] == [(i.tenant, i.item_id) for i in items]
+        for record in stored:
+            assert record.status is ItemStatus.QUEUED
+            assert record.queue == work_queue.name
+            assert record.created_at == record.available_at == clock.now()
+            assert await work_queue.get_item(record.tenant, record.item_id) == record
+        assert (await work_queue.stats()).tenants == _stats(A=(6, 0, 0), B=(6, 0, 0))
+        claimed = [(await _claim(work_queue)).item for _ in range(12)]
+        # Rotation across tenants; within a tenant, the batch's order is enqueue order.
+        assert [c.tenant for c in claimed] == ["A", "B"] * 6
+        assert [c.item_id for c in claimed if c.tenant == "A"] == [f"b{i:03d}" for i in range(6)]
+
+    async def test_enqueue_many_is_idempotent_per_item(self, work_queue: WorkQueue) -> None:
+        """An item already stored comes back as it is, in its place; the others are stored;
+        the same batch again changes nothing."""
+        first = await work_queue.enqueue(_item("acme", "job-1", payload={"v": 1}))
+        lease = await _claim(work_queue)
+        batch = [
+            _item("acme", "job-0"),
+            _item("acme", "job-1", payload={"v": 2}, priority=9),
+            _item("zeta", "job-1"),
+        ]
+        stored = await work_queue.enqueue_many(batch)
+        assert stored[1] == lease.item
+        assert stored[1].payload == first.payload
+        assert [s.status for s in stored] == [
+            ItemStatus.QUEUED,
+            ItemStatus.LEASED,
+            ItemStatus.QUEUED,
+        ]
+        again = await work_queue.enqueue_many(batch)
+        assert again[0] == stored[0] and again[2] == stored[2]
+        assert (await work_queue.stats()).tenants == _stats(acme=(1, 1, 0), zeta=(1, 0, 0))
+
+    async def test_enqueue_many_honours_the_delay(
+        self, work_queue: WorkQueue, clock: ManualClock
+    ) -> None:
+        """``delay`` applies to every item of the batch."""
+        stored = await work_queue.enqueue_many(
+            [_item("acme", "d1"), _item("acme", "d2")], delay=timedelta(seconds=5)
+        )
+        assert {s.available_at for s in stored} == {clock.now() + timedelta(seconds=5)}
+        assert await work_queue.claim("w1", lease_for=LEASE) is None
+        clock.advance(5)
+        assert (await _claim(work_queue)).item.item_id == "d1"
+
+    async def test_concurrent_batches_sharing_ids_store_each_item_once(
+        self, work_queue: WorkQueue
+    ) -> None:
+        """Batches racing over the same ids (in opposite orders) store each item once and
+        all answer it; none deadlocks."""
+        ids = [f"job-{i:02d}" for i in range(20)]
+        batches = [
+            [_item("acme", item_id, payload={"by": n}) for item_id in (ids if n % 2 else ids[::-1])]
+            for n in range(6)
+        ]
+        answers = await asyncio.gather(*(work_queue.enqueue_many(b) for b in batches))
+        truth = {r.item_id: r for r in answers[0]}
+        for answer in answers:
+            assert {r.item_id: r for r in answer} == truth
+        assert (await work_queue.stats()).tenants == _stats(acme=(20, 0, 0))
+
+    @pytest.mark.parametrize(
+        ("fields", "named", "error"),
+        [
+            ({"tenant": ""}, "items[2].tenant", ValueError),
+            ({"item_id": 7}, "items[2].item_id", TypeError),
+            ({"payload": {"x": float("nan")}}, "items[2].payload", ValueError),
+            ({"priority": 1001}, "items[2].priority", ValueError),
+            ({"item_id": "a0"}, "items[2].item_id", ValueError),
+        ],
+    )
+    async def test_enqueue_many_refuses_the_whole_batch_naming_the_item(
+        self,
+        work_queue: WorkQueue,
+        fields: dict[str, Any],
+        named: str,
+        error: type[Exception],
+    ) -> None:
+        """One bad item (a repeated id included) refuses the batch, naming ``items[i].field``,
+        and nothing of it is stored."""
+        values: dict[str, Any] = {"tenant": "acme", "item_id": "a2", **fields}
+        batch = [_item("acme", "a0"), _item("acme", "a1"), WorkItem.model_construct(**values)]
+        with pytest.raises(error, match=re.escape(named)):
+            await work_queue.enqueue_many(batch)
+        assert await work_queue.get_item("acme", "a0") is None
+        assert (await work_queue.stats()).tenants == {}
+
+    async def test_enqueue_many_refuses_an_oversized_item_before_sending(
+        self, work_queue: WorkQueue
+    ) -> None:
+        """An item over max_value_bytes refuses the batch (too_large) and stores none of it."""
+        payload = {"x": "q" * (LIMIT - len('{"x":""}') + 1)}
+        with pytest.raises(StatePersistenceError) as caught:
+            await work_queue.enqueue_many(
+                [_item("acme", "ok"), _item("acme", "big", payload=payload)]
+            )
+        assert caught.value.reason == "too_large"
+        assert "items[1].payload" in str(caught.value)
+        assert (await work_queue.stats()).tenants == {}
+
+    @pytest.mark.parametrize(
+        ("items", "error", "named"),
+        [
+            ([], ValueError, "items"),
+            ("abc", TypeError, "items"),
+            (None, TypeError, "items"),
+            ([{"tenant": "acme", "item_id": "x"}], TypeError, "items[0]"),
+        ],
+    )
+    async def test_enqueue_many_refuses_what_is_not_a_batch(
+        self, work_queue: WorkQueue, items: Any, error: type[Exception], named: str
+    ) -> None:
+        with pytest.raises(error, match=re.escape(named)):
+            await work_queue.enqueue_many(items)
+        assert (await work_queue.stats()).tenants == {}
+
+    async def test_enqueue_many_takes_up_to_ten_thousand(self, work_queue: WorkQueue) -> None:
+        """10,000 items land in one call; 10,001 are refused before anything is sent."""
+        batch = [_item(f"t{i % 7}", f"i{i:05d}") for i in range(10_001)]
+        with pytest.raises(ValueError, match="items"):
+            await work_queue.enqueue_many(batch)
+        assert (await work_queue.stats()).tenants == {}
+        stored = await work_queue.enqueue_many(batch[:10_000])
+        assert len(stored) == 10_000
+        assert [s.item_id for s in stored] == [b.item_id for b in batch[:10_000]]
+        stats = await work_queue.stats()
+        assert sum(t.queued for t in stats.tenants.values()) == 10_000
+
+    # -- ack_many ----------------------------------------------------------------
+
+    async def test_ack_many_acks_each_lease_in_order(
+        self, work_queue: WorkQueue, clock: ManualClock
+    ) -> None:
+        """Every live lease of the batch is acked, answered in lease order, as ack would."""
+        await work_queue.enqueue_many([_item(t, f"a{i}") for i in range(3) for t in "xy"])
+        leases = await work_queue.claim_batch("w1", lease_for=LEASE, limit=6)
+        clock.advance(1)
+        done = await work_queue.ack_many(leases[::-1])
+        assert [d.item_id for d in done if isinstance(d, WorkItem)] == [
+            lease.item.item_id for lease in leases[::-1]
+        ]
+        for record in done:
+            assert isinstance(record, WorkItem)
+            assert record.status is ItemStatus.DONE
+            assert record.updated_at == clock.now()
+            assert await work_queue.get_item(record.tenant, record.item_id) == record
+        assert (await work_queue.stats()).tenants == {}
+
+    async def test_a_stale_lease_inside_ack_many_is_reported_and_the_rest_land(
+        self, work_queue: WorkQueue, clock: ManualClock
+    ) -> None:
+        """A lease whose item was reaped and claimed again, one heartbeated past, and one
+        already acked are each answered with the LeaseLostError ack would raise, and change
+        nothing; the live leases of the same batch are acked."""
+        await work_queue.enqueue_many([_item("acme", f"s{i}") for i in range(4)])
+        stale = await _claim(work_queue, "w1", lease_for=5)
+        live = [await _claim(work_queue, "w1", lease_for=LEASE) for _ in range(3)]
+        clock.advance(6)
+        await work_queue.reap()
+        taker = await _claim(work_queue, "w2")
+        assert taker.item.item_id == stale.item.item_id
+        renewed = await work_queue.heartbeat(live[1])
+        acked_before = await work_queue.ack(live[2])
+        done = await work_queue.ack_many([live[0], stale, live[1], live[2]])
+        assert isinstance(done[0], WorkItem) and done[0].status is ItemStatus.DONE
+        for lost, lease in zip(done[1:], (stale, live[1], live[2]), strict=True):
+            assert isinstance(lost, LeaseLostError), done
+            assert lost.item_id == lease.item.item_id
+            assert str(lease.token) in str(lost)
+        assert await work_queue.get_item("acme", stale.item.item_id) == taker.item
+        assert await work_queue.get_item("acme", live[1].item.item_id) == renewed.item
+        assert await work_queue.get_item("acme", live[2].item.item_id) == acked_before
+        # The renewed and the new holder still settle.
+        assert (await work_queue.ack(renewed)).status is ItemStatus.DONE
+        assert (await work_queue.ack(taker)).status is ItemStatus.DONE
+
+    async def test_ack_many_refuses_a_bad_batch_before_sending(self, work_queue: WorkQueue) -> None:
+        """An empty batch, more than 1,000 leases, something not a lease, or one item named
+        twice: refused naming ``leases``, and nothing is acked."""
+        await work_queue.enqueue(_item("acme", "r1"))
+        lease = await _claim(work_queue)
+        for bad, error, named in (
+            ([], ValueError, "leases"),
+            ([lease] * 1001, ValueError, "leases"),
+            ([lease, "x"], TypeError, "leases[1]"),
+            ([lease, lease], ValueError, "leases[1]"),
+            ([lease.model_copy(update={"token": -5})], ValueError, "leases[0].token"),
+        ):
+            with pytest.raises(error, match=re.escape(named)):
+                await work_queue.ack_many(bad)  # type: ignore[arg-type]
+        assert (await work_queue.get_item("acme", "r1")) == lease.item
+        assert (await work_queue.ack(lease)).status is ItemStatus.DONE
 
     async def test_enqueue_ignores_a_callers_bookkeeping(
         self, work_queue: WorkQueue, clock: ManualClock

@@ -56,7 +56,7 @@ from statepact._limits import DEFAULT_MAX_VALUE_BYTES, LEASE_EXPIRED
 from statepact.clock import Clock
 from statepact.errors import LeaseLostError
 from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem
-from statepact.queue import BaseWorkQueue, FailOutcome, QueuePolicy
+from statepact.queue import BaseWorkQueue, FailOutcome, QueuePolicy, lease_lost
 
 __all__ = ["MemoryWorkQueue"]
 
@@ -119,6 +119,13 @@ class MemoryWorkQueue(BaseWorkQueue):
     # -- enqueue and claim --------------------------------------------------
 
     async def _enqueue(self, item: WorkItem, payload: bytes) -> WorkItem:
+        return self._put(item, payload)
+
+    async def _enqueue_many(self, batch: list[tuple[WorkItem, bytes]]) -> list[WorkItem]:
+        # No await between the puts: the batch lands whole, as one step of the loop.
+        return [self._put(item, payload) for item, payload in batch]
+
+    def _put(self, item: WorkItem, payload: bytes) -> WorkItem:
         key = (item.tenant, item.item_id)
         existing = self._items.get(key)
         if existing is not None:
@@ -174,6 +181,21 @@ class MemoryWorkQueue(BaseWorkQueue):
         entry = self._held(lease, "ack")
         self._end_lease(entry, ItemStatus.DONE, now)
         return self._record(entry)
+
+    async def _ack_many(
+        self, leases: list[Lease], now: datetime
+    ) -> list[WorkItem | LeaseLostError]:
+        # No await between the acks: the batch is one step of the loop.
+        done: list[WorkItem | LeaseLostError] = []
+        for lease in leases:
+            try:
+                entry = self._held(lease, "ack")
+            except LeaseLostError as lost:
+                done.append(lost)
+                continue
+            self._end_lease(entry, ItemStatus.DONE, now)
+            done.append(self._record(entry))
+        return done
 
     async def _fail(
         self, lease: Lease, now: datetime, error: str, outcome: FailOutcome
@@ -337,12 +359,7 @@ class MemoryWorkQueue(BaseWorkQueue):
         item = lease.item
         entry = None if item.queue != self.name else self._items.get((item.tenant, item.item_id))
         if entry is None or entry.status is not ItemStatus.LEASED or entry.token != lease.token:
-            raise LeaseLostError(
-                f"{action} of item {item.item_id!r} of tenant {item.tenant!r} in queue "
-                f"{self.name!r}: lease token {lease.token} no longer holds it; it lapsed and "
-                "was moved on, or was settled already",
-                item_id=item.item_id,
-            )
+            raise lease_lost(self.name, lease, action)
         return entry
 
     def _end_lease(self, entry: _Item, status: ItemStatus, now: datetime) -> None:

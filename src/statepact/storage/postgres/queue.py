@@ -115,6 +115,7 @@ from sqlalchemy import (
     union_all,
     update,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
@@ -125,7 +126,7 @@ from statepact._codec import decode_json
 from statepact.clock import Clock
 from statepact.errors import LeaseLostError, QueueUnavailableError
 from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem
-from statepact.queue import BaseWorkQueue, FailOutcome, QueuePolicy
+from statepact.queue import BaseWorkQueue, FailOutcome, QueuePolicy, lease_lost
 from statepact.settings import PostgresStoreSettings
 from statepact.storage.postgres._client import BoundExecutor, EngineExecutor, Executor, Runner
 from statepact.storage.postgres.schema import StateTables, Tables, tables_for
@@ -257,6 +258,87 @@ def enqueue(tables: Tables) -> Select[Any]:
     )
     woken = _turn_added(turns, inserted, grouped=False).cte("woken")
     return select(func.count()).select_from(inserted).add_cte(woken)
+
+
+def enqueue_many(tables: Tables) -> Select[Any]:
+    """Insert every item of the batch whose ``(queue, tenant, item_id)`` is new, and wake
+    their tenants, in one statement; answer each item's row with its place in the batch.
+
+    The batch arrives as parallel arrays (one bind each, whatever its length), is
+    inserted in ``(tenant, item_id)`` order (so two batches sharing ids wait on
+    each other in one order, never in a cycle), and the turns rows are upserted
+    in ``(queue, tenant)`` order like every other multi-row write here. An item
+    that existed before the statement is answered from the statement's snapshot;
+    one a concurrent enqueue inserted after it is in neither answer, and the
+    caller reads it with a second statement.
+    """
+    work, turns = tables.work, tables.queue_turns
+    batch = (
+        func.unnest(
+            cast(_p("tenants"), ARRAY(Text)),
+            cast(_p("item_ids"), ARRAY(Text)),
+            cast(_p("payloads"), ARRAY(Text)),
+            cast(_p("priorities"), ARRAY(Integer)),
+            cast(_p("available"), ARRAY(_TZ)),
+        )
+        .table_valued(
+            "tenant", "item_id", "payload", "priority", "available_at", with_ordinality="ord"
+        )
+        .render_derived(name="batch")
+    )
+    rows = select(
+        _p("queue"),
+        batch.c.tenant,
+        batch.c.item_id,
+        cast(batch.c.payload, JSON),
+        batch.c.priority,
+        QUEUED,
+        literal_column("0", Integer),
+        batch.c.available_at,
+        _p("now", _TZ),
+        _p("now", _TZ),
+    ).order_by(batch.c.tenant, batch.c.item_id)
+    inserted = (
+        pg_insert(work)
+        .from_select(
+            [
+                "queue",
+                "tenant",
+                "item_id",
+                "payload",
+                "priority",
+                "status",
+                "attempts",
+                "available_at",
+                "created_at",
+                "updated_at",
+            ],
+            rows,
+        )
+        .on_conflict_do_nothing(index_elements=[work.c.queue, work.c.tenant, work.c.item_id])
+        .returning(work.c.queue, work.c.tenant, work.c.item_id, work.c.available_at, work.c.status)
+        .cte("inserted")
+    )
+    woken = _turn_added(turns, inserted, grouped=True).cte("woken")
+    # Items stored before: their rows, whole. Items stored now: their place only (the
+    # caller has their record already), so the answer stays small for a large batch.
+    old = work.alias("old")
+    existing = select(batch.c.ord, *_item_columns(work, old)).select_from(
+        batch.join(
+            old,
+            (old.c.queue == _p("queue"))
+            & (old.c.tenant == batch.c.tenant)
+            & (old.c.item_id == batch.c.item_id),
+        )
+    )
+    new = select(batch.c.ord, *(null().label(c.name) for c in _item_columns(work))).select_from(
+        batch.join(
+            inserted,
+            (inserted.c.tenant == batch.c.tenant) & (inserted.c.item_id == batch.c.item_id),
+        )
+    )
+    answer = union_all(existing, new).subquery("answer")
+    return select(answer).add_cte(woken)
 
 
 def _next_turn(turns: Table, after: Any = None) -> Select[Any]:
@@ -459,6 +541,38 @@ def ack(work: Table) -> Update:
     )
 
 
+def ack_many(work: Table) -> Update:
+    """``ack`` for every lease of the batch (parallel arrays) still holding its item; a
+    stale lease matches no row and is left out of the answer."""
+    held = (
+        func.unnest(
+            cast(_p("tenants"), ARRAY(Text)),
+            cast(_p("item_ids"), ARRAY(Text)),
+            cast(_p("tokens"), ARRAY(BigInteger)),
+        )
+        .table_valued("tenant", "item_id", "token")
+        .render_derived(name="held")
+    )
+    return (
+        update(work)
+        .where(
+            work.c.queue == _p("queue"),
+            work.c.tenant == held.c.tenant,
+            work.c.item_id == held.c.item_id,
+            work.c.status == LEASED,
+            work.c.token == held.c.token,
+        )
+        .values(
+            status=DONE,
+            token=null(),
+            worker_id=null(),
+            expires_at=null(),
+            updated_at=_p("now", _TZ),
+        )
+        .returning(*_item_columns(work))
+    )
+
+
 def _settled(tables: Tables, settle: Update) -> Select[Any]:
     """Run a fenced settle that may put the item back in the queue, and wake its tenant."""
     settled = settle.returning(*_item_columns(tables.work)).cte("settled")
@@ -576,10 +690,12 @@ def stats(work: Table) -> Select[Any]:
 @dataclass(frozen=True, slots=True)
 class _Statements:
     enqueue: Select[Any]
+    enqueue_many: Select[Any]
     claim: Select[Any]
     get_item: Select[Any]
     heartbeat: Update
     ack: Update
+    ack_many: Update
     fail: Select[Any]
     release: Select[Any]
     requeue: Select[Any]
@@ -591,10 +707,12 @@ class _Statements:
     def build(cls, tables: Tables) -> _Statements:
         return cls(
             enqueue=enqueue(tables),
+            enqueue_many=enqueue_many(tables),
             claim=claim(tables),
             get_item=get_item(tables.work),
             heartbeat=heartbeat(tables),
             ack=ack(tables.work),
+            ack_many=ack_many(tables.work),
             fail=fail(tables),
             release=release(tables),
             requeue=requeue(tables),
@@ -721,6 +839,40 @@ class PostgresWorkQueue(BaseWorkQueue):
 
         return await self._executor.run(work, idempotent=True)
 
+    async def _enqueue_many(self, batch: list[tuple[WorkItem, bytes]]) -> list[WorkItem]:
+        first = batch[0][0]
+        params = {
+            "p_queue": self.name,
+            "p_now": first.created_at,
+            "p_tenants": [item.tenant for item, _ in batch],
+            "p_item_ids": [item.item_id for item, _ in batch],
+            "p_payloads": [payload.decode("utf-8") for _, payload in batch],
+            "p_priorities": [item.priority for item, _ in batch],
+            "p_available": [item.available_at for item, _ in batch],
+        }
+
+        async def work(conn: Runner) -> list[WorkItem]:
+            rows = (await conn.execute(self._sql.enqueue_many, params)).mappings().all()
+            found = {
+                row["ord"]: batch[row["ord"] - 1][0] if row["status"] is None else _item(row)
+                for row in rows
+            }
+            if len(found) < len(batch):
+                # Inserted by a concurrent enqueue after this statement's snapshot.
+                for place, (item, _) in enumerate(batch, start=1):
+                    if place not in found:
+                        key = self._key(item.tenant, item.item_id)
+                        row = (await conn.execute(self._sql.get_item, key)).mappings().first()
+                        if row is None:  # pragma: no cover - no deletes: it cannot vanish
+                            raise QueueUnavailableError(
+                                f"enqueue of item {item.item_id!r}: it existed, then could "
+                                "not be read"
+                            )
+                        found[place] = _item(row)
+            return [found[place] for place in range(1, len(batch) + 1)]
+
+        return await self._executor.run(work, idempotent=True)
+
     async def _claim(
         self, worker_id: str, now: datetime, seconds: float, limit: int
     ) -> list[Lease]:
@@ -760,13 +912,7 @@ class PostgresWorkQueue(BaseWorkQueue):
         return {**self._key(lease.item.tenant, lease.item.item_id), "p_token": lease.token}
 
     def _lost(self, lease: Lease, action: str) -> LeaseLostError:
-        item = lease.item
-        return LeaseLostError(
-            f"{action} of item {item.item_id!r} of tenant {item.tenant!r} in queue "
-            f"{self.name!r}: lease token {lease.token} no longer holds it; it lapsed and was "
-            "moved on, or was settled already",
-            item_id=item.item_id,
-        )
+        return lease_lost(self.name, lease, action)
 
     async def _settle(
         self, lease: Lease, action: str, statement: Any, extra: Mapping[str, Any]
@@ -798,6 +944,34 @@ class PostgresWorkQueue(BaseWorkQueue):
 
     async def _ack(self, lease: Lease, now: datetime) -> WorkItem:
         return _item(await self._settle(lease, "ack", self._sql.ack, {"p_now": now}))
+
+    async def _ack_many(
+        self, leases: list[Lease], now: datetime
+    ) -> list[WorkItem | LeaseLostError]:
+        # A lease of another queue is lost at once; the rest go in one statement.
+        mine = [lease for lease in leases if lease.item.queue == self.name]
+        acked: dict[tuple[str, str], WorkItem] = {}
+        if mine:
+            params = {
+                "p_queue": self.name,
+                "p_now": now,
+                "p_tenants": [lease.item.tenant for lease in mine],
+                "p_item_ids": [lease.item.item_id for lease in mine],
+                "p_tokens": [lease.token for lease in mine],
+            }
+
+            async def work(conn: Runner) -> list[RowMapping]:
+                return list((await conn.execute(self._sql.ack_many, params)).mappings().all())
+
+            for row in await self._executor.run(work, idempotent=False):
+                acked[(row["tenant"], row["item_id"])] = _item(row)
+        done: list[WorkItem | LeaseLostError] = []
+        for lease in leases:
+            item = None
+            if lease.item.queue == self.name:
+                item = acked.get((lease.item.tenant, lease.item.item_id))
+            done.append(self._lost(lease, "ack") if item is None else item)
+        return done
 
     async def _fail(
         self, lease: Lease, now: datetime, error: str, outcome: FailOutcome

@@ -41,10 +41,12 @@ STATE_SCRIPTS = (
     "put_session",
 )
 QUEUE_SCRIPTS = (
+    "ack_many",
     "claim",
     "claimed",
     "dead_letters",
     "enqueue",
+    "enqueue_many",
     "heartbeat",
     "reap",
     "requeue",

@@ -46,7 +46,7 @@ from statepact._retry import new_op_id
 from statepact.clock import Clock, from_micros, to_micros
 from statepact.errors import LeaseLostError, QueueUnavailableError
 from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem
-from statepact.queue import BaseWorkQueue, FailOutcome, QueuePolicy
+from statepact.queue import BaseWorkQueue, FailOutcome, QueuePolicy, lease_lost
 from statepact.settings import RedisStoreSettings
 from statepact.storage.redis._client import Failover, as_text
 from statepact.storage.redis._keys import QueueKeys, ref
@@ -150,6 +150,27 @@ class RedisWorkQueue(BaseWorkQueue):
         )
         return self._item(reply[1])
 
+    async def _enqueue_many(self, batch: list[tuple[WorkItem, bytes]]) -> list[WorkItem]:
+        args: list[str | int | bytes] = []
+        for item, payload in batch:
+            assert item.available_at is not None and item.created_at is not None  # the front's
+            args += (
+                ref(item.tenant, item.item_id),
+                item.tenant,
+                item.item_id,
+                payload,
+                item.priority,
+                to_micros(item.available_at),
+                to_micros(item.created_at),
+            )
+        reply = await self._run(
+            f"enqueue of {len(batch)} items", "enqueue_many", batch[0][0].created_at, *args
+        )
+        return [
+            batch[i // 2][0] if int(reply[i]) == 1 else self._item(reply[i + 1])
+            for i in range(0, len(reply), 2)
+        ]
+
     async def _claim(
         self, worker_id: str, now: datetime, seconds: float, limit: int
     ) -> list[Lease]:
@@ -215,6 +236,32 @@ class RedisWorkQueue(BaseWorkQueue):
 
     async def _ack(self, lease: Lease, now: datetime) -> WorkItem:
         return await self._settle(lease, now, "ack", ItemStatus.DONE)
+
+    async def _ack_many(
+        self, leases: list[Lease], now: datetime
+    ) -> list[WorkItem | LeaseLostError]:
+        # A lease of another queue is lost at once; the rest go in one script.
+        mine = [lease for lease in leases if lease.item.queue == self.name]
+        args: list[str | int | bytes] = []
+        for lease in mine:
+            args += (ref(lease.item.tenant, lease.item.item_id), lease.token)
+        reply: list[Any] = []
+        if mine:
+            reply = await self._run(
+                f"ack of {len(mine)} items", "ack_many", now, *args, op=new_op_id()
+            )
+        answers = iter(range(0, len(reply), 2))
+        done: list[WorkItem | LeaseLostError] = []
+        for lease in leases:
+            if lease.item.queue != self.name:
+                done.append(self._lost(lease, "ack"))
+                continue
+            at = next(answers)
+            if int(reply[at]) == 1:
+                done.append(self._item(reply[at + 1]))
+            else:
+                done.append(self._lost(lease, "ack"))
+        return done
 
     async def _fail(
         self, lease: Lease, now: datetime, error: str, outcome: FailOutcome
@@ -347,13 +394,7 @@ class RedisWorkQueue(BaseWorkQueue):
         return lease.item
 
     def _lost(self, lease: Lease, action: str) -> LeaseLostError:
-        item = lease.item
-        return LeaseLostError(
-            f"{action} of item {item.item_id!r} of tenant {item.tenant!r} in queue "
-            f"{self.name!r}: lease token {lease.token} no longer holds it; it lapsed and "
-            "was moved on, or was settled already",
-            item_id=item.item_id,
-        )
+        return lease_lost(self.name, lease, action)
 
 
 def _as_dict(fields: Any) -> dict[str, str]:

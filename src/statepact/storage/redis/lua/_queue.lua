@@ -91,3 +91,58 @@ local function end_lease(r, tenant)
   redis.call('ZREM', PENDING, r)
   count(N_LEASED, tenant, -1)
 end
+
+-- Store a new item, or leave the one already stored under the same id untouched.
+-- Returns {1, item} stored now, {0, item} already there; item is HGETALL (for an
+-- item stored now only if answer_new: the caller may know it already).
+local function put_item(r, tenant, id, payload, priority, available, created, answer_new)
+  local ikey = item_key(r)
+  if redis.call('EXISTS', ikey) == 1 then
+    return { 0, redis.call('HGETALL', ikey) }
+  end
+  redis.call('HSET', ikey,
+    'tenant', tenant, 'id', id, 'payload', payload, 'priority', priority,
+    'available', available, 'attempts', 0, 'status', 'queued',
+    'created', created, 'updated', created, 'order', str(redis.call('INCR', ORDER)))
+  count(N_QUEUED, tenant, 1)
+  schedule(tenant, id, ikey, available)
+  if answer_new then
+    return { 1, redis.call('HGETALL', ikey) }
+  end
+  return { 1, {} }
+end
+
+-- End the lease of item r held under token as ack, fail or release decided:
+-- status done | dead | queued; available '' keeps it; set_error '1' writes error;
+-- attempts_change '0' or '-1' (release). Returns true, or false when token is not
+-- the item's lease any more (nothing written). A queued item goes to ready when
+-- due, else delayed; a dead one to dead:T scored by now (oldest death first).
+local function settle_item(r, token, status, available_at, set_error, error, attempts_change)
+  if redis.call('HGET', LEASE_TOKENS, r) ~= token then
+    return false
+  end
+  local ikey = item_key(r)
+  local f = redis.call('HMGET', ikey, 'tenant', 'id', 'available')
+  local tenant, id = f[1], f[2]
+  local available = f[3]
+  end_lease(r, tenant)
+  redis.call('HSET', ikey, 'status', status, 'updated', NOW)
+  if available_at ~= '' then
+    available = available_at
+    redis.call('HSET', ikey, 'available', available)
+  end
+  if set_error == '1' then
+    redis.call('HSET', ikey, 'error', error)
+  end
+  if attempts_change ~= '0' then
+    redis.call('HINCRBY', ikey, 'attempts', attempts_change)
+  end
+  if status == 'dead' then
+    redis.call('ZADD', dead_key(tenant), NOW, id)
+    count(N_DEAD, tenant, 1)
+  elseif status == 'queued' then
+    count(N_QUEUED, tenant, 1)
+    schedule(tenant, id, ikey, available)
+  end
+  return true
+end

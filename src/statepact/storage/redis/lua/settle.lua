@@ -14,35 +14,12 @@ Returns  {1, item} settled (a retry of a call that settled gets the item as it
 A queued item goes to ready when due, else delayed; a dead one to dead:T
 scored by now, so dead letters list oldest death first, ties by id.
 ]]
-local r, token, status = ARGV[3], ARGV[4], ARGV[5]
-local ikey = item_key(r)
+local r = ARGV[3]
 if op_done(OP) then
-  return { 1, redis.call('HGETALL', ikey) }
+  return { 1, redis.call('HGETALL', item_key(r)) }
 end
-if redis.call('HGET', LEASE_TOKENS, r) ~= token then
+if not settle_item(r, ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]) then
   return { 0 }
 end
-local f = redis.call('HMGET', ikey, 'tenant', 'id', 'available')
-local tenant, id = f[1], f[2]
-local available = f[3]
-end_lease(r, tenant)
-redis.call('HSET', ikey, 'status', status, 'updated', NOW)
-if ARGV[6] ~= '' then
-  available = ARGV[6]
-  redis.call('HSET', ikey, 'available', available)
-end
-if ARGV[7] == '1' then
-  redis.call('HSET', ikey, 'error', ARGV[8])
-end
-if ARGV[9] ~= '0' then
-  redis.call('HINCRBY', ikey, 'attempts', ARGV[9])
-end
-if status == 'dead' then
-  redis.call('ZADD', dead_key(tenant), NOW, id)
-  count(N_DEAD, tenant, 1)
-elseif status == 'queued' then
-  count(N_QUEUED, tenant, 1)
-  schedule(tenant, id, ikey, available)
-end
 op_record(OP, '1')
-return { 1, redis.call('HGETALL', ikey) }
+return { 1, redis.call('HGETALL', item_key(r)) }
