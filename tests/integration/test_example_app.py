@@ -316,11 +316,25 @@ def seen(url: str, tenant: str, order_id: int) -> Seen:
     return run_in_thread(run)
 
 
+def delete_run(url: str, tenant: str, run_id: str) -> bool:
+    async def run() -> bool:
+        settings = PostgresStoreSettings(dsn=SecretStr(url))
+        engine = create_engine(settings)
+        try:
+            state = await PostgresStateStore.open(engine, settings=settings)
+            return await state.delete_run(tenant, run_id)
+        finally:
+            await engine.dispose()
+
+    return run_in_thread(run)
+
+
 def test_an_order_writes_all_three_or_none_and_the_worker_processes_it(
     app: App, server: Server
 ) -> None:
     """A declined payment after the writes leaves no order, run or work item; a paid order
-    leaves all three; the worker marks the order processed, finishes the run and acks."""
+    leaves all three; the worker marks the order processed, finishes the run and acks, and
+    an item whose settling transaction fails is failed and its order left alone."""
     assert counts(app.url) == (0, 0, 0)
     with httpx.Client(base_url=server.base_url, timeout=30) as client:
         order = {"customer": "acme", "item": "widget", "quantity": 2}
@@ -340,7 +354,13 @@ def test_an_order_writes_all_three_or_none_and_the_worker_processes_it(
                              "payment_token": "tok_visa"},
         )  # fmt: skip
         assert other.status_code == 201, other.text
-        assert counts(app.url) == (2, 2, 2)
+        # A third order whose run an operator deletes before the worker gets to it: the
+        # worker's transaction fails after the work, rolls back, and the item is failed.
+        orphan = client.post("/orders", json={**order, "payment_token": "tok_visa"})
+        assert orphan.status_code == 201, orphan.text
+        orphan_id = orphan.json()["id"]
+        assert counts(app.url) == (3, 3, 3)
+        assert delete_run(app.url, "acme", f"order-{orphan_id}")
         before = seen(app.url, "acme", order_id)
         assert before.run is not None and before.run.status is RunStatus.PENDING
         assert before.run.data == {"order_id": order_id, "item": "widget", "quantity": 2}
@@ -355,10 +375,12 @@ def test_an_order_writes_all_three_or_none_and_the_worker_processes_it(
             "--lease-seconds", "1", "--work-seconds", "1.2",
         )  # fmt: skip
         lines = worked.stdout.splitlines()
-        assert len(lines) == 2, worked.stdout
+        assert len(lines) == 3, worked.stdout
         mine = next(line for line in lines if line.startswith(f"processed order {order_id} "))
         beats = re.search(r"lease extended (\d+) times", mine)
         assert beats is not None and int(beats.group(1)) >= 1, mine
+        assert f"processed order {other.json()['id']} " in worked.stdout
+        assert f"failed order {orphan_id} (acme/order-{orphan_id}): LookupError" in (worked.stdout)
 
         after = seen(app.url, "acme", order_id)
         label = f"PKG-{order_id:06d}-2xWIDGET"
@@ -376,5 +398,14 @@ def test_an_order_writes_all_three_or_none_and_the_worker_processes_it(
             "succeeded",
             "done",
         )
-    left = query(app.url, "SELECT count(*) FROM adk_work WHERE status <> 'done'")
-    assert left == [(0,)]
+        # The failed item waits for its retry (30 s, the example's policy), failed on the
+        # newest lease (the heartbeat had replaced the claim's token), and its order was
+        # left as it was: the transaction that would have marked it rolled back.
+        failed = seen(app.url, "acme", orphan_id)
+        assert failed.item is not None and failed.item.status is ItemStatus.QUEUED
+        assert failed.item.attempts == 1
+        assert (failed.item.last_error or "").startswith("LookupError: order")
+        assert failed.order[:2] == ("placed", None)
+        assert failed.run is None
+    left = query(app.url, "SELECT item_id, status FROM adk_work WHERE status <> 'done'")
+    assert left == [(f"order-{orphan_id}", "queued")]

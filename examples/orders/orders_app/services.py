@@ -17,8 +17,9 @@ from orders_app.settings import store_settings
 from statepact import QueuePolicy
 from statepact.storage.postgres import PostgresStateStore, PostgresWorkQueue, create_engine
 
-#: How often a work item is tried before it goes to the dead letter.
-POLICY = QueuePolicy(max_attempts=5)
+#: A failed item is tried again after 30 s, then 60 s, ... (capped at 10 minutes), and goes to
+#: the dead letter after its fifth failure.
+POLICY = QueuePolicy(max_attempts=5, backoff_base=30.0)
 
 
 @dataclass(frozen=True)

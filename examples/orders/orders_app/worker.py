@@ -52,6 +52,8 @@ class Heartbeat:
             self.beats += 1
 
     async def __aenter__(self) -> Heartbeat:
+        if self._task is not None:
+            raise RuntimeError("a Heartbeat runs once")
         self._task = asyncio.create_task(self._beat())
         return self
 
@@ -75,12 +77,13 @@ async def fulfil(order_id: int, item: str, quantity: int, options: Options) -> s
     return f"PKG-{order_id:06d}-{quantity}x{item.upper()}"
 
 
-async def process(services: Services, lease: Lease, options: Options) -> tuple[str, int]:
-    """Process the order the lease names; return its label and how often the lease was
-    extended meanwhile."""
+async def process(services: Services, heartbeat: Heartbeat, options: Options) -> str:
+    """Process the order the lease names, extending the lease while working; return the
+    order's label."""
+    lease = heartbeat.lease
     tenant, run_id = lease.item.tenant, lease.item.item_id
     order_id = int(lease.item.payload["order_id"])
-    async with Heartbeat(services, lease) as heartbeat:
+    async with heartbeat:
         async with services.sessions() as session:
             row = (
                 await session.execute(
@@ -110,7 +113,7 @@ async def process(services: Services, lease: Lease, options: Options) -> tuple[s
         )
         await state.patch_run(tenant, run_id, iterations=1)
         await services.queue.bound(session).ack(lease)
-    return label, heartbeat.beats
+    return label
 
 
 async def work_once(services: Services, options: Options) -> bool:
@@ -118,21 +121,31 @@ async def work_once(services: Services, options: Options) -> bool:
     lease = await services.queue.claim(options.worker_id, lease_for=options.lease_seconds)
     if lease is None:
         return False
+    heartbeat = Heartbeat(services, lease)
+    item = lease.item
     try:
-        label, beats = await process(services, lease, options)
+        try:
+            label = await process(services, heartbeat, options)
+        except LeaseLostError:
+            raise
+        except Exception as exc:
+            # Settled on the newest lease: a heartbeat replaced the token the claim gave.
+            failed = await services.queue.fail(heartbeat.lease, f"{type(exc).__name__}: {exc}")
+            print(
+                f"failed order {item.payload.get('order_id')} ({item.tenant}/{item.item_id}): "
+                f"{type(exc).__name__}: {exc}; the item is {failed.status.value}",
+                flush=True,
+            )
+            return True
     except LeaseLostError:
-        # The lease expired and another worker has the item: it settles it, not us.
-        print(f"lost the lease on {lease.item.item_id}; another worker has it", flush=True)
-    except Exception as exc:
-        item = await services.queue.fail(lease, f"{type(exc).__name__}: {exc}")
-        print(f"failed {lease.item.item_id}: {exc} (now {item.status.value})", flush=True)
-    else:
-        item = lease.item
-        print(
-            f"processed order {item.payload['order_id']} ({item.tenant}/{item.item_id}): "
-            f"{label}, lease extended {beats} times",
-            flush=True,
-        )
+        # The lease lapsed and another worker holds the item now: it settles it, not us.
+        print(f"lost the lease on {item.tenant}/{item.item_id}", flush=True)
+        return True
+    print(
+        f"processed order {item.payload['order_id']} ({item.tenant}/{item.item_id}): "
+        f"{label}, lease extended {heartbeat.beats} times",
+        flush=True,
+    )
     return True
 
 
