@@ -7,6 +7,9 @@ after the block), and runs as a program of its own, TWICE in a row with
 nothing cleaned between: a reader runs an example verbatim on a default
 database, and runs it again. Each block calls ``asyncio.run`` itself, so the
 tests are plain functions with no event loop of their own.
+
+The pages in ``CLEAN_ON_REDIS`` promise that their Redis examples remove what
+they wrote: after both runs the Redis database holds no key at all.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from tests.unit.test_docs_examples import PROGRAMS, Example, run_example
 pytestmark = pytest.mark.integration
 
 SERVER_EXAMPLES = [e for e in PROGRAMS if e.needs]
+#: Pages whose Redis examples clean up after themselves, down to the last key.
+CLEAN_ON_REDIS = frozenset({"quickstart.md"})
 
 
 async def _flush(url: str) -> None:
@@ -35,6 +40,16 @@ async def _flush(url: str) -> None:
     client: Any = Redis.from_url(url)
     try:
         await client.flushdb()
+    finally:
+        await client.aclose()
+
+
+async def _keys(url: str) -> list[bytes]:
+    from redis.asyncio import Redis
+
+    client: Any = Redis.from_url(url)
+    try:
+        return sorted([key async for key in client.scan_iter(count=1000)])
     finally:
         await client.aclose()
 
@@ -59,8 +74,11 @@ def docs_database(statepact_postgres_url: str) -> Iterator[str]:
 
 
 def test_some_examples_need_each_server() -> None:
-    """The docs show both servers, so this module has something to run for each."""
+    """The docs show both servers, so this module has something to run for each, and
+    every page promising a clean Redis has a Redis example."""
     assert {server for e in SERVER_EXAMPLES for server in e.needs} == {"redis", "postgres"}
+    for page in CLEAN_ON_REDIS:
+        assert any(e.page == page and "redis" in e.needs for e in SERVER_EXAMPLES), page
 
 
 @pytest.mark.parametrize("example", SERVER_EXAMPLES, ids=[e.id for e in SERVER_EXAMPLES])
@@ -73,11 +91,16 @@ def test_server_example_runs(
     if "redis" in example.needs:
         redis_url = request.getfixturevalue("statepact_redis_url")
         monkeypatch.setenv("STATEPACT_REDIS_URL", redis_url)
+        url = redis_url
+        run_in_thread(lambda: _flush(url))  # what an earlier test left is not the example's
     if "postgres" in example.needs:
         monkeypatch.setenv("STATEPACT_DATABASE_URL", request.getfixturevalue("docs_database"))
     try:
         run_example(example)
         run_example(example)
+        if redis_url is not None and example.page in CLEAN_ON_REDIS:
+            url = redis_url
+            assert run_in_thread(lambda: _keys(url)) == [], f"{example.id} left keys behind"
     finally:
         if redis_url is not None:
             url = redis_url

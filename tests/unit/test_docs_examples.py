@@ -10,20 +10,28 @@ namespace as ``__main__``.
 A block marked ``<!-- statepact-docs: file NAME -->`` is not a program but a
 file of a recipe (an application's Alembic ``env.py``): it is compiled here and
 written out verbatim, under NAME, by the test that uses it (:func:`recipe_file`).
+
+A block marked ``<!-- statepact-docs: excerpt PATH -->`` quotes lines of a file
+of the repository (the example app in ``examples/``, which CI runs): it is not
+run, and the test here checks that the file holds those lines, in a row, so
+the page cannot drift from the code it quotes.
 """
 
 from __future__ import annotations
 
 import re
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs"
 SERVERS = frozenset({"redis", "postgres"})
 _MARKER = re.compile(r"^<!--\s*statepact-docs:\s*needs\s+(?P<needs>[a-z, ]+?)\s*-->$")
 _FILE_MARKER = re.compile(r"^<!--\s*statepact-docs:\s*file\s+(?P<name>[\w./-]+)\s*-->$")
+_EXCERPT_MARKER = re.compile(r"^<!--\s*statepact-docs:\s*excerpt\s+(?P<path>[\w./-]+)\s*-->$")
 # What makes a block need a server: importing its driver or backing, or starting one.
 _USES = {
     "redis": re.compile(
@@ -47,6 +55,7 @@ class Example:
     code: str
     needs: frozenset[str]
     file: str | None = None
+    excerpt: str | None = None  # the repository file the block quotes
 
     @property
     def id(self) -> str:
@@ -82,7 +91,10 @@ def examples(docs: Path = DOCS) -> list[Example]:
             )
             named = _FILE_MARKER.match(previous.strip())
             file = named.group("name") if named else None
-            found.append(Example(page.name, start + 1, "\n".join(body) + "\n", needs, file))
+            quoted = _EXCERPT_MARKER.match(previous.strip())
+            excerpt = quoted.group("path") if quoted else None
+            code = "\n".join(body) + "\n"
+            found.append(Example(page.name, start + 1, code, needs, file, excerpt))
     return found
 
 
@@ -99,7 +111,9 @@ def run_example(example: Example) -> None:
 
 
 ALL = examples()
-PROGRAMS = [e for e in ALL if e.file is None]
+EXCERPTS = [e for e in ALL if e.excerpt is not None]
+FILES = [e for e in ALL if e.file is not None]
+PROGRAMS = [e for e in ALL if e.file is None and e.excerpt is None]
 LOCAL = [e for e in PROGRAMS if not e.needs]
 
 
@@ -111,7 +125,23 @@ def test_the_docs_have_examples_and_every_marker_is_known() -> None:
     assert len(LOCAL) > len(PROGRAMS) // 2
 
 
-@pytest.mark.parametrize("example", ALL, ids=[e.id for e in ALL])
+@pytest.mark.parametrize("example", EXCERPTS, ids=[e.id for e in EXCERPTS])
+def test_every_excerpt_is_in_the_file_it_quotes(example: Example) -> None:
+    """The quoted lines stand in the file, in a row and in order (indentation aside)."""
+    assert example.excerpt is not None
+    path = REPO / example.excerpt
+    assert path.is_file(), f"{example.id}: no file {example.excerpt}"
+    quoted = textwrap.dedent(example.code).splitlines()
+    assert any(line.strip() for line in quoted), f"{example.id}: an empty excerpt"
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for start in range(len(lines) - len(quoted) + 1):
+        window = textwrap.dedent("\n".join(lines[start : start + len(quoted)])).splitlines()
+        if window == quoted:
+            return
+    pytest.fail(f"{example.id}: these lines are not in {example.excerpt}:\n{example.code}")
+
+
+@pytest.mark.parametrize("example", PROGRAMS + FILES, ids=[e.id for e in PROGRAMS + FILES])
 def test_every_example_compiles_and_server_ones_are_marked(example: Example) -> None:
     """A block that touches a server's backing says so; nothing else may import its driver."""
     compile(example.code, f"docs/{example.id}", "exec")
