@@ -224,7 +224,8 @@ async def test_many_workers_drain_a_queue_each_item_once(
 async def test_claim_is_one_statement(
     postgres_work_queue: PostgresWorkQueue, statements: list[str]
 ) -> None:
-    """A claim is one statement; a batch is one per item, plus one that finds nothing."""
+    """A claim is one statement, and so is a batch, however many items and tenants it takes;
+    so are enqueue_many and ack_many."""
     await _fill(postgres_work_queue, "acme", 2)
     before = len(statements)
     assert await postgres_work_queue.claim("w1", lease_for=LEASE) is not None
@@ -232,11 +233,24 @@ async def test_claim_is_one_statement(
     before = len(statements)
     leases = await postgres_work_queue.claim_batch("w1", lease_for=LEASE, limit=5)
     assert len(leases) == 1
-    assert len(statements) - before == 2
+    assert len(statements) - before == 1
     before = len(statements)
     renewed = await postgres_work_queue.heartbeat(leases[0])
     await postgres_work_queue.ack(renewed)
     assert len(statements) - before == 2
+    before = len(statements)
+    await postgres_work_queue.enqueue_many(
+        [WorkItem(tenant=t, item_id=f"m{i}") for t in "abc" for i in range(7)]
+    )
+    assert len(statements) - before == 1
+    before = len(statements)
+    batch = await postgres_work_queue.claim_batch("w1", lease_for=LEASE, limit=20)
+    assert len(batch) == 20
+    assert len(statements) - before == 1
+    before = len(statements)
+    done = await postgres_work_queue.ack_many(batch)
+    assert all(isinstance(item, WorkItem) for item in done)
+    assert len(statements) - before == 1
 
 
 async def _counts(conn: AsyncConnection) -> dict[str, tuple[int, int, int]]:

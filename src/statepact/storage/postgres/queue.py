@@ -73,14 +73,20 @@ multi-row writes (reap) take turns rows in ``(queue, tenant)`` order, so claims
 and settles cannot deadlock each other. The advisory tenant locks add no wait:
 a claim only tries them, and nothing here waits on one.
 
+``claim_batch`` (``claim_many``) is the same walk read ``limit`` tenants deep,
+each offering up to ``limit`` items, taken round by round in turn order: what
+``limit`` successive claims take, in one statement (see its docstring).
+
 Round trips on an engine: ``enqueue`` 1 (2 when the item already exists),
-``claim`` 1, ``claim_batch`` one per item plus one that finds nothing (at
-most ``limit``), ``heartbeat``/``ack``/``fail``/``release`` 1, ``requeue`` 1
+``enqueue_many`` 1 (more only for items a concurrent enqueue stored after its
+snapshot), ``claim`` 1, ``claim_batch`` 1, ``ack_many`` 1,
+``heartbeat``/``ack``/``fail``/``release`` 1, ``requeue`` 1
 (2 when refused), ``reap`` 1 per 500 expired leases plus one, ``get_item``,
 ``dead_letters``, ``stats`` 1.
 
 This module must never read the server's clock, never use a window function
-or a scan of the backlog in a claim, never wait on an advisory lock (try it
+over the backlog or a scan of it in a claim (``claim_many`` numbers only the
+rows its tenants offered, at most ``limit`` each), never wait on an advisory lock (try it
 only), and never retry inside a caller's transaction (``bound``).
 """
 
@@ -512,6 +518,149 @@ def claim(tables: Tables) -> Select[Any]:
     return select(*(claimed.c[c.name] for c in _item_columns(work))).add_cte(turn)
 
 
+def claim_many(tables: Tables) -> Select[Any]:
+    """Lease up to ``p_limit`` due items across tenants in rotation, in one statement.
+
+    What ``p_limit`` successive ``claim`` statements would take, in their order:
+    the first ``p_limit`` tenants of the rotation (the lazy walk, read no further)
+    each offer their best due items (``priority DESC, id``, at most ``p_limit``,
+    ``FOR UPDATE SKIP LOCKED``), and the items go round by round, in turn order
+    within a round: the 1st item of each tenant, then the 2nd, and so on. That is
+    the rotation successive claims walk, since each claim sends its tenant to the
+    back behind every tenant ahead of it. Tokens are drawn in that order, and
+    each tenant's turn becomes the token of its last item, so the rotation after
+    the batch is the one after the claims. Rows a tenant offered beyond what the
+    batch took stay locked until the statement's transaction ends (its commit,
+    at once on an engine), and concurrent claims skip them meanwhile.
+
+    The turns rows are locked in ``(queue, tenant)`` order before they are
+    written, like reap's, so concurrent batches cannot deadlock on them. The
+    tenant try-locks of ``claim`` are not taken: a batch already spreads over
+    the tenants at the front, and two batches at once share them item by item
+    (SKIP LOCKED), never taking one item twice.
+    """
+    work, turns = tables.work, tables.queue_turns
+    order = rotation(turns)
+    front = (
+        select(order.c.tenant, order.c.last_turn, order.c.additions)
+        .limit(_p("limit", BigInteger()))
+        .subquery("front")
+    )
+    ranked_front = select(
+        front.c.tenant,
+        front.c.additions,
+        func.row_number().over(order_by=(front.c.last_turn, front.c.tenant)).label("pos"),
+    ).subquery("ranked_front")
+    candidate = work.alias("candidate")
+    offered = (
+        select(candidate.c.id, candidate.c.priority)
+        .where(
+            candidate.c.queue == _p("queue"),
+            candidate.c.tenant == ranked_front.c.tenant,
+            candidate.c.status == QUEUED,
+            candidate.c.available_at <= _p("now", _TZ),
+        )
+        .order_by(candidate.c.priority.desc(), candidate.c.id)
+        .limit(_p("limit", BigInteger()))
+        .with_for_update(skip_locked=True)
+        .lateral("offered")
+    )
+    # FOR UPDATE and a window cannot share a level: the rounds are numbered above it.
+    round_ = (
+        func.row_number()
+        .over(
+            partition_by=ranked_front.c.pos,
+            order_by=(offered.c.priority.desc(), offered.c.id),
+        )
+        .label("round")
+    )
+    picked = (
+        select(offered.c.id, ranked_front.c.additions, round_, ranked_front.c.pos)
+        .select_from(ranked_front.join(offered, true()))
+        .order_by(literal_column("round"), ranked_front.c.pos)
+        .limit(_p("limit", BigInteger()))
+        .subquery("picked")
+    )
+    # Tokens are drawn as the ordered rows come out: in claim order.
+    tokens = select(
+        picked.c.id, picked.c.additions, tables.token_seq.next_value().label("token")
+    ).cte("tokens")
+    claimed = (
+        update(work)
+        .where(work.c.id == tokens.c.id, work.c.status == QUEUED)
+        .values(
+            status=LEASED,
+            attempts=work.c.attempts + 1,
+            token=tokens.c.token,
+            worker_id=_p("worker"),
+            expires_at=_p("expires_at", _TZ),
+            updated_at=_p("now", _TZ),
+        )
+        .returning(*_item_columns(work), work.c.id, tokens.c.additions.label("seen_additions"))
+        .cte("claimed")
+    )
+    served = (
+        select(
+            claimed.c.queue,
+            claimed.c.tenant,
+            func.max(claimed.c.token).label("last_token"),
+            func.count().label("taken"),
+            func.min(claimed.c.seen_additions).label("seen_additions"),
+        )
+        .group_by(claimed.c.queue, claimed.c.tenant)
+        .cte("served")
+    )
+    locked_turns = (
+        select(turns.c.queue, turns.c.tenant)
+        .where(turns.c.queue == served.c.queue, turns.c.tenant == served.c.tenant)
+        .order_by(turns.c.queue, turns.c.tenant)
+        .with_for_update(of=turns)
+        .cte("locked_turns")
+    )
+    rest = work.alias("rest")
+    gone = claimed.alias("gone")
+    next_due = (
+        select(rest.c.available_at)
+        .where(
+            rest.c.queue == turns.c.queue,
+            rest.c.tenant == turns.c.tenant,
+            rest.c.status == QUEUED,
+            ~select(gone.c.id).where(gone.c.id == rest.c.id).exists(),
+        )
+        .order_by(rest.c.available_at)
+        .limit(_ONE)
+        .scalar_subquery()
+    )
+    turn = (
+        update(turns)
+        .where(
+            turns.c.queue == served.c.queue,
+            turns.c.tenant == served.c.tenant,
+            turns.c.queue == locked_turns.c.queue,
+            turns.c.tenant == locked_turns.c.tenant,
+        )
+        .values(
+            last_turn=served.c.last_token,
+            queued=turns.c.queued - served.c.taken,
+            # LEAST ignores NULL: keep the old bound only when an addition raced us.
+            next_due_at=func.least(
+                next_due,
+                case(
+                    (turns.c.additions == served.c.seen_additions, null()),
+                    else_=turns.c.next_due_at,
+                ),
+            ),
+            checked_at=func.greatest(turns.c.checked_at, _p("now", _TZ)),
+        )
+        .cte("turn")
+    )
+    return (
+        select(*(claimed.c[c.name] for c in _item_columns(work)))
+        .order_by(claimed.c.token)
+        .add_cte(turn)
+    )
+
+
 def get_item(work: Table) -> Select[Any]:
     return select(*_item_columns(work)).where(*_item_key(work))
 
@@ -692,6 +841,7 @@ class _Statements:
     enqueue: Select[Any]
     enqueue_many: Select[Any]
     claim: Select[Any]
+    claim_many: Select[Any]
     get_item: Select[Any]
     heartbeat: Update
     ack: Update
@@ -709,6 +859,7 @@ class _Statements:
             enqueue=enqueue(tables),
             enqueue_many=enqueue_many(tables),
             claim=claim(tables),
+            claim_many=claim_many(tables),
             get_item=get_item(tables.work),
             heartbeat=heartbeat(tables),
             ack=ack(tables.work),
@@ -885,21 +1036,21 @@ class PostgresWorkQueue(BaseWorkQueue):
         }
 
         async def work(conn: Runner) -> list[Lease]:
-            leases: list[Lease] = []
-            while len(leases) < limit:
-                row = (await conn.execute(self._sql.claim, params)).mappings().first()
-                if row is None:
-                    break
-                leases.append(
-                    Lease(
-                        item=_item(row),
-                        worker_id=worker_id,
-                        token=row["token"],
-                        expires_at=expires_at,
-                        lease_seconds=seconds,
-                    )
+            if limit == 1:
+                rows = (await conn.execute(self._sql.claim, params)).mappings().all()
+            else:
+                batch = {**params, "p_limit": limit}
+                rows = (await conn.execute(self._sql.claim_many, batch)).mappings().all()
+            return [
+                Lease(
+                    item=_item(row),
+                    worker_id=worker_id,
+                    token=row["token"],
+                    expires_at=expires_at,
+                    lease_seconds=seconds,
                 )
-            return leases
+                for row in rows
+            ]
 
         return await self._executor.run(work, idempotent=False)
 
