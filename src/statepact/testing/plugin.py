@@ -213,27 +213,32 @@ def pytest_runtest_makereport(
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """Report a skip raised inside statepact (no server) at the test that needed the server.
 
-    pytest reports a skip at the line that raised it, here a line of
-    statepact's own (in site-packages, for a user), and a session fixture's
-    skip is raised again, unchanged, for every later test: the report is
-    rewritten to the test's file and line, its message prefixed with the
-    test's node id.
+    A skip raised by one of statepact's fixtures is reported at the test's own
+    file and line, its message prefixed with the test's node id: the same
+    session fixture's skip is raised again, unchanged, for every later test
+    that asks, and would otherwise read the same for all of them (or point at
+    a line of statepact's, in site-packages).
     """
     report = yield
     longrepr = report.longrepr
-    if report.skipped and call.excinfo is not None and isinstance(longrepr, tuple):
-        where, _line, message = longrepr
-        if _inside_package(where):
+    excinfo = call.excinfo
+    if report.skipped and excinfo is not None and isinstance(longrepr, tuple):
+        # pytest's own "Skipped: " prefix, which its summary strips only at the start.
+        message = str(longrepr[2]).removeprefix("Skipped: ")
+        if _raised_inside_package(excinfo) and not message.startswith(item.nodeid):
             path, line = item.reportinfo()[:2]
             report.longrepr = (os.fspath(path), (line or 0) + 1, f"{item.nodeid}: {message}")
     return report
 
 
-def _inside_package(path: str) -> bool:
-    try:
-        return Path(path).resolve().is_relative_to(_PACKAGE_DIR)
-    except (OSError, ValueError):
-        return False
+def _raised_inside_package(excinfo: pytest.ExceptionInfo[BaseException]) -> bool:
+    for entry in excinfo.traceback:
+        try:
+            if Path(entry.path).resolve().is_relative_to(_PACKAGE_DIR):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
 
 
 def _refuse_unmarked(config: pytest.Config, what: str) -> None:
