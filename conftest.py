@@ -1,10 +1,12 @@
 """Root conftest: registers the per-backing fixture modules under ``tests/fixtures``.
 
-Server discovery (environment URL, testcontainers, local binaries) comes from
-the ``statepact.testing.plugin`` pytest plugin, installed with the package. The
-plugin marks ``integration`` every test whose fixtures reach its servers; this
-file adds the fixtures of this repository that start servers of their own, so
-``pytest -m "not integration"`` starts none (see docs/testing.md).
+Server discovery (environment URL, testcontainers, local binaries) and the
+per-test fixtures come from the ``statepact.testing.plugin`` pytest plugin,
+installed with the package. The plugin marks ``integration`` every test whose
+fixtures reach its servers; this file adds the fixtures of this repository that
+start servers of their own, so ``pytest -m "not integration"`` starts none (see
+docs/testing.md). It also names the plugin's ``statepact_clock`` ``clock``, the
+name this repository's tests use (the plugin itself defines no bare name).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import pytest
 from hypothesis import settings as hypothesis_settings
 
+from statepact.clock import ManualClock
 from statepact.testing.plugin import mark_server_tests
 
 # CI draws the same Hypothesis examples on every run (STATEPACT_HYPOTHESIS_PROFILE=ci, set by
@@ -33,6 +36,12 @@ pytest_plugins = [
 REPO_SERVER_FIXTURES = frozenset(
     {"cluster", "fault_postgres_server", "fault_redis_server", "local_cluster", "redis_cluster"}
 )
+
+
+@pytest.fixture
+def clock(statepact_clock: ManualClock) -> ManualClock:
+    """The test's ``ManualClock``: the plugin's ``statepact_clock`` under this tree's name."""
+    return statepact_clock
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,28 +1,27 @@
-"""Runs ``StateStoreConformance`` against every backing.
+"""Runs ``StateStoreConformance`` against every backing, through the shipped wiring.
 
-Each backing's ``{backing}_state_store`` fixture lives in ``tests/fixtures``;
-the server-backed ones are marked ``integration``.
+The classes are ``statepact.testing.conformance``'s, exactly as a user's test
+module would use them: memory, Redis under a namespace per test, PostgreSQL on
+a database cloned per test. The server-backed ones are marked ``integration``
+by the plugin at collection (their fixtures reach its servers).
 """
 
 from __future__ import annotations
 
-import pytest
-
-from statepact.state import StateStore
-from statepact.testing.state_suite import StateStoreConformance
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("memory"),
-        pytest.param("redis", marks=pytest.mark.integration),
-        pytest.param("postgres", marks=pytest.mark.integration),
-    ]
+from statepact.testing.conformance import (
+    MemoryStateStoreConformance,
+    PostgresStateStoreConformance,
+    RedisStateStoreConformance,
 )
-def state_store(request: pytest.FixtureRequest) -> StateStore:
-    store: StateStore = request.getfixturevalue(f"{request.param}_state_store")
-    return store
 
 
-class TestStateStore(StateStoreConformance):
+class TestStateStoreOnMemory(MemoryStateStoreConformance):
+    pass
+
+
+class TestStateStoreOnRedis(RedisStateStoreConformance):
+    pass
+
+
+class TestStateStoreOnPostgres(PostgresStateStoreConformance):
     pass

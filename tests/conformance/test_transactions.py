@@ -1,28 +1,27 @@
-"""Runs ``TransactionConformance`` against every backing.
+"""Runs ``TransactionConformance`` against every backing, through the shipped wiring.
 
-Each backing's ``{backing}_backend`` fixture lives in ``tests/fixtures``; the
-server-backed ones are marked ``integration``.
+The classes are ``statepact.testing.conformance``'s, exactly as a user's test
+module would use them: memory, Redis under a namespace per test (the
+``RedisBackend`` prefix), PostgreSQL on a database cloned per test. The
+server-backed ones are marked ``integration`` by the plugin at collection.
 """
 
 from __future__ import annotations
 
-import pytest
-
-from statepact.testing.tx_suite import TransactionConformance
-from statepact.tx import StorageBackend
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("memory"),
-        pytest.param("redis", marks=pytest.mark.integration),
-        pytest.param("postgres", marks=pytest.mark.integration),
-    ]
+from statepact.testing.conformance import (
+    MemoryTransactionConformance,
+    PostgresTransactionConformance,
+    RedisTransactionConformance,
 )
-def tx_backend(request: pytest.FixtureRequest) -> StorageBackend:
-    backend: StorageBackend = request.getfixturevalue(f"{request.param}_backend")
-    return backend
 
 
-class TestTransactions(TransactionConformance):
+class TestTransactionsOnMemory(MemoryTransactionConformance):
+    pass
+
+
+class TestTransactionsOnRedis(RedisTransactionConformance):
+    pass
+
+
+class TestTransactionsOnPostgres(PostgresTransactionConformance):
     pass

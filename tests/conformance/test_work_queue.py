@@ -1,28 +1,27 @@
-"""Runs ``WorkQueueConformance`` against every backing.
+"""Runs ``WorkQueueConformance`` against every backing, through the shipped wiring.
 
-Each backing's ``{backing}_work_queue(clock, queue_policy)`` fixture lives in
-``tests/fixtures``; the server-backed ones are marked ``integration``.
+The classes are ``statepact.testing.conformance``'s, exactly as a user's test
+module would use them: memory, Redis under a namespace per test, PostgreSQL on
+a database cloned per test. The server-backed ones are marked ``integration``
+by the plugin at collection (their fixtures reach its servers).
 """
 
 from __future__ import annotations
 
-import pytest
-
-from statepact.queue import WorkQueue
-from statepact.testing.queue_suite import WorkQueueConformance
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("memory"),
-        pytest.param("redis", marks=pytest.mark.integration),
-        pytest.param("postgres", marks=pytest.mark.integration),
-    ]
+from statepact.testing.conformance import (
+    MemoryWorkQueueConformance,
+    PostgresWorkQueueConformance,
+    RedisWorkQueueConformance,
 )
-def work_queue(request: pytest.FixtureRequest) -> WorkQueue:
-    queue: WorkQueue = request.getfixturevalue(f"{request.param}_work_queue")
-    return queue
 
 
-class TestWorkQueue(WorkQueueConformance):
+class TestWorkQueueOnMemory(MemoryWorkQueueConformance):
+    pass
+
+
+class TestWorkQueueOnRedis(RedisWorkQueueConformance):
+    pass
+
+
+class TestWorkQueueOnPostgres(PostgresWorkQueueConformance):
     pass

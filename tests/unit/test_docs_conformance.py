@@ -3,9 +3,10 @@
 ``test_docs_examples`` runs each block as a program, which only defines the
 fixtures and classes. Here the blocks are written out as test modules of a
 small project and run by pytest in a subprocess, as a user would: the memory
-one passes all three suites; the Redis one is collected with every test
-marked ``integration`` (so the no-server lane leaves it out) without a server
-being started. Its run against a real Redis is left to the integration lane.
+one passes all three suites; the one on the wired classes (PostgreSQL and
+Redis) is collected with every test marked ``integration`` (so the no-server
+lane leaves it out) without a server being started. Its run against real
+servers is tests/integration/test_plugin_fixtures.py's.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ def _pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return run_pytest_without_servers(tmp_path, "-q", *args, timeout=300)
 
 
-def test_there_is_a_memory_and_a_redis_example() -> None:
-    """One block on a backing of your own (memory standing in), one on Redis."""
-    assert sorted(tuple(sorted(e.needs)) for e in EXAMPLES) == [(), ("redis",)]
+def test_there_is_a_memory_and_a_server_example() -> None:
+    """One block on a backing of your own (memory standing in), one on your servers."""
+    assert sorted(tuple(sorted(e.needs)) for e in EXAMPLES) == [(), ("postgres", "redis")]
 
 
 def test_the_memory_example_passes_every_suite(tmp_path: Path) -> None:
@@ -50,8 +51,8 @@ def test_the_memory_example_passes_every_suite(tmp_path: Path) -> None:
     assert f"{collected.count('test_docs_memory.py::')} passed" in run.stdout
 
 
-def test_the_redis_example_is_marked_integration_and_left_out_of_the_lane(tmp_path: Path) -> None:
-    """Every test of the Redis example is marked integration at collection, so
+def test_the_server_example_is_marked_integration_and_left_out_of_the_lane(tmp_path: Path) -> None:
+    """Every test of the server example is marked integration at collection, so
     -m "not integration" runs only the memory example and starts nothing."""
     _project(tmp_path)
     marked = _pytest(tmp_path, "--collect-only", "-m", "integration")

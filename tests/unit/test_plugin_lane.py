@@ -74,8 +74,8 @@ def test_dynamic_marked(request):
     request.getfixturevalue("statepact_redis_url")
 
 
-def test_clock(clock):
-    assert clock.now().tzinfo is not None
+def test_clock(statepact_clock):
+    assert statepact_clock.now().tzinfo is not None
 """
 
 SERVER_TESTS = {

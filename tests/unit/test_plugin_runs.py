@@ -18,8 +18,8 @@ def test_wants_redis(statepact_redis_url):
 def test_wants_custom_redis(statepact_redis_server_factory):
     statepact_redis_server_factory(["--maxmemory-policy", "allkeys-lru"])
 
-def test_clock_is_there(clock):
-    assert clock.now().tzinfo is not None
+def test_clock_is_there(statepact_clock):
+    assert statepact_clock.now().tzinfo is not None
 """
 
 

@@ -1,30 +1,43 @@
-"""The statepact pytest plugin: a ``clock`` fixture and real test servers.
+"""The statepact pytest plugin: real test servers, and per-test fixtures on them.
 
 Registered through the ``pytest11`` entry point, so any project that installs
-statepact can use these fixtures:
+statepact can use these fixtures, every one named ``statepact_*`` so none
+clashes with a project's own:
 
-- ``clock``: a fresh ``ManualClock`` per test.
 - ``statepact_redis_url`` (session): a durable Redis (``appendonly yes``), as
-  ``redis://host:port/0``; tests may ``FLUSHDB`` that database.
+  ``redis://host:port/0``.
 - ``statepact_postgres_url`` (session): an SQLAlchemy asyncpg URL of the
   database ``postgres``, for a role allowed to ``CREATE DATABASE``.
 - ``statepact_redis_server_factory`` / ``statepact_postgres_server_factory``
   (per test): start extra local servers with their own settings, to stop, kill
   and restart; closed when the test ends.
+- The per-test fixtures of :mod:`statepact.testing.fixtures`: ``statepact_clock``,
+  a migrated PostgreSQL database cloned from a session template
+  (``statepact_postgres_database``), a Redis namespace
+  (``statepact_redis_namespace``), and the stores on them, which the classes of
+  :mod:`statepact.testing.conformance` run the suites on.
+
+The hook ``pytest_statepact_postgres_template(url, config)``
+(:mod:`statepact.testing.hookspecs`) lets a project apply its own migrations to
+the template before any test database is cloned from it.
 
 Servers come from the environment, testcontainers or local binaries (see
 :mod:`statepact.testing.servers`); the end of the run prints which were used.
+When none can be had, a test that needs one is skipped (failed under
+``STATEPACT_REQUIRE_SERVERS=1``), and the skip is reported at the test, with its
+node id, not at the line of this package that noticed.
 
 The ``integration`` marker makes ``pytest -m "not integration"`` a lane that
 starts no server and reaches no network. The plugin registers the marker (if
 the project has not), and at collection adds it to every test whose fixture
-closure holds a server fixture: the four above, plus any listed in the
-``statepact_server_fixtures`` ini option. A test that reaches a server through
-``request.getfixturevalue`` cannot be seen at collection: it must carry the
-marker itself (or its parametrised fixture's param must). In a run that selects
-by the marker (``-m`` naming ``integration``), an unmarked test that asks fails
-before anything is started; other runs are left alone, so a project that does
-not use the lane never has to mark anything.
+closure holds a server fixture: the four above (so every fixture built on
+them), plus any listed in the ``statepact_server_fixtures`` ini option. A test
+that reaches a server through ``request.getfixturevalue`` cannot be seen at
+collection: it must carry the marker itself (or its parametrised fixture's
+param must). In a run that selects by the marker (``-m`` naming
+``integration``), an unmarked test that asks fails before anything is
+started; other runs are left alone, so a project that does not use the lane
+never has to mark anything.
 
 This module must never import redis or SQLAlchemy at import time, never start a
 server unless a test asks for one, and never use async fixtures at session
@@ -36,11 +49,12 @@ from __future__ import annotations
 import os
 from collections.abc import Collection, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import pytest
 
-from statepact.clock import ManualClock
+from statepact.testing import fixtures, hookspecs
 from statepact.testing.servers import (
     PostgresServer,
     ProvidedServer,
@@ -57,7 +71,6 @@ __all__ = [
     "SERVER_FIXTURES",
     "PostgresServerFactory",
     "RedisServerFactory",
-    "clock",
     "mark_server_tests",
     "statepact_postgres_server_factory",
     "statepact_postgres_url",
@@ -77,6 +90,8 @@ SERVER_FIXTURES = frozenset(
     }
 )
 INTEGRATION = "integration"
+#: The name :mod:`statepact.testing.fixtures` is registered under, beside this plugin.
+_FIXTURES_PLUGIN = "statepact.fixtures"
 _INI_SERVER_FIXTURES = "statepact_server_fixtures"
 
 
@@ -126,6 +141,11 @@ def _log(config: pytest.Config) -> _ServerLog:
     return config.stash.setdefault(_LOG_KEY, _ServerLog())
 
 
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    """Add ``pytest_statepact_postgres_template`` (see :mod:`statepact.testing.hookspecs`)."""
+    pluginmanager.add_hookspecs(hookspecs)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini(
         _INI_SERVER_FIXTURES,
@@ -137,7 +157,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Register ``integration`` unless the project already has, so --strict-markers holds."""
+    """Add the per-test fixtures; register ``integration`` unless the project already has,
+    so --strict-markers holds."""
+    if not config.pluginmanager.is_registered(fixtures):
+        config.pluginmanager.register(fixtures, _FIXTURES_PLUGIN)
     registered = {
         line.split(":", 1)[0].split("(", 1)[0].strip() for line in config.getini("markers")
     }
@@ -180,6 +203,44 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object
         item.config.stash[_RUNNING_KEY] = None
 
 
+# Where this package lives: a skip raised from here is reported at the test instead.
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Report a skip raised inside statepact (no server) at the test that needed the server.
+
+    A skip raised by one of statepact's fixtures is reported at the test's own
+    file and line, its message prefixed with the test's node id: the same
+    session fixture's skip is raised again, unchanged, for every later test
+    that asks, and would otherwise read the same for all of them (or point at
+    a line of statepact's, in site-packages).
+    """
+    report = yield
+    longrepr = report.longrepr
+    excinfo = call.excinfo
+    if report.skipped and excinfo is not None and isinstance(longrepr, tuple):
+        # pytest's own "Skipped: " prefix, which its summary strips only at the start.
+        message = str(longrepr[2]).removeprefix("Skipped: ")
+        if _raised_inside_package(excinfo) and not message.startswith(item.nodeid):
+            path, line = item.reportinfo()[:2]
+            report.longrepr = (os.fspath(path), (line or 0) + 1, f"{item.nodeid}: {message}")
+    return report
+
+
+def _raised_inside_package(excinfo: pytest.ExceptionInfo[BaseException]) -> bool:
+    for entry in excinfo.traceback:
+        try:
+            if Path(entry.path).resolve().is_relative_to(_PACKAGE_DIR):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
 def _refuse_unmarked(config: pytest.Config, what: str) -> None:
     """Fail the running test if it reaches a server without the ``integration`` marker.
 
@@ -218,12 +279,6 @@ def _session_server(request: pytest.FixtureRequest, kind: ServerKind) -> Iterato
         yield server.url
     finally:
         server.close()
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    """A ``ManualClock`` for one test; stores and queues under test must be built with it."""
-    return ManualClock()
 
 
 @pytest.fixture(scope="session")

@@ -5,16 +5,17 @@ Subclass it in a test module and provide these fixtures:
 - ``work_queue``: a fresh, empty ``WorkQueue`` built with the test's ``clock``,
   the ``queue_policy`` fixture's policy and the default ``max_value_bytes``
   (262_144). It must see nothing another test wrote.
-- ``clock``: the ``ManualClock`` the queue was built with (the statepact pytest
-  plugin provides one per test).
+- ``clock``: the ``ManualClock`` the queue was built with. The class defines it
+  as the plugin's ``statepact_clock``, so a fixture built with
+  ``statepact_clock`` (or with ``clock``, inside the class) needs nothing more.
 
 ``queue_policy`` is defined by this class (:data:`SUITE_POLICY`: three attempts,
 backoff 10 s doubling, capped at 40 s, no jitter), so a backing fixture only has
-to *take* it: ``def my_work_queue(clock, queue_policy)``. A test that needs
-another policy overrides it with ``@pytest.mark.parametrize("queue_policy", [...])``,
-which reaches the backing fixture too. Outside the suite, this repository's
-``tests/fixtures/memory.py`` provides a default ``queue_policy`` (``QueuePolicy()``)
-for every backing's fixture.
+to *take* it: ``def my_work_queue(statepact_clock, queue_policy)``. A test that
+needs another policy overrides it with ``@pytest.mark.parametrize("queue_policy",
+[...])``, which reaches the backing fixture too. The class also hands its policy
+to the plugin's ``statepact_queue_policy``, which the ``statepact_*_work_queue``
+fixtures are built with (outside the suite that is ``QueuePolicy()``).
 
 ::
 
@@ -22,8 +23,8 @@ for every backing's fixture.
     from statepact.testing.queue_suite import WorkQueueConformance
 
     @pytest.fixture
-    def work_queue(clock, queue_policy):
-        return MyWorkQueue(clock=clock, policy=queue_policy)
+    def work_queue(statepact_clock, queue_policy):
+        return MyWorkQueue(clock=statepact_clock, policy=queue_policy)
 
     class TestMyWorkQueue(WorkQueueConformance):
         pass
@@ -113,9 +114,19 @@ class WorkQueueConformance:
     """One test per promise of ``WorkQueue``; see the module docstring for the fixtures."""
 
     @pytest.fixture
+    def clock(self, statepact_clock: ManualClock) -> ManualClock:
+        """The suite's clock is the plugin's ``statepact_clock``: build the backing with either."""
+        return statepact_clock
+
+    @pytest.fixture
     def queue_policy(self) -> QueuePolicy:
         """The policy every suite queue is built with, unless a test overrides it."""
         return SUITE_POLICY
+
+    @pytest.fixture
+    def statepact_queue_policy(self, queue_policy: QueuePolicy) -> QueuePolicy:
+        """The plugin's ``statepact_*_work_queue`` fixtures get the suite's policy too."""
+        return queue_policy
 
     # -- enqueue, claim, ack --------------------------------------------------
 

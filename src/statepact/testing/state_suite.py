@@ -5,8 +5,9 @@ Subclass it in a test module and provide two fixtures:
 - ``state_store``: a fresh, empty ``StateStore`` built with the test's ``clock``
   and the default ``max_value_bytes`` (262_144). It must see nothing another
   test wrote.
-- ``clock``: the ``ManualClock`` the store was built with (the statepact pytest
-  plugin provides one per test).
+- ``clock``: the ``ManualClock`` the store was built with. The class defines it
+  as the plugin's ``statepact_clock``, so a fixture built with
+  ``statepact_clock`` (or with ``clock``, inside the class) needs nothing more.
 
 ::
 
@@ -14,8 +15,8 @@ Subclass it in a test module and provide two fixtures:
     from statepact.testing.state_suite import StateStoreConformance
 
     @pytest.fixture
-    def state_store(clock):
-        return MyStateStore(clock=clock)
+    def state_store(statepact_clock):
+        return MyStateStore(clock=statepact_clock)
 
     class TestMyStateStore(StateStoreConformance):
         pass
@@ -114,6 +115,11 @@ async def _all_runs(store: StateStore, tenant: str, **filters: Any) -> list[RunR
 
 class StateStoreConformance:
     """One test per promise of ``StateStore``; see the module docstring for the fixtures."""
+
+    @pytest.fixture
+    def clock(self, statepact_clock: ManualClock) -> ManualClock:
+        """The suite's clock is the plugin's ``statepact_clock``: build the backing with either."""
+        return statepact_clock
 
     # -- get, create, put ---------------------------------------------------
 

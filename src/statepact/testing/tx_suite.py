@@ -6,8 +6,9 @@ Subclass it in a test module and provide two fixtures:
   leases, token marks, locks or idempotency records) built with the test's
   ``clock``; it must see nothing another test wrote and retain at least 16
   versions per key in its history (``MemoryBackend(retain_versions=...)``).
-- ``clock``: the ``ManualClock`` the backend was built with (the statepact
-  pytest plugin provides one per test).
+- ``clock``: the ``ManualClock`` the backend was built with. The class defines
+  it as the plugin's ``statepact_clock``, so a fixture built with
+  ``statepact_clock`` (or with ``clock``, inside the class) needs nothing more.
 
 ::
 
@@ -15,8 +16,8 @@ Subclass it in a test module and provide two fixtures:
     from statepact.testing.tx_suite import TransactionConformance
 
     @pytest.fixture
-    async def tx_backend(clock):
-        backend = MyBackend(clock=clock)
+    async def tx_backend(statepact_clock):
+        backend = MyBackend(clock=statepact_clock)
         yield backend
         await backend.close()
 
@@ -110,6 +111,11 @@ def _names(anomalies: Sequence[Anomaly]) -> set[str]:
 
 class TransactionConformance:
     """The transaction behaviour every ``StorageBackend`` shares (see the module docstring)."""
+
+    @pytest.fixture
+    def clock(self, statepact_clock: ManualClock) -> ManualClock:
+        """The suite's clock is the plugin's ``statepact_clock``: build the backing with either."""
+        return statepact_clock
 
     @pytest.fixture
     def manager(self, tx_backend: StorageBackend) -> TransactionManager:
