@@ -474,3 +474,48 @@ async def test_write_on_a_connection_closed_under_it_is_a_dropped_connection() -
     )
     assert await failover.run("a call", flaky) == "ok"
     assert calls == 2
+
+
+async def test_ambiguous_ack_many_is_answered_as_its_first_run(
+    proxy: FaultProxy, proxied: Redis, redis_direct: Redis, clock: ManualClock
+) -> None:
+    """An ack_many cut after it applied is resent by the failover, and the resend answers
+    what the first run did (its replay key keeps each lease's outcome): the live leases
+    acked, the stale one lost. Without it the resend would find every token gone and
+    report the acked leases lost."""
+    settings = RedisStoreSettings(
+        namespace=_prefix(),
+        failover_attempts=FAST_FAILOVER.attempts,
+        failover_base_delay=FAST_FAILOVER.base_delay,
+        failover_max_delay=FAST_FAILOVER.max_delay,
+    )
+    queue = RedisWorkQueue(proxied, clock=clock, settings=settings)
+    await queue.enqueue_many([WorkItem(tenant="acme", item_id=f"j{n}") for n in range(5)])
+    # Loads the script, so the cut below meets ack_many itself, not NOSCRIPT.
+    warm = await queue.claim("w1", lease_for=30)
+    assert warm is not None
+    assert isinstance((await queue.ack_many([warm]))[0], WorkItem)
+    leases = await queue.claim_batch("w1", lease_for=30, limit=4)
+    stale = await queue.heartbeat(leases[1])
+    assert stale.token != leases[1].token
+    last = str(leases[-1].token).encode()
+    armed = proxy.cut_after_reply(b"$%d\r\n%s\r\n" % (len(last), last))
+    done = await queue.ack_many(leases)
+    await armed.wait(1.0)
+    assert proxy.stats.cut == 1
+    assert [type(d).__name__ for d in done] == [
+        "WorkItem",
+        "LeaseLostError",
+        "WorkItem",
+        "WorkItem",
+    ]
+    checker = RedisWorkQueue(redis_direct, clock=clock, settings=settings)
+    for lease, answer in zip(leases, done, strict=True):
+        found = await checker.get_item("acme", lease.item.item_id)
+        assert found is not None
+        if isinstance(answer, WorkItem):
+            assert found == answer
+            assert found.status.value == "done"
+        else:
+            assert found.status.value == "leased"
+    assert (await checker.ack(stale)).status.value == "done"
