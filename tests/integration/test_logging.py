@@ -42,6 +42,8 @@ BACKINGS = [
     pytest.param("postgres", marks=pytest.mark.integration),
 ]
 PASSWORD = "pw-" + uuid.uuid4().hex
+#: The run the failover tests write: the session's Redis is shared by every test of the run.
+RUN = "run-" + uuid.uuid4().hex
 
 
 def secret_free(records: list[logging.LogRecord], *secrets: str) -> None:
@@ -216,19 +218,19 @@ async def test_redis_failover_is_logged_without_the_password(
     try:
         store = RedisStateStore(client, clock=ManualClock(), settings=settings)
         queue = RedisWorkQueue(client, clock=store.clock, settings=settings)
-        await store.put_run(RunRecord(tenant="acme", run_id="r1"))  # the password works
+        await store.put_run(RunRecord(tenant="acme", run_id=RUN))  # the password works
         await client.connection_pool.disconnect()
         proxy.refuse()
         with caplog.at_level(logging.DEBUG, logger="statepact"):
             with pytest.raises(StatePersistenceError) as state_error:
-                await store.get_run("acme", "r1")
+                await store.get_run("acme", RUN)
             with pytest.raises(QueueUnavailableError):
                 await queue.stats()
             retries = len(of(caplog, "statepact.retry"))
             healer = HealOnRetry(proxy)
             logging.getLogger("statepact.retry").addHandler(healer)
             try:
-                assert await store.get_run("acme", "r1") is not None
+                assert await store.get_run("acme", RUN) is not None
             finally:
                 logging.getLogger("statepact.retry").removeHandler(healer)
     finally:
@@ -253,14 +255,14 @@ async def test_postgres_failover_is_logged_without_the_password(
     proxy = postgres_with_password.proxy
     try:
         store = PostgresStateStore(engine, clock=ManualClock(), settings=settings)
-        await store.put_run(RunRecord(tenant="acme", run_id="r1"))  # the password works
+        await store.put_run(RunRecord(tenant="acme", run_id=RUN))  # the password works
         await engine.dispose()
         proxy.refuse()
         with (
             caplog.at_level(logging.DEBUG, logger="statepact"),
             pytest.raises(StatePersistenceError) as caught,
         ):
-            await store.get_run("acme", "r1")
+            await store.get_run("acme", RUN)
     finally:
         proxy.heal()
         await engine.dispose()
