@@ -207,41 +207,82 @@ class HealOnRetry(logging.Handler):
 FAST = {"failover_attempts": 3, "failover_base_delay": 0.01, "failover_max_delay": 0.02}
 
 
-async def test_redis_failover_is_logged_without_the_password(
-    redis_with_password: Secured, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A refused connection: one WARNING per retry, an ERROR when the budget is spent; a proxy
-    healed during the retries: WARNINGs, then the call succeeds. No record holds the password."""
-    settings = RedisStoreSettings(dsn=redis_with_password.dsn, socket_timeout=2.0, **FAST)
+async def redis_failover(secured: Secured) -> int:
+    """Through a refusing proxy: ``get_run`` and ``stats`` run out of budget; then ``get_run``
+    again with the proxy healed at its first retry, so it succeeds. Returns how many retry
+    records the logger ``statepact.retry`` wrote before the healed call (the caller captures)."""
+    settings = RedisStoreSettings(dsn=secured.dsn, socket_timeout=2.0, **FAST)
     client = create_client(settings)
-    proxy = redis_with_password.proxy
+    proxy = secured.proxy
+    counter = Counting()
+    retry_log = logging.getLogger("statepact.retry")
+    retry_log.addHandler(counter)
     try:
         store = RedisStateStore(client, clock=ManualClock(), settings=settings)
         queue = RedisWorkQueue(client, clock=store.clock, settings=settings)
         await store.put_run(RunRecord(tenant="acme", run_id=RUN))  # the password works
         await client.connection_pool.disconnect()
         proxy.refuse()
-        with caplog.at_level(logging.DEBUG, logger="statepact"):
-            with pytest.raises(StatePersistenceError) as state_error:
-                await store.get_run("acme", RUN)
-            with pytest.raises(QueueUnavailableError):
-                await queue.stats()
-            retries = len(of(caplog, "statepact.retry"))
-            healer = HealOnRetry(proxy)
-            logging.getLogger("statepact.retry").addHandler(healer)
-            try:
-                assert await store.get_run("acme", RUN) is not None
-            finally:
-                logging.getLogger("statepact.retry").removeHandler(healer)
+        with pytest.raises(StatePersistenceError) as state_error:
+            await store.get_run("acme", RUN)
+        assert state_error.value.reason == "unavailable"
+        with pytest.raises(QueueUnavailableError):
+            await queue.stats()
+        before = counter.count
+        healer = HealOnRetry(proxy)
+        retry_log.addHandler(healer)
+        try:
+            assert await store.get_run("acme", RUN) is not None
+        finally:
+            retry_log.removeHandler(healer)
     finally:
+        retry_log.removeHandler(counter)
         proxy.heal()
         await client.aclose()
-    assert state_error.value.reason == "unavailable"
+    return before
+
+
+async def postgres_failover(secured: Secured) -> None:
+    """Through a refusing proxy, ``get_run`` runs out of its budget (three attempts)."""
+    settings = PostgresStoreSettings(dsn=secured.dsn, **FAST)
+    engine = create_engine(settings)
+    proxy = secured.proxy
+    try:
+        store = PostgresStateStore(engine, clock=ManualClock(), settings=settings)
+        await store.put_run(RunRecord(tenant="acme", run_id=RUN))  # the password works
+        await engine.dispose()
+        proxy.refuse()
+        with pytest.raises(StatePersistenceError) as caught:
+            await store.get_run("acme", RUN)
+        assert caught.value.reason == "unavailable"
+    finally:
+        proxy.heal()
+        await engine.dispose()
+
+
+class Counting(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+
+
+async def test_redis_failover_is_logged_without_the_password(
+    redis_with_password: Secured, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A refused connection: one WARNING per retry, an ERROR when the budget is spent; a proxy
+    healed during the retries: a WARNING, then the call succeeds. No record holds the password."""
+    with caplog.at_level(logging.DEBUG, logger="statepact"):
+        retries = await redis_failover(redis_with_password)
     records = of(caplog, "statepact.retry")
     levels = [r.levelno for r in records[:retries]]
     assert levels == [logging.WARNING, logging.WARNING, logging.ERROR] * 2
     assert records[0].backing == "redis"  # type: ignore[attr-defined]
     assert records[0].error_type == "ConnectionError"  # type: ignore[attr-defined]
+    assert records[0].getMessage().startswith(f"redis get_run of run {RUN!r}")
+    assert records[3].getMessage().startswith("redis stats (queue 'default'): attempt 1 of 3")
     [recovered] = records[retries:]
     assert recovered.levelno == logging.WARNING
     secret_free(caplog.records, PASSWORD)
@@ -250,23 +291,8 @@ async def test_redis_failover_is_logged_without_the_password(
 async def test_postgres_failover_is_logged_without_the_password(
     postgres_with_password: Secured, caplog: pytest.LogCaptureFixture
 ) -> None:
-    settings = PostgresStoreSettings(dsn=postgres_with_password.dsn, **FAST)
-    engine = create_engine(settings)
-    proxy = postgres_with_password.proxy
-    try:
-        store = PostgresStateStore(engine, clock=ManualClock(), settings=settings)
-        await store.put_run(RunRecord(tenant="acme", run_id=RUN))  # the password works
-        await engine.dispose()
-        proxy.refuse()
-        with (
-            caplog.at_level(logging.DEBUG, logger="statepact"),
-            pytest.raises(StatePersistenceError) as caught,
-        ):
-            await store.get_run("acme", RUN)
-    finally:
-        proxy.heal()
-        await engine.dispose()
-    assert caught.value.reason == "unavailable"
+    with caplog.at_level(logging.DEBUG, logger="statepact"):
+        await postgres_failover(postgres_with_password)
     records = of(caplog, "statepact.retry")
     assert [r.levelno for r in records] == [logging.WARNING, logging.WARNING, logging.ERROR]
     assert records[0].backing == "postgres"  # type: ignore[attr-defined]

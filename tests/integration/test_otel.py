@@ -5,7 +5,6 @@ event or metric point may hold.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -14,38 +13,30 @@ import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 from sqlalchemy.engine import make_url
 
-from statepact import otel
 from statepact._observe import Target
 from statepact.clock import ManualClock
-from statepact.errors import StatePersistenceError
 from statepact.models import RunRecord
 from statepact.queue import BaseWorkQueue
-from statepact.settings import PostgresStoreSettings, RedisStoreSettings
 from statepact.state import BaseStateStore
-from statepact.storage.postgres import PostgresStateStore, create_engine
-from statepact.storage.redis import RedisStateStore, create_client
 from statepact.tx import StorageBackend, TransactionManager
 from tests.integration.test_logging import (
     BACKINGS,
-    FAST,
     PASSWORD,
-    RUN,
-    HealOnRetry,
     Secured,
     exercise_queue,
+    postgres_failover,
     postgres_with_password,  # noqa: F401 - a fixture
     queue_policy,  # noqa: F401 - a fixture
+    redis_failover,
     redis_with_password,  # noqa: F401 - a fixture
 )
-from tests.unit.test_observe import Telemetry, make_telemetry
+from tests.unit.test_observe import Telemetry, instrumented
 
 
 @pytest.fixture
 def telemetry() -> Iterator[Telemetry]:
-    try:
-        yield make_telemetry()
-    finally:
-        otel.uninstrument()
+    with instrumented() as running:
+        yield running
 
 
 SYSTEMS = {"memory": "statepact.memory", "redis": "redis", "postgres": "postgresql"}
@@ -188,42 +179,18 @@ async def test_redis_failover_spans_and_retries_hold_no_password(
 ) -> None:
     """Retries are span events and a counter; the give-up is the span's error; the server is
     the proxy's host and port. Nothing recorded holds the DSN's password."""
-    settings = RedisStoreSettings(dsn=redis_with_password.dsn, socket_timeout=2.0, **FAST)
-    client = create_client(settings)
-    proxy = redis_with_password.proxy
-    try:
-        store = RedisStateStore(client, clock=ManualClock(), settings=settings)
-        await store.put_run(RunRecord(tenant="acme", run_id=RUN))
-        await client.connection_pool.disconnect()
-        proxy.refuse()
-        with pytest.raises(StatePersistenceError):
-            await store.get_run("acme", RUN)
-        healer = HealOnRetry(proxy)
-        logging.getLogger("statepact.retry").addHandler(healer)
-        try:
-            assert await store.get_run("acme", RUN) is not None
-        finally:
-            logging.getLogger("statepact.retry").removeHandler(healer)
-    finally:
-        proxy.heal()
-        await client.aclose()
+    await redis_failover(redis_with_password)
     failed, recovered = telemetry.named("get_run runs")
     assert failed.status.status_code is StatusCode.ERROR
     assert [e.name for e in failed.events] == ["statepact.retry", "statepact.retry", "exception"]
     assert [e.name for e in recovered.events] == ["statepact.retry"]
     assert recovered.status.status_code is StatusCode.UNSET
-    assert dict(failed.attributes or {})["server.port"] == proxy.port
-    assert (
-        telemetry.total(
-            "statepact.client.retries",
-            {
-                "statepact.backing": "redis",
-                "statepact.retry.reason": "failover",
-                "statepact.operation": "get_run",
-            },
-        )
-        == 3
-    )
+    assert dict(failed.attributes or {})["server.port"] == redis_with_password.proxy.port
+    [stats] = telemetry.named("stats default")
+    assert dict(stats.attributes or {})["error.type"] == "statepact.errors.QueueUnavailableError"
+    retries = {"statepact.backing": "redis", "statepact.retry.reason": "failover"}
+    assert telemetry.total("statepact.client.retries", retries) == 5
+    assert telemetry.total("statepact.client.retries", {"statepact.operation": "get_run"}) == 3
     assert PASSWORD not in telemetry.everything_as_text()
 
 
@@ -231,24 +198,14 @@ async def test_postgres_failover_spans_and_retries_hold_no_password(
     postgres_with_password: Secured,  # noqa: F811 - the fixture imported above
     telemetry: Telemetry,
 ) -> None:
-    settings = PostgresStoreSettings(dsn=postgres_with_password.dsn, **FAST)
-    engine = create_engine(settings)
-    proxy = postgres_with_password.proxy
-    try:
-        store = PostgresStateStore(engine, clock=ManualClock(), settings=settings)
-        await store.put_run(RunRecord(tenant="acme", run_id=RUN))
-        await engine.dispose()
-        proxy.refuse()
-        with pytest.raises(StatePersistenceError):
-            await store.get_run("acme", RUN)
-    finally:
-        proxy.heal()
-        await engine.dispose()
+    await postgres_failover(postgres_with_password)
+    [put] = telemetry.named("put_run runs")
     [failed] = telemetry.named("get_run runs")
     attributes = dict(failed.attributes or {})
     assert attributes["db.system.name"] == "postgresql"
     assert attributes["server.address"] == "127.0.0.1"
-    assert attributes["server.port"] == proxy.port
+    assert attributes["server.port"] == postgres_with_password.proxy.port
+    assert attributes["db.namespace"] == dict(put.attributes or {})["db.namespace"]
     assert attributes["error.type"] == "statepact.errors.StatePersistenceError"
     assert [e.name for e in failed.events] == ["statepact.retry", "statepact.retry", "exception"]
     assert telemetry.total("statepact.client.retries", {"statepact.backing": "postgres"}) == 2

@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,13 +99,20 @@ def make_telemetry(*, tenant_in_metrics: bool = False) -> Telemetry:
     return Telemetry(exporter, reader)
 
 
-@pytest.fixture
-def telemetry() -> Iterator[Telemetry]:
-    """statepact instrumented for this test, into in-memory exporters; uninstrumented after."""
+@contextmanager
+def instrumented(*, tenant_in_metrics: bool = False) -> Iterator[Telemetry]:
+    """statepact instrumented into in-memory exporters, uninstrumented on the way out."""
     try:
-        yield make_telemetry()
+        yield make_telemetry(tenant_in_metrics=tenant_in_metrics)
     finally:
         otel.uninstrument()
+
+
+@pytest.fixture
+def telemetry() -> Iterator[Telemetry]:
+    """statepact instrumented for this test (see :func:`instrumented`)."""
+    with instrumented() as running:
+        yield running
 
 
 def _clock() -> ManualClock:
@@ -372,8 +380,7 @@ async def test_memory_spans_and_metrics_of_the_three_fronts(telemetry: Telemetry
 async def test_queue_depth_is_what_the_last_stats_call_read() -> None:
     """The gauge reports the queued counts of the last ``stats()``; per tenant on request."""
     for per_tenant in (False, True):
-        telemetry = make_telemetry(tenant_in_metrics=per_tenant)
-        try:
+        with instrumented(tenant_in_metrics=per_tenant) as telemetry:
             queue = MemoryWorkQueue(clock=_clock(), name="jobs")
             for tenant, item in (("a", "1"), ("a", "2"), ("b", "3")):
                 await queue.enqueue(WorkItem(tenant=tenant, item_id=item, payload={}))
@@ -383,8 +390,6 @@ async def test_queue_depth_is_what_the_last_stats_call_read() -> None:
                 p.attributes.get("statepact.tenant"): p.value
                 for p in telemetry.points("statepact.queue.depth")
             }
-        finally:
-            otel.uninstrument()
         assert depth == ({"a": 2, "b": 1} if per_tenant else {None: 3})
 
 
