@@ -12,6 +12,7 @@ or refuse a cost, which is exact to 1e-9 on every backing.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
@@ -57,6 +58,8 @@ MAX_ID_BYTES = 1024
 MAX_DEPTH = 128
 COST_SCALE = 1_000_000_000  # cost is kept exact to 1e-9 as integer nano-units
 _COST_PLACES = 9
+
+_log = logging.getLogger("statepact.limits")
 # A cost of 1e10 or more is past 2**62 nano-units (about 4.6e9): refused before any arithmetic.
 _COST_DIGITS = 10
 
@@ -239,8 +242,17 @@ def decode_json(data: bytes | str) -> Any:
 
 
 def check_size(field: str, size: int, limit: int, *, where: str) -> None:
-    """Refuse a value over ``max_value_bytes`` before anything is sent."""
+    """Refuse a value over ``max_value_bytes`` before anything is sent (logged on
+    ``statepact.limits`` at WARNING)."""
     if size > limit:
+        _log.warning(
+            "refused %s of %s: %d bytes serialized, over max_value_bytes=%d; nothing was sent",
+            field,
+            where,
+            size,
+            limit,
+            extra={"field": field, "size": size, "limit": limit},
+        )
         raise StatePersistenceError(
             f"{field} of {where} is {size} bytes serialized, over max_value_bytes={limit}; "
             "keep large values behind a claim check",

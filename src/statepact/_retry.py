@@ -6,23 +6,32 @@ may send twice carries a call id (:func:`new_op_id`) that its script or
 statement recognises, so a resend applies it once. Every worker that
 started together retries together, so each delay is drawn uniformly from
 ``[0, min(max_delay, base_delay * 2**attempt))``.
+
+Each retry is logged at WARNING on ``statepact.retry`` (what, which attempt, the
+error's type, the delay) and the last failure at ERROR; a record names the
+error's type only, never its text (a driver's message can quote a statement's
+parameters). See docs/observability.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from statepact import _observe
 from statepact._cancel import finish
 from statepact.errors import StatepactError
 
 __all__ = ["RetryPolicy", "call_with_failover", "new_op_id"]
 
 T = TypeVar("T")
+
+_log = logging.getLogger("statepact.retry")
 
 
 def new_op_id() -> str:
@@ -68,6 +77,8 @@ async def call_with_failover(
     is_transient: Callable[[BaseException], bool],
     give_up: Callable[[BaseException], StatepactError],
     translate: Callable[[BaseException], StatepactError | None] = lambda _exc: None,
+    what: str = "a call",
+    backing: str = "server",
 ) -> T:
     """Run ``operation``, retrying transient (connection) errors within ``policy``.
 
@@ -77,7 +88,8 @@ async def call_with_failover(
 
     ``translate`` maps a non-transient driver error to its public error (or
     ``None`` to let it through). Past the budget, ``give_up(last_error)`` is
-    raised from the last error.
+    raised from the last error. ``what`` (the call) and ``backing`` (``redis``,
+    ``postgres``) name it in the log records.
     """
     attempt = 0
     while True:
@@ -96,6 +108,33 @@ async def call_with_failover(
                     raise public from exc
                 raise
             attempt += 1
+            fields = {
+                "backing": backing,
+                "operation": what,
+                "attempt": attempt,
+                "max_attempts": policy.attempts,
+                "error_type": type(exc).__name__,
+            }
             if attempt >= policy.attempts:
+                _log.error(
+                    "%s %s: gave up after %d attempt(s), the last failed with %s",
+                    backing,
+                    what,
+                    attempt,
+                    type(exc).__name__,
+                    extra=fields,
+                )
                 raise give_up(exc) from exc
-            await asyncio.sleep(policy.delay(attempt - 1))
+            delay = policy.delay(attempt - 1)
+            _log.warning(
+                "%s %s: attempt %d of %d failed with %s; retrying in %.3f s",
+                backing,
+                what,
+                attempt,
+                policy.attempts,
+                type(exc).__name__,
+                delay,
+                extra={**fields, "delay": delay},
+            )
+            _observe.retried(reason="failover", backing=backing, attempt=attempt, error=exc)
+            await asyncio.sleep(delay)

@@ -5,10 +5,15 @@ encodes and size-checks payloads, reads the injected clock, and asks
 :class:`QueuePolicy` whether a failed item is retried (and when) or
 dead-lettered. A backing only stores what it is told, atomically and fenced on
 the lease token; two backings can therefore never disagree about poison.
+
+What the front decides or learns is logged on ``statepact.queue`` (see
+docs/observability.md): dead letters and lost leases at WARNING, reaped leases
+and requeued items at INFO, failures retried later and releases at DEBUG.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -18,6 +23,7 @@ from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from statepact import _observe
 from statepact._codec import (
     check_size,
     plain_int,
@@ -30,6 +36,7 @@ from statepact._limits import DEFAULT_MAX_VALUE_BYTES, MAX_BATCH_BYTES, MAX_ENQU
 from statepact.clock import Clock, SystemClock, read_clock
 from statepact.errors import LeaseLostError, StatePersistenceError
 from statepact.models import ItemStatus, Lease, QueueStats, WorkItem
+from statepact.settings import redact_dsn
 
 __all__ = [
     "MAX_PRIORITY",
@@ -43,6 +50,8 @@ __all__ = [
 MAX_PRIORITY = 1000
 MAX_ERROR_CHARS = 4096
 MAX_BATCH = 1000
+
+_log = logging.getLogger("statepact.queue")
 
 
 class QueuePolicy(BaseModel):
@@ -364,10 +373,19 @@ class BaseWorkQueue(ABC):
             # int: the backings build the next lease from this one, so hand them seconds.
             checked = checked.model_copy(update={"lease_seconds": seconds})
         now = read_clock(self._clock)
-        return await self._heartbeat(checked, now, now + timedelta(seconds=seconds))
+        try:
+            return await self._heartbeat(checked, now, now + timedelta(seconds=seconds))
+        except LeaseLostError:
+            self._lease_lost("heartbeat", checked)
+            raise
 
     async def ack(self, lease: Lease) -> WorkItem:
-        return await self._ack(_require_lease(lease), read_clock(self._clock))
+        checked = _require_lease(lease)
+        try:
+            return await self._ack(checked, read_clock(self._clock))
+        except LeaseLostError:
+            self._lease_lost("ack", checked)
+            raise
 
     async def ack_many(self, leases: Sequence[Lease]) -> list[WorkItem | LeaseLostError]:
         if isinstance(leases, str | bytes) or not isinstance(leases, Sequence):
@@ -386,7 +404,11 @@ class BaseWorkQueue(ABC):
                     f"leases[{seen[key]}] of this batch"
                 )
             seen[key] = index
-        return await self._ack_many(list(leases), read_clock(self._clock))
+        done = await self._ack_many(list(leases), read_clock(self._clock))
+        for lease, answer in zip(leases, done, strict=True):
+            if isinstance(answer, LeaseLostError):
+                self._lease_lost("ack", lease)
+        return done
 
     async def fail(self, lease: Lease, error: str, *, retryable: bool = True) -> WorkItem:
         checked = _require_lease(lease)
@@ -397,13 +419,73 @@ class BaseWorkQueue(ABC):
         message = message[:MAX_ERROR_CHARS]
         now = read_clock(self._clock)
         outcome = self._policy.after_failure(checked.item.attempts, now, retryable=retryable)
-        return await self._fail(checked, now, message, outcome)
+        try:
+            failed = await self._fail(checked, now, message, outcome)
+        except LeaseLostError:
+            self._lease_lost("fail", checked)
+            raise
+        if failed.status == ItemStatus.DEAD:
+            _log.warning(
+                "queue %r: item %r of tenant %r dead-lettered after %d attempt(s)%s: %s",
+                self._name,
+                failed.item_id,
+                failed.tenant,
+                failed.attempts,
+                "" if retryable else " (not retryable)",
+                redact_dsn(message)[:200],
+                extra=self._fields(failed, attempts=failed.attempts, retryable=retryable),
+            )
+        else:
+            _log.debug(
+                "queue %r: item %r of tenant %r failed attempt %d, retried at %s",
+                self._name,
+                failed.item_id,
+                failed.tenant,
+                failed.attempts,
+                outcome.available_at.isoformat(),
+                extra=self._fields(failed, attempts=failed.attempts, retryable=retryable),
+            )
+        return failed
 
     async def release(self, lease: Lease) -> WorkItem:
-        return await self._release(_require_lease(lease), read_clock(self._clock))
+        checked = _require_lease(lease)
+        try:
+            released = await self._release(checked, read_clock(self._clock))
+        except LeaseLostError:
+            self._lease_lost("release", checked)
+            raise
+        _log.debug(
+            "queue %r: item %r of tenant %r released by %r",
+            self._name,
+            released.item_id,
+            released.tenant,
+            checked.worker_id,
+            extra=self._fields(released, worker_id=checked.worker_id),
+        )
+        return released
 
     async def reap(self) -> list[WorkItem]:
-        return await self._reap(read_clock(self._clock))
+        moved = await self._reap(read_clock(self._clock))
+        for item in moved:
+            if item.status == ItemStatus.DEAD:
+                _log.warning(
+                    "queue %r: item %r of tenant %r dead-lettered: its lease lapsed after "
+                    "%d attempt(s)",
+                    self._name,
+                    item.item_id,
+                    item.tenant,
+                    item.attempts,
+                    extra=self._fields(item, attempts=item.attempts),
+                )
+            else:
+                _log.info(
+                    "queue %r: reaped item %r of tenant %r: its lease lapsed, ready again",
+                    self._name,
+                    item.item_id,
+                    item.tenant,
+                    extra=self._fields(item, attempts=item.attempts),
+                )
+        return moved
 
     async def dead_letters(self, tenant: str, *, limit: int = 100) -> list[WorkItem]:
         return await self._dead_letters(require_id("tenant", tenant), _require_limit(limit))
@@ -411,17 +493,51 @@ class BaseWorkQueue(ABC):
     async def requeue(self, item: WorkItem) -> WorkItem:
         if not isinstance(item, WorkItem):
             raise TypeError(f"item: must be a WorkItem, got {type(item).__name__}")
-        return await self._requeue(
+        back = await self._requeue(
             require_id("tenant", item.tenant),
             require_id("item_id", item.item_id),
             read_clock(self._clock),
         )
+        _log.info(
+            "queue %r: dead item %r of tenant %r requeued",
+            self._name,
+            back.item_id,
+            back.tenant,
+            extra=self._fields(back),
+        )
+        return back
 
     async def get_item(self, tenant: str, item_id: str) -> WorkItem | None:
         return await self._get_item(require_id("tenant", tenant), require_id("item_id", item_id))
 
     async def stats(self) -> QueueStats:
         return await self._stats()
+
+    # -- what the log records carry ---------------------------------------
+
+    def _fields(self, item: WorkItem, **more: object) -> dict[str, object]:
+        """The ``extra`` of a record about ``item``: queue, tenant, item id, backing."""
+        return {
+            "queue": self._name,
+            "tenant": item.tenant,
+            "item_id": item.item_id,
+            "backing": _observe.backing_of(self),
+            **more,
+        }
+
+    def _lease_lost(self, operation: str, lease: Lease) -> None:
+        _log.warning(
+            "queue %r: %s of item %r of tenant %r by %r refused: the lease (token %d) was lost",
+            self._name,
+            operation,
+            lease.item.item_id,
+            lease.item.tenant,
+            lease.worker_id,
+            lease.token,
+            extra=self._fields(
+                lease.item, operation=operation, worker_id=lease.worker_id, token=lease.token
+            ),
+        )
 
     # -- what a backing implements ---------------------------------------
 

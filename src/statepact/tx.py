@@ -21,6 +21,10 @@ Two classes are called ``Lease`` in statepact: ``statepact.Lease`` (from
 here is a lease on a *resource*, whose ``token`` fences commits. The latter is
 deliberately not exported at the top level; import it from ``statepact.tx``.
 
+Logged on ``statepact.tx`` (docs/observability.md): each re-run of
+``TransactionManager.run`` at DEBUG, the last one given up at WARNING, a commit
+refused for a stale fencing token at WARNING.
+
 This module must never import a driver (redis, asyncpg, SQLAlchemy).
 """
 
@@ -29,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -37,6 +42,7 @@ from enum import StrEnum
 from types import TracebackType
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from statepact import _observe
 from statepact._cancel import finish
 from statepact._codec import (
     check_size,
@@ -49,7 +55,13 @@ from statepact._codec import (
 from statepact._limits import DEFAULT_MAX_VALUE_BYTES, MAX_HISTORY
 from statepact._retry import RetryPolicy
 from statepact.clock import Clock, read_clock
-from statepact.errors import ConflictError, DeadlockError, LockTimeoutError, StatepactError
+from statepact.errors import (
+    ConflictError,
+    DeadlockError,
+    FencingError,
+    LockTimeoutError,
+    StatepactError,
+)
 
 __all__ = [
     "CommitRequest",
@@ -459,6 +471,8 @@ class StorageBackend(Protocol):
 _RETRIED: tuple[type[StatepactError], ...] = (ConflictError, DeadlockError, LockTimeoutError)
 _DEFAULT_BACKOFF = RetryPolicy(attempts=11, base_delay=0.01, max_delay=0.5)
 
+_log = logging.getLogger("statepact.tx")
+
 T = TypeVar("T")
 
 
@@ -702,6 +716,15 @@ class Transaction:
                 result = await self._commit(request)
             self._result = result
             self._state = "committed"
+        except FencingError as exc:
+            self._state = "failed"
+            _log.warning(
+                "transaction %s refused: %s",
+                self.txn_id,
+                exc,
+                extra={"txn_id": self.txn_id, "backing": _observe.backing_of(self._manager)},
+            )
+            raise
         except BaseException:
             if self._state != "committed":  # a cancelled commit may have landed all the same
                 self._state = "failed"
@@ -840,11 +863,34 @@ class TransactionManager:
             try:
                 async with tx:
                     outcome = await fn(tx)
-            except _RETRIED:
+            except _RETRIED as exc:
                 attempt += 1
+                backing = _observe.backing_of(self)
+                fields = {
+                    "backing": backing,
+                    "attempt": attempt,
+                    "max_attempts": policy.attempts,
+                    "error_type": type(exc).__name__,
+                }
                 if attempt >= policy.attempts:
+                    _log.warning(
+                        "transaction run gave up after %d attempt(s): %s",
+                        attempt,
+                        exc,
+                        extra=fields,
+                    )
                     raise
-                await asyncio.sleep(policy.delay(attempt - 1))
+                delay = policy.delay(attempt - 1)
+                _log.debug(
+                    "transaction run: attempt %d of %d raised %s; again in %.3f s",
+                    attempt,
+                    policy.attempts,
+                    type(exc).__name__,
+                    delay,
+                    extra={**fields, "delay": delay},
+                )
+                _observe.retried(reason="conflict", backing=backing, attempt=attempt, error=exc)
+                await asyncio.sleep(delay)
                 continue
             return outcome
 

@@ -345,6 +345,8 @@ class EngineExecutor:
             is_transient=transient,
             give_up=give_up,
             translate=translate,
+            what=self._failures.what,
+            backing="postgres",
         )
 
 

@@ -17,6 +17,7 @@ anything, or leave a transaction open.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -44,6 +45,8 @@ from statepact.storage.postgres.schema import (
 __all__ = ["SchemaReport", "schema_differences", "verify"]
 
 T = TypeVar("T")
+
+_log = logging.getLogger("statepact.postgres")
 
 STATEMENT_TIMEOUT_FIX = (
     "statement_timeout is 0 (no limit) on this connection: a statement that never ends "
@@ -151,7 +154,15 @@ async def verify(
             raise PreflightError([STATEMENT_TIMEOUT_FIX], server="PostgreSQL")
         return SchemaReport(int(version), timeout)
 
-    return await _with_connection(engine, work)
+    try:
+        return await _with_connection(engine, work)
+    except (PreflightError, SchemaVersionError) as exc:
+        _log.warning(
+            "PostgreSQL verify refused the database: %s",
+            exc,
+            extra={"backing": "postgres", "error_type": type(exc).__name__},
+        )
+        raise
 
 
 def _qualified(table: Table) -> str:

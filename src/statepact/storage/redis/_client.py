@@ -167,6 +167,8 @@ class Failover:
             is_transient=is_transient,
             give_up=give_up,
             translate=translate,
+            what=what,
+            backing="redis",
         )
 
 

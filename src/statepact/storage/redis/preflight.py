@@ -32,6 +32,7 @@ This module reads and refuses; it must never set a configuration value.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,8 @@ from statepact.errors import PreflightError, StatePersistenceError
 from statepact.storage.redis._client import Failover, as_text
 
 __all__ = ["ServerConfig", "preflight", "refusals"]
+
+_log = logging.getLogger("statepact.redis")
 
 _EVICTING = ("allkeys-", "volatile-ttl")
 
@@ -207,6 +210,11 @@ async def check(redis: Any, *, durable: bool, failover: Failover) -> None:
         prefix = "" if len(configs) == 1 else f"{config.server}: "
         reasons.extend(prefix + reason for reason in refusals(config, durable=durable))
     if reasons:
+        _log.warning(
+            "Redis preflight refused the server: %s",
+            "; ".join(reasons),
+            extra={"backing": "redis", "reasons": reasons},
+        )
         raise PreflightError(reasons, server="Redis")
 
 
