@@ -117,12 +117,16 @@ class WorkerHooks:
     Called synchronously on the worker's event loop, so a hook must be quick and
     must not block; an exception a hook raises is logged and otherwise ignored.
     ``started``: the handler is about to run. ``succeeded``: the ack landed.
+    ``renewed``: a heartbeat landed (``job.lease`` holds the new token).
     ``failed``: the item was failed (``item.status`` says retried or dead).
     ``lease_lost``: the lease moved on; the handler was cancelled (or had
     finished) and nothing was settled. ``released``: given back at shutdown.
     """
 
     def started(self, job: Job) -> None:
+        pass
+
+    def renewed(self, job: Job) -> None:
         pass
 
     def succeeded(self, job: Job, item: WorkItem) -> None:
@@ -587,6 +591,8 @@ class Worker:
                     running.job.item.item_id,
                     _describe(exc),
                 )
+            else:
+                self._hook("renewed", running.job)
             next_beat = loop.time() + self.heartbeat_every
 
     def _expired(self, lease: Lease) -> str | None:
