@@ -257,6 +257,7 @@ class Worker:
         self._started = False
         self._stopped = asyncio.Event()
         self._stop_task: asyncio.Task[None] | None = None
+        self._hurry = asyncio.Event()
 
     # -- configuration --------------------------------------------------------------------
 
@@ -386,10 +387,18 @@ class Worker:
                 len(self._running),
                 grace,
             )
-            waiters = [asyncio.ensure_future(r.done.wait()) for r in self._running.values()]
-            _, late = await asyncio.wait(waiters, timeout=grace)
-            for waiter in late:
+            # Every handler done, the grace period over, or a second signal: whichever is first.
+            everything: asyncio.Future[Any] = asyncio.gather(
+                *(r.done.wait() for r in self._running.values())
+            )
+            hurry: asyncio.Future[Any] = asyncio.ensure_future(self._hurry.wait())
+            await asyncio.wait(
+                {everything, hurry}, timeout=grace, return_when=asyncio.FIRST_COMPLETED
+            )
+            for waiter in (everything, hurry):
                 waiter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await everything
         for running in list(self._running.values()):
             running.abandoned = True
             if running.handler is not None:
@@ -425,6 +434,8 @@ class Worker:
 
     def _on_signal(self, sig: signal.Signals) -> None:
         if self._stopping.is_set():
+            logger.info("worker %s: %s again, cancelling what is left", self.worker_id, sig.name)
+            self._hurry.set()
             return
         logger.info("worker %s: %s, draining", self.worker_id, sig.name)
         self._stop_task = asyncio.get_running_loop().create_task(self.stop(), name="statepact-stop")
@@ -487,6 +498,8 @@ class Worker:
         Redis read, the next due time) plug in here.
         """
         self._wake.clear()
+        if self._stopping.is_set():
+            return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout)
 
@@ -682,7 +695,8 @@ class Worker:
         if outcome.dead:
             return await queue.fail(lease, error, retryable=True)
         due = FailOutcome(dead=False, available_at=now + timedelta(seconds=delay))
-        return await queue._fail(lease, now, error.replace("\x00", ""), due)
+        message = error.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+        return await queue._fail(lease, now, message[:MAX_ERROR_CHARS], due)
 
     async def _release(self, job: Job) -> None:
         try:

@@ -10,6 +10,8 @@ tests/integration/test_worker_servers.py.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -438,6 +440,33 @@ async def test_cancelling_run_releases_what_is_in_flight(queue: MemoryWorkQueue)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    item = await status(queue, "a")
+    assert (item.status, item.attempts) == (ItemStatus.QUEUED, 0)
+
+
+async def test_sigterm_drains_and_a_second_signal_ends_the_grace_period(
+    queue: MemoryWorkQueue,
+) -> None:
+    """Under run(), SIGTERM stops claiming and waits; a second SIGTERM (or SIGINT) cancels what
+    is left at once and releases it; run() returns."""
+    running = asyncio.Event()
+
+    async def forever(job: Job) -> None:
+        running.set()
+        await asyncio.sleep(3600)
+
+    worker = Worker(queue, handlers={"f": forever}, grace_period=60, **FAST)
+    await put(queue, "a", task="f")
+    task = asyncio.create_task(worker.run())
+    await running.wait()
+    os.kill(os.getpid(), signal.SIGTERM)
+    await asyncio.sleep(0.1)
+    assert not task.done()  # draining: the grace period is 60 s
+    assert (await status(queue, "a")).status == ItemStatus.LEASED
+    began = time.monotonic()
+    os.kill(os.getpid(), signal.SIGINT)
+    await asyncio.wait_for(task, 5)
+    assert time.monotonic() - began < 1
     item = await status(queue, "a")
     assert (item.status, item.attempts) == (ItemStatus.QUEUED, 0)
 
