@@ -247,6 +247,25 @@ async def test_retry_sets_the_delay_and_do_not_retry_dead_letters(
     assert dead.last_error == "DoNotRetry: the document is gone"
 
 
+async def test_a_handler_cancelled_by_itself_is_a_retryable_failure(
+    queue: MemoryWorkQueue,
+) -> None:
+    """A handler that raises CancelledError of its own (not the worker's doing) fails the item,
+    retryable; the worker goes on."""
+    hooks = Recorder()
+
+    async def quits(job: Job) -> None:
+        raise asyncio.CancelledError
+
+    worker = Worker(queue, handlers={"q": quits}, hooks=hooks, **FAST)
+    await put(queue, "a", task="q")
+    async with worker:
+        await until(lambda: "failed" in hooks.kinds("a"))
+    item = await status(queue, "a")
+    assert (item.status, item.attempts) == (ItemStatus.QUEUED, 1)
+    assert item.last_error == "CancelledError: the handler was cancelled"
+
+
 def test_retry_refuses_a_bad_delay() -> None:
     """Retry(delay) takes 0 to 30 days of seconds, named in the error."""
     with pytest.raises(ValueError, match="delay"):
