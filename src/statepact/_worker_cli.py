@@ -162,7 +162,7 @@ def command(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
             concurrency = found.concurrency
         if concurrency is not None and concurrency < 1:
             raise CommandError(f"--concurrency: must be 1 or more, got {concurrency}")
-        # A worker holds at most concurrency + 2 connections (docs/worker.md, "Sizing").
+        # A worker holds at most concurrency + 1 connections; one spare (docs/worker.md).
         pool_size = (concurrency or 10) + 2
         async with open_queue(args, pool_size) as queue:
             worker = await load_worker(found, queue)

@@ -450,30 +450,50 @@ class Worker:
     # -- claiming ---------------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
+        # Claims in flight at once: doubled while every claim finds an item (a backlog), back
+        # to what was found when some come back empty; never above the free slots, so items
+        # in flight and claims together hold at most ``concurrency`` connections.
+        width = 1
         while not self._stopping.is_set():
             free = self._concurrency - len(self._running)
             if free <= 0:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
                 continue
+            asked = min(free, width)
             try:
-                leases = await self._claim_owned(free)
+                leases = await self._claim_owned(asked)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 logger.warning("worker %s: claim failed: %s", self.worker_id, _describe(exc))
+                width = 1
                 await self._wait_for_work(self.poll_interval)
                 continue
             for lease in leases:
                 self._spawn(lease)
+            width = min(self._concurrency, asked * 2) if len(leases) == asked else len(leases)
             if not leases:
+                width = 1
                 await self._wait_for_work(self.poll_interval)
 
     async def _claim(self, limit: int) -> list[Lease]:
-        """The one claim seam: up to ``limit`` leases. Today one ``claim``; a batch claim
-        (``claim_batch`` in one round trip) replaces this body."""
-        lease = await self.queue.claim(self.worker_id, lease_for=self.lease_for)
-        return [] if lease is None else [lease]
+        """The one claim seam: up to ``limit`` leases. Today ``limit`` concurrent ``claim``
+        calls; a batch claim (``claim_batch`` in one round trip) replaces this body."""
+        found = await asyncio.gather(
+            *(self.queue.claim(self.worker_id, lease_for=self.lease_for) for _ in range(limit)),
+            return_exceptions=True,
+        )
+        leases = [lease for lease in found if isinstance(lease, Lease)]
+        errors = [e for e in found if isinstance(e, BaseException)]
+        for error in errors:
+            if not isinstance(error, Exception):
+                raise error  # a CancelledError or the like: not ours to swallow
+        if errors and not leases:
+            raise errors[0]
+        if errors:
+            logger.warning("worker %s: claim failed: %s", self.worker_id, _describe(errors[0]))
+        return leases
 
     async def _claim_owned(self, limit: int) -> list[Lease]:
         """:meth:`_claim`, and if a cancellation arrives meanwhile, release what it returns."""
