@@ -51,6 +51,7 @@ COMMANDS: tuple[Subcommand, ...] = (
         "doctor", "check that servers are fit to hold statepact's data", "statepact._doctor"
     ),
     Subcommand("db", "apply, undo and inspect the PostgreSQL migrations", "statepact.cli"),
+    Subcommand("worker", "run a Worker on a Redis or PostgreSQL queue", "statepact._worker_cli"),
 )
 
 

@@ -34,6 +34,7 @@ OPTIONS: dict[str, list[str]] = {
     "db downgrade": ["REVISION", *DB_OPTIONS],
     "db current": DB_OPTIONS,
     "db check": DB_OPTIONS,
+    "worker": ["MODULE:OBJECT", "--redis URL", "--postgres URL", "--concurrency N", "--debug"],
 }
 
 

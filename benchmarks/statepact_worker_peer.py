@@ -1,0 +1,157 @@
+"""statepact for ``../shared/peers/run.sh``, its queue drained by the ``Worker`` itself.
+
+Run as ``STATEPACT_PEER=benchmarks/statepact_worker_peer.py ../shared/peers/run.sh``.
+It prints the same JSON lines, under the same scenario names, as the shared
+``statepact_peer.py``: the transaction and state rows come from that script's own
+functions (imported, run unchanged), and the queue rows follow the same
+``queuebench.run_rounds`` protocol, except that ``statepact.<backing>.process`` and
+``.process.c40`` are a :class:`statepact.worker.Worker` with ``concurrency`` 10 and
+40 and a no-op handler, timed from ``start()`` to the N-th handler's ack (the
+claims, heartbeats and acks are the Worker's, not hand-written loops). Each row's
+``params`` says ``driver: "worker"``.
+
+Needs the shared peers directory on ``PYTHONPATH`` (run.sh sets it) and statepact
+installed in the bench venv (run.sh installs the checkout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+from benchlib import Timer, emit, emit_failure, log, versions
+from queuebench import WARMUP_JOBS, run_rounds
+from statepact_peer import Backing, state_calls, tx_scenarios
+
+from statepact.models import WorkItem
+from statepact.worker import Job, Worker, WorkerHooks
+
+
+async def worker_drain(queue: Any, count: int, concurrency: int, budget: float) -> Timer:
+    """A Worker with a no-op handler, timed from start until ``count`` items are acked."""
+    acked = 0
+    finished = asyncio.Event()
+
+    class Count(WorkerHooks):
+        def succeeded(self, job: Job, item: WorkItem) -> None:
+            nonlocal acked
+            acked += 1
+            if acked >= count:
+                finished.set()
+
+    async def noop(job: Job) -> None:
+        return None
+
+    worker = Worker(
+        queue,
+        default=noop,
+        concurrency=concurrency,
+        lease_for=60,
+        poll_interval=0.01,
+        hooks=Count(),
+    )
+    with Timer() as timer:
+        await worker.start()
+        try:
+            await asyncio.wait_for(finished.wait(), budget)
+        finally:
+            await worker.stop()
+    if acked < count:
+        raise TimeoutError(f"the worker acked {acked} of {count} in {budget} s")
+    return timer
+
+
+async def queue_rounds(b: Backing, n: int, conc: int, loops: int, budget: float) -> None:
+    q = b.queue
+    counter = [0]
+    common = {
+        "versions": versions("statepact", "redis", "sqlalchemy", "asyncpg"),
+        "backing": b.kind,
+        "driver": "worker",
+    }
+
+    def next_item() -> WorkItem:
+        counter[0] += 1
+        return WorkItem(
+            tenant=f"t{counter[0] % 10}", item_id=f"i{counter[0]}", payload={"n": counter[0]}
+        )
+
+    async def enqueue_one() -> None:
+        await q.enqueue(next_item())
+
+    async def process(fill: str, expected_total: int, cfg: dict[str, Any]) -> None:
+        count = WARMUP_JOBS if fill == "warmup" else n
+        concurrency = cfg.get("concurrency", loops)
+        timer = await worker_drain(q, count, concurrency, budget)
+        if fill == "warmup":
+            return
+        name = f"statepact.{b.kind}.process" + (".c40" if concurrency == 40 else "")
+        emit(name, count, timer, fill=fill, worker_concurrency=concurrency, **common)
+
+    enqueue_batch = None
+    if hasattr(q, "enqueue_many"):
+
+        async def enqueue_batch(k: int) -> None:
+            await q.enqueue_many([next_item() for _ in range(k)])
+
+    await run_rounds(
+        f"statepact.{b.kind}",
+        n,
+        conc,
+        enqueue_one,
+        enqueue_batch,
+        process,
+        common,
+        {"concurrency": 40},
+        no_batch_reason="statepact has no bulk enqueue (enqueue one item a call)",
+    )
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--backing", action="append", choices=["memory", "redis", "postgres"])
+    ap.add_argument("--agents", type=int, default=40)
+    ap.add_argument("--per-agent", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps-fast", type=int, default=20)
+    ap.add_argument("--jobs", type=int, default=5000)
+    ap.add_argument("--producers", type=int, default=40)
+    ap.add_argument("--worker-concurrency", type=int, default=10)
+    ap.add_argument("--state-per", type=int, default=250)
+    ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--only", choices=["tx", "queue", "state"], action="append")
+    args = ap.parse_args()
+    parts = args.only or ["tx", "queue", "state"]
+    for kind in args.backing or ["memory", "redis", "postgres"]:
+        # The pool fits 40 producers, or a 40-slot Worker (it holds concurrency + 1).
+        b = Backing(kind, max(args.agents, args.producers))
+        log(f"statepact_worker_peer: {kind}")
+        began = time.monotonic()
+        try:
+            await b.open()
+        except Exception as e:
+            emit_failure(f"statepact.{kind}.open", e)
+            continue
+        try:
+            if "tx" in parts:
+                await tx_scenarios(b, args.agents, args.per_agent, args.reps, args.reps_fast)
+            if "queue" in parts:
+                try:
+                    await queue_rounds(
+                        b, args.jobs, args.producers, args.worker_concurrency, args.timeout
+                    )
+                except Exception as e:
+                    emit_failure(f"statepact.{kind}.queue", e)
+            if "state" in parts:
+                await state_calls(b, args.agents, args.state_per)
+        finally:
+            await b.close()
+            log(f"statepact_worker_peer: {kind} took {time.monotonic() - began:.0f} s")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

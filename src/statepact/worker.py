@@ -1,0 +1,771 @@
+"""The ``Worker``: runs handlers for the items of any ``WorkQueue``, in the user's own process.
+
+A worker claims items while it has free slots (``concurrency``), routes each to
+the handler registered under the payload's task field, heartbeats the lease
+every ``heartbeat_every`` seconds while the handler runs, and settles the item
+by what the handler did: a return acks it, :class:`Retry` fails it to be tried
+again in N seconds, :class:`DoNotRetry` dead-letters it, any other exception
+fails it through the queue's ``QueuePolicy``. A lease lost on the way (a
+heartbeat refused, or the lease's expiry passed on the worker's clock) cancels
+the handler and settles nothing. ``stop()`` (or SIGTERM/SIGINT under ``run()``)
+stops claiming, lets handlers finish within ``grace_period``, then cancels and
+*releases* the rest. Every queue call that must finish (a claim whose leases the
+worker then owns, a heartbeat whose new token it needs, a settle) runs through
+:func:`statepact._cancel.finish`, so no cancellation leaks a lease.
+
+See docs/worker.md. This module must never settle an item whose lease it lost,
+never settle an item twice, and never read time except through the one clock
+(lease expiry) and the event loop (sleeps and timeouts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import math
+import signal
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, TypeAlias
+
+from statepact._cancel import finish
+from statepact.clock import Clock, SystemClock, read_clock
+from statepact.errors import LeaseLostError
+from statepact.models import Lease, WorkItem
+from statepact.queue import MAX_ERROR_CHARS, BaseWorkQueue, FailOutcome, WorkQueue
+
+__all__ = [
+    "DEFAULT_TASK_FIELD",
+    "DoNotRetry",
+    "Handler",
+    "Job",
+    "Retry",
+    "Worker",
+    "WorkerHooks",
+]
+
+logger = logging.getLogger("statepact.worker")
+
+#: The payload field naming an item's task, unless ``Worker(task_field=...)`` says otherwise.
+DEFAULT_TASK_FIELD = "task"
+
+MAX_RETRY_DELAY = 30 * 86_400.0  # seconds; the same ceiling as QueuePolicy.backoff_cap
+
+
+@dataclass
+class Job:
+    """What a handler is given: the claimed item and its current lease.
+
+    ``lease`` is replaced by each heartbeat (the token changes), so a handler that
+    fences its own writes on the lease reads ``job.lease.token`` when it writes.
+    """
+
+    lease: Lease
+    task: str | None
+    worker_id: str
+
+    @property
+    def item(self) -> WorkItem:
+        return self.lease.item
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        return self.lease.item.payload
+
+    @property
+    def attempts(self) -> int:
+        """Tries so far, this one included (an attempt is counted at claim)."""
+        return self.lease.item.attempts
+
+
+Handler: TypeAlias = Callable[[Job], Awaitable[object]]
+
+
+class Retry(Exception):
+    """Raised by a handler: fail this try and make the item due again in ``delay`` seconds.
+
+    The attempt still counts: past ``QueuePolicy.max_attempts`` the item is
+    dead-lettered as any failure is. Control flow, not an error, so it lives here
+    and not in ``statepact.errors``.
+    """
+
+    def __init__(self, delay: float, reason: str = "") -> None:
+        if isinstance(delay, bool) or not isinstance(delay, int | float):
+            raise TypeError(f"delay: must be a number of seconds, got {type(delay).__name__}")
+        if not (math.isfinite(delay) and 0 <= delay <= MAX_RETRY_DELAY):
+            raise ValueError(f"delay: must be between 0 and {MAX_RETRY_DELAY:g} s, got {delay}")
+        self.delay = float(delay)
+        self.reason = reason
+        super().__init__(f"retry in {self.delay:g} s" + (f": {reason}" if reason else ""))
+
+
+class DoNotRetry(Exception):
+    """Raised by a handler: this item can never succeed; dead-letter it now with ``reason``."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class WorkerHooks:
+    """Observer of a worker; override what you need (every method here does nothing).
+
+    Called synchronously on the worker's event loop, so a hook must be quick and
+    must not block; an exception a hook raises is logged and otherwise ignored.
+    ``started``: the handler is about to run. ``succeeded``: the ack landed.
+    ``renewed``: a heartbeat landed (``job.lease`` holds the new token).
+    ``failed``: the item was failed (``item.status`` says retried or dead).
+    ``lease_lost``: the lease moved on; the handler was cancelled (or had
+    finished) and nothing was settled. ``released``: given back at shutdown.
+    """
+
+    def started(self, job: Job) -> None:
+        pass
+
+    def renewed(self, job: Job) -> None:
+        pass
+
+    def succeeded(self, job: Job, item: WorkItem) -> None:
+        pass
+
+    def failed(self, job: Job, item: WorkItem, error: str) -> None:
+        pass
+
+    def lease_lost(self, job: Job, reason: str) -> None:
+        pass
+
+    def released(self, job: Job, item: WorkItem) -> None:
+        pass
+
+
+def _is_coroutine_function(handler: object) -> bool:
+    if inspect.iscoroutinefunction(handler):
+        return True
+    call = getattr(handler, "__call__", None)  # noqa: B004 -- an object with async __call__
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+def _check_handler(name: str, handler: object) -> Handler:
+    if not callable(handler) or not _is_coroutine_function(handler):
+        raise TypeError(
+            f"handler for task {name!r}: must be a coroutine function (async def), got "
+            f"{type(handler).__name__} {getattr(handler, '__name__', handler)!r}"
+        )
+    return handler
+
+
+def _seconds(name: str, value: object, *, allow_zero: bool = False) -> float:
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name}: must be a number of seconds, got {type(value).__name__}")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+        bound = "0 or more" if allow_zero else "more than 0"
+        raise ValueError(f"{name}: must be {bound} seconds, got {value}")
+    return seconds
+
+
+def _describe(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text[:MAX_ERROR_CHARS]
+
+
+@dataclass
+class _Running:
+    """One item in flight: its job, the task supervising it, and why it may be cut short."""
+
+    job: Job
+    task: asyncio.Task[None] | None = None
+    handler: asyncio.Future[object] | None = None
+    # Set once a settle (or the decision that the lease is lost) has begun: never a second one.
+    settled: bool = False
+    # Set when shutdown's grace ran out: the handler is cancelled and the item released.
+    abandoned: bool = False
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Worker:
+    """Runs registered handlers for a queue's items; see the module docstring and docs/worker.md.
+
+    ``queue`` may be given later (:meth:`bind`), so a module can define a worker
+    for ``statepact worker MODULE:OBJECT`` to bind to the queue it opens.
+    """
+
+    def __init__(
+        self,
+        queue: WorkQueue | None = None,
+        *,
+        concurrency: int = 10,
+        lease_for: float | timedelta = 30.0,
+        heartbeat_every: float | timedelta | None = None,
+        poll_interval: float | timedelta = 1.0,
+        reap_every: float | timedelta | None = None,
+        grace_period: float | timedelta = 30.0,
+        worker_id: str | None = None,
+        task_field: str = DEFAULT_TASK_FIELD,
+        handlers: Mapping[str, Handler] | None = None,
+        default: Handler | None = None,
+        hooks: WorkerHooks | Iterable[WorkerHooks] | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.concurrency = concurrency
+        self.lease_for = _seconds("lease_for", lease_for)
+        every = self.lease_for / 3 if heartbeat_every is None else heartbeat_every
+        self.heartbeat_every = _seconds("heartbeat_every", every)
+        if self.heartbeat_every >= self.lease_for:
+            raise ValueError(
+                f"heartbeat_every: {self.heartbeat_every:g} s is not below lease_for "
+                f"{self.lease_for:g} s; a lease would lapse between heartbeats"
+            )
+        self.poll_interval = _seconds("poll_interval", poll_interval)
+        # reap_every=0 turns the reaper off (another process reaps).
+        reap = self.lease_for if reap_every is None else reap_every
+        self.reap_every = _seconds("reap_every", reap, allow_zero=True)
+        self.grace_period = _seconds("grace_period", grace_period, allow_zero=True)
+        if not isinstance(task_field, str) or not task_field:
+            raise ValueError(f"task_field: must be a non-empty str, got {task_field!r}")
+        self.task_field = task_field
+        self.worker_id = worker_id or f"worker-{uuid.uuid4().hex[:12]}"
+        if not isinstance(self.worker_id, str):
+            raise TypeError(f"worker_id: must be a str, got {type(self.worker_id).__name__}")
+        self._handlers: dict[str, Handler] = {}
+        self._default: Handler | None = None
+        for name, handler in (handlers or {}).items():
+            self.add_task(name, handler)
+        if default is not None:
+            self.set_default(default)
+        if hooks is None:
+            self._hooks: list[WorkerHooks] = []
+        elif isinstance(hooks, WorkerHooks):
+            self._hooks = [hooks]
+        else:
+            self._hooks = list(hooks)
+        self._clock_given = clock
+        self._queue: WorkQueue | None = None
+        if queue is not None:
+            self.bind(queue)
+        self._running: dict[tuple[str, str], _Running] = {}
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._loops: list[asyncio.Task[None]] = []
+        self._started = False
+        self._stopped = asyncio.Event()
+        self._stop_task: asyncio.Task[None] | None = None
+        self._hurry = asyncio.Event()
+
+    # -- configuration --------------------------------------------------------------------
+
+    @property
+    def concurrency(self) -> int:
+        return self._concurrency
+
+    @concurrency.setter
+    def concurrency(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"concurrency: must be an int, got {type(value).__name__}")
+        if value < 1:
+            raise ValueError(f"concurrency: must be 1 or more, got {value}")
+        self._concurrency = value
+
+    @property
+    def queue(self) -> WorkQueue:
+        if self._queue is None:
+            raise RuntimeError("this Worker has no queue yet; pass one or call bind(queue)")
+        return self._queue
+
+    @property
+    def clock(self) -> Clock:
+        """The clock lease expiry is read on: the one given, else the queue's own."""
+        if self._clock_given is not None:
+            return self._clock_given
+        queue_clock = getattr(self._queue, "clock", None)
+        return queue_clock if isinstance(queue_clock, Clock) else SystemClock()
+
+    def bind(self, queue: WorkQueue) -> Worker:
+        """Give the worker its queue (once, before it starts); returns the worker."""
+        if not isinstance(queue, WorkQueue):
+            raise TypeError(f"queue: must be a WorkQueue, got {type(queue).__name__}")
+        if self._queue is not None and self._queue is not queue:
+            raise RuntimeError("this Worker already has a queue")
+        self._queue = queue
+        return self
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        """The registered task names, sorted."""
+        return tuple(sorted(self._handlers))
+
+    def add_task(self, name: str, handler: Handler) -> None:
+        """Register ``handler`` for items whose payload names task ``name``."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"task name: must be a non-empty str, got {name!r}")
+        checked = _check_handler(name, handler)
+        if name in self._handlers:
+            raise ValueError(f"task {name!r}: a handler is already registered under this name")
+        self._handlers[name] = checked
+
+    def task(self, name: str) -> Callable[[Handler], Handler]:
+        """Decorator form of :meth:`add_task`: ``@worker.task("summarise")``."""
+
+        def register(handler: Handler) -> Handler:
+            self.add_task(name, handler)
+            return handler
+
+        return register
+
+    def set_default(self, handler: Handler) -> Handler:
+        """The handler for items whose payload names no task (one allowed); a decorator too."""
+        checked = _check_handler("(default)", handler)
+        if self._default is not None:
+            raise ValueError("default handler: one is already registered")
+        self._default = checked
+        return handler
+
+    def add_hooks(self, hooks: WorkerHooks) -> None:
+        self._hooks.append(hooks)
+
+    # -- running --------------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
+
+    async def start(self) -> None:
+        """Start claiming (and reaping) in background tasks; returns at once."""
+        queue = self.queue
+        if self._started:
+            raise RuntimeError("this Worker was started already; a stopped one is not restarted")
+        if not self._handlers and self._default is None:
+            raise RuntimeError("this Worker has no handlers; register one with @worker.task")
+        self._started = True
+        logger.info(
+            "worker %s starting on queue %r: concurrency %d, lease %g s, heartbeat every %g s",
+            self.worker_id,
+            queue.name,
+            self._concurrency,
+            self.lease_for,
+            self.heartbeat_every,
+        )
+        self._loops.append(asyncio.create_task(self._claim_loop(), name="statepact-claim"))
+        if self.reap_every > 0:
+            self._loops.append(asyncio.create_task(self._reap_loop(), name="statepact-reap"))
+
+    async def stop(self, grace_period: float | timedelta | None = None) -> None:
+        """Stop claiming; wait up to the grace period for handlers, then cancel and release.
+
+        Returns once nothing is leased by this worker any more (each item in flight
+        was acked, failed, released, or its lease was found lost).
+        """
+        grace = (
+            self.grace_period
+            if grace_period is None
+            else _seconds("grace_period", grace_period, allow_zero=True)
+        )
+        self._stopping.set()
+        self._wake.set()
+        self._slot_freed.set()
+        try:
+            # Not cut short by a cancellation: what is in flight is settled or released first.
+            await finish(self._drain(grace))
+        finally:
+            self._stopped.set()
+        logger.info("worker %s stopped", self.worker_id)
+
+    async def _drain(self, grace: float) -> None:
+        for loop in self._loops:
+            await self._settled(loop)
+        if self._running:
+            logger.info(
+                "worker %s stopping: %d in flight, grace %g s",
+                self.worker_id,
+                len(self._running),
+                grace,
+            )
+            # Every handler done, the grace period over, or a second signal: whichever is first.
+            everything: asyncio.Future[Any] = asyncio.gather(
+                *(r.done.wait() for r in self._running.values())
+            )
+            hurry: asyncio.Future[Any] = asyncio.ensure_future(self._hurry.wait())
+            await asyncio.wait(
+                {everything, hurry}, timeout=grace, return_when=asyncio.FIRST_COMPLETED
+            )
+            for waiter in (everything, hurry):
+                waiter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await everything
+        for running in list(self._running.values()):
+            running.abandoned = True
+            if running.handler is not None:
+                running.handler.cancel()
+        for task in [r.task for r in self._running.values() if r.task is not None]:
+            await self._settled(task)
+
+    @staticmethod
+    async def _settled(task: asyncio.Task[None]) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    async def run(self, *, install_signal_handlers: bool = True) -> None:
+        """Start, then run until :meth:`stop` (SIGTERM or SIGINT, handled here) has finished."""
+        await self.start()
+        loop = asyncio.get_running_loop()
+        installed: list[signal.Signals] = []
+        if install_signal_handlers:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                try:
+                    loop.add_signal_handler(sig, self._on_signal, sig)
+                except (NotImplementedError, RuntimeError, ValueError):
+                    continue  # not the main thread, or a loop without signal support
+                installed.append(sig)
+        try:
+            await self._stopped.wait()
+        except asyncio.CancelledError:
+            await finish(self.stop(0))
+            raise
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        if self._stopping.is_set():
+            logger.info("worker %s: %s again, cancelling what is left", self.worker_id, sig.name)
+            self._hurry.set()
+            return
+        logger.info("worker %s: %s, draining", self.worker_id, sig.name)
+        self._stop_task = asyncio.get_running_loop().create_task(self.stop(), name="statepact-stop")
+
+    async def __aenter__(self) -> Worker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await finish(self.stop())
+
+    # -- claiming ---------------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        # Claims in flight at once: doubled while every claim finds an item (a backlog), back
+        # to what was found when some come back empty; never above the free slots, so items
+        # in flight and claims together hold at most ``concurrency`` connections.
+        width = 1
+        while not self._stopping.is_set():
+            free = self._concurrency - len(self._running)
+            if free <= 0:
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+                continue
+            asked = min(free, width)
+            try:
+                leases = await self._claim_owned(asked)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.warning("worker %s: claim failed: %s", self.worker_id, _describe(exc))
+                width = 1
+                await self._wait_for_work(self.poll_interval)
+                continue
+            for lease in leases:
+                self._spawn(lease)
+            width = min(self._concurrency, asked * 2) if len(leases) == asked else len(leases)
+            if not leases:
+                width = 1
+                await self._wait_for_work(self.poll_interval)
+
+    async def _claim(self, limit: int) -> list[Lease]:
+        """The one claim seam: up to ``limit`` leases. Today ``limit`` concurrent ``claim``
+        calls; a batch claim (``claim_batch`` in one round trip) replaces this body."""
+        found = await asyncio.gather(
+            *(self.queue.claim(self.worker_id, lease_for=self.lease_for) for _ in range(limit)),
+            return_exceptions=True,
+        )
+        leases = [lease for lease in found if isinstance(lease, Lease)]
+        errors = [e for e in found if isinstance(e, BaseException)]
+        for error in errors:
+            if not isinstance(error, Exception):
+                raise error  # a CancelledError or the like: not ours to swallow
+        if errors and not leases:
+            raise errors[0]
+        if errors:
+            logger.warning("worker %s: claim failed: %s", self.worker_id, _describe(errors[0]))
+        return leases
+
+    async def _claim_owned(self, limit: int) -> list[Lease]:
+        """:meth:`_claim`, and if a cancellation arrives meanwhile, release what it returns."""
+        task = asyncio.ensure_future(self._claim(limit))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await finish(self._release_claimed(task))
+            raise
+
+    async def _release_claimed(self, task: asyncio.Future[list[Lease]]) -> None:
+        with contextlib.suppress(Exception):
+            for lease in await task:
+                with contextlib.suppress(Exception):
+                    await self.queue.release(lease)
+
+    async def _wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
+        """Wait up to ``timeout`` s for work to be worth claiming again.
+
+        Today a sleep of the poll interval, cut short by :meth:`stop` and
+        :meth:`_notify_work`; the wake-ups of issue 12 (LISTEN/NOTIFY, a blocking
+        Redis read, the next due time) plug in here.
+        """
+        self._wake.clear()
+        if self._stopping.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _notify_work(self) -> None:
+        """Something may be due now: end a :meth:`_wait_for_work` early."""
+        self._wake.set()
+
+    def _spawn(self, lease: Lease) -> None:
+        item = lease.item
+        task_name = item.payload.get(self.task_field)
+        job = Job(
+            lease=lease,
+            task=task_name if isinstance(task_name, str) else None,
+            worker_id=self.worker_id,
+        )
+        running = _Running(job)
+        key = (item.tenant, item.item_id)
+        self._running[key] = running
+        running.task = asyncio.create_task(
+            self._supervise(running), name=f"statepact-item-{item.item_id}"
+        )
+
+    # -- one item ---------------------------------------------------------------------------
+
+    def _route(self, job: Job) -> Handler | str:
+        """The handler for ``job``, or why there is none (the item is dead-lettered)."""
+        raw = job.payload.get(self.task_field)
+        if raw is None:
+            if self._default is not None:
+                return self._default
+            return (
+                f"payload has no {self.task_field!r} field and this worker has no default "
+                f"handler; tasks registered: {', '.join(self.tasks) or 'none'}"
+            )
+        handler = self._handlers.get(raw) if isinstance(raw, str) else None
+        if handler is not None:
+            return handler
+        return (
+            f"unknown task {raw!r} (payload field {self.task_field!r}); "
+            f"tasks registered: {', '.join(self.tasks) or 'none'}"
+        )
+
+    async def _supervise(self, running: _Running) -> None:
+        job = running.job
+        try:
+            route = self._route(job)
+            if isinstance(route, str):
+                running.settled = True
+                logger.error(
+                    "worker %s: item %r dead-lettered: %s", self.worker_id, job.item.item_id, route
+                )
+                await finish(self._fail(job, route, retryable=False))
+                return
+            self._hook("started", job)
+            running.handler = asyncio.ensure_future(route(job))
+            lost = await self._watch(running)
+            if lost is not None:
+                running.settled = True
+                await self._cancel_handler(running)
+                self._lost(job, lost)
+                return
+            await finish(self._settle(running))
+        except asyncio.CancelledError:
+            # Cancelled from outside (the loop shutting down, run() cancelled): the handler goes,
+            # the item is given back; finish() keeps the release from being cut short.
+            await self._cancel_handler(running)
+            if not running.settled:
+                running.settled = True
+                await finish(self._release(job))
+            raise
+        except Exception as exc:  # a bug here must not leave the slot taken
+            logger.exception(
+                "worker %s: supervising item %r failed: %s", self.worker_id, job.item.item_id, exc
+            )
+        finally:
+            self._running.pop((job.item.tenant, job.item.item_id), None)
+            running.done.set()
+            self._slot_freed.set()
+
+    async def _watch(self, running: _Running) -> str | None:
+        """Heartbeat until the handler ends; the reason the lease was lost, or ``None``."""
+        handler = running.handler
+        assert handler is not None
+        loop = asyncio.get_running_loop()
+        next_beat = loop.time() + self.heartbeat_every
+        while True:
+            await asyncio.wait({handler}, timeout=max(0.0, next_beat - loop.time()))
+            if handler.done():
+                return None
+            expired = self._expired(running.job.lease)
+            if expired is not None:
+                return expired
+            try:
+                await finish(self._beat(running.job))
+            except LeaseLostError as exc:
+                return f"heartbeat refused: {exc}"
+            except Exception as exc:
+                # The server may be back before the lease runs out; the expiry check decides.
+                logger.warning(
+                    "worker %s: heartbeat of item %r failed: %s",
+                    self.worker_id,
+                    running.job.item.item_id,
+                    _describe(exc),
+                )
+            else:
+                self._hook("renewed", running.job)
+            next_beat = loop.time() + self.heartbeat_every
+
+    def _expired(self, lease: Lease) -> str | None:
+        now = read_clock(self.clock)
+        if now >= lease.expires_at:
+            return f"lease expired at {lease.expires_at.isoformat()} (now {now.isoformat()})"
+        return None
+
+    async def _beat(self, job: Job) -> None:
+        # Runs to its end under finish(): the new token is kept even if the caller is cancelled.
+        job.lease = await self.queue.heartbeat(job.lease)
+
+    async def _cancel_handler(self, running: _Running) -> None:
+        handler = running.handler
+        if handler is None or handler.done():
+            return
+        handler.cancel()
+        # The handler's own cleanup runs; what it raises is its own business now.
+        with contextlib.suppress(BaseException):
+            await finish(asyncio.wait({handler}))
+
+    async def _settle(self, running: _Running) -> None:
+        job = running.job
+        handler = running.handler
+        assert handler is not None and handler.done()
+        running.settled = True
+        if handler.cancelled():
+            if running.abandoned:
+                await self._release(job)
+                return
+            await self._fail(job, "CancelledError: the handler was cancelled", retryable=True)
+            return
+        exc = handler.exception()
+        if exc is None:
+            await self._ack(job)
+            return
+        if isinstance(exc, Retry):
+            await self._fail(job, _describe(exc), retryable=True, delay=exc.delay)
+        elif isinstance(exc, DoNotRetry):
+            await self._fail(job, _describe(exc), retryable=False)
+        elif running.abandoned and isinstance(exc, asyncio.CancelledError):
+            await self._release(job)
+        else:
+            logger.warning(
+                "worker %s: task %r of item %r raised %s",
+                self.worker_id,
+                job.task,
+                job.item.item_id,
+                _describe(exc),
+                exc_info=exc,
+            )
+            await self._fail(job, _describe(exc), retryable=True)
+
+    async def _ack(self, job: Job) -> None:
+        try:
+            item = await self.queue.ack(job.lease)
+        except LeaseLostError as exc:
+            self._lost(job, f"ack refused: {exc}")
+            return
+        self._hook("succeeded", job, item)
+
+    async def _fail(
+        self, job: Job, error: str, *, retryable: bool, delay: float | None = None
+    ) -> None:
+        try:
+            if delay is None:
+                item = await self.queue.fail(job.lease, error, retryable=retryable)
+            else:
+                item = await self._fail_in(job.lease, error, delay)
+        except LeaseLostError as exc:
+            self._lost(job, f"fail refused: {exc}")
+            return
+        self._hook("failed", job, item, error)
+
+    async def _fail_in(self, lease: Lease, error: str, delay: float) -> WorkItem:
+        """A retryable failure due again in ``delay`` s (the policy still decides the dead letter).
+
+        ``WorkQueue.fail`` takes no delay yet, so on the shared front this asks the
+        policy for the dead letter and stores its own due time through the front's
+        backing call; another ``WorkQueue`` gets the policy's backoff instead.
+        """
+        queue = self.queue
+        if not isinstance(queue, BaseWorkQueue):
+            return await queue.fail(lease, error, retryable=True)
+        now = read_clock(queue.clock)
+        outcome = queue.policy.after_failure(lease.item.attempts, now, retryable=True)
+        if outcome.dead:
+            return await queue.fail(lease, error, retryable=True)
+        due = FailOutcome(dead=False, available_at=now + timedelta(seconds=delay))
+        message = error.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+        return await queue._fail(lease, now, message[:MAX_ERROR_CHARS], due)
+
+    async def _release(self, job: Job) -> None:
+        try:
+            item = await self.queue.release(job.lease)
+        except LeaseLostError as exc:
+            self._lost(job, f"release refused: {exc}")
+            return
+        except Exception as exc:
+            # The lease lapses by itself and the reaper brings the item back.
+            logger.warning(
+                "worker %s: release of item %r failed: %s",
+                self.worker_id,
+                job.item.item_id,
+                _describe(exc),
+            )
+            return
+        self._hook("released", job, item)
+
+    def _lost(self, job: Job, reason: str) -> None:
+        logger.warning(
+            "worker %s: lease of item %r lost: %s", self.worker_id, job.item.item_id, reason
+        )
+        self._hook("lease_lost", job, reason)
+
+    def _hook(self, name: str, *args: Any) -> None:
+        for hooks in self._hooks:
+            try:
+                getattr(hooks, name)(*args)
+            except Exception:
+                logger.exception(
+                    "worker %s: hook %s.%s raised", self.worker_id, type(hooks).__name__, name
+                )
+
+    # -- reaping ----------------------------------------------------------------------------
+
+    async def _reap_loop(self) -> None:
+        """``reap`` every ``reap_every`` s; each reap is atomic, so every worker may run one."""
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.reap_every)
+            if self._stopping.is_set():
+                return
+            try:
+                moved = await finish(self.queue.reap())
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.warning("worker %s: reap failed: %s", self.worker_id, _describe(exc))
+                continue
+            if moved:
+                logger.info("worker %s: reaped %d expired lease(s)", self.worker_id, len(moved))
+                self._notify_work()
