@@ -478,22 +478,9 @@ class Worker:
                 await self._wait_for_work(self.poll_interval)
 
     async def _claim(self, limit: int) -> list[Lease]:
-        """The one claim seam: up to ``limit`` leases. Today ``limit`` concurrent ``claim``
-        calls; a batch claim (``claim_batch`` in one round trip) replaces this body."""
-        found = await asyncio.gather(
-            *(self.queue.claim(self.worker_id, lease_for=self.lease_for) for _ in range(limit)),
-            return_exceptions=True,
-        )
-        leases = [lease for lease in found if isinstance(lease, Lease)]
-        errors = [e for e in found if isinstance(e, BaseException)]
-        for error in errors:
-            if not isinstance(error, Exception):
-                raise error  # a CancelledError or the like: not ours to swallow
-        if errors and not leases:
-            raise errors[0]
-        if errors:
-            logger.warning("worker %s: claim failed: %s", self.worker_id, _describe(errors[0]))
-        return leases
+        """The one claim seam: up to ``limit`` leases in one ``claim_batch`` (one round trip
+        on every backing, in tenant rotation)."""
+        return await self.queue.claim_batch(self.worker_id, lease_for=self.lease_for, limit=limit)
 
     async def _claim_owned(self, limit: int) -> list[Lease]:
         """:meth:`_claim`, and if a cancellation arrives meanwhile, release what it returns."""
