@@ -173,8 +173,19 @@ class WorkQueue(Protocol):
         """
         ...
 
-    async def fail(self, lease: Lease, error: str, *, retryable: bool = True) -> WorkItem:
-        """Record the error; retry after backoff or dead-letter, as ``QueuePolicy`` decides."""
+    async def fail(
+        self,
+        lease: Lease,
+        error: str,
+        *,
+        retryable: bool = True,
+        retry_in: float | timedelta | None = None,
+    ) -> WorkItem:
+        """Record the error; retry after backoff or dead-letter, as ``QueuePolicy`` decides.
+
+        ``retry_in`` replaces the policy's backoff for a retry (the policy still
+        decides whether it is one, or the dead letter).
+        """
         ...
 
     async def release(self, lease: Lease) -> WorkItem:
@@ -410,15 +421,25 @@ class BaseWorkQueue(ABC):
                 self._lease_lost("ack", lease)
         return done
 
-    async def fail(self, lease: Lease, error: str, *, retryable: bool = True) -> WorkItem:
+    async def fail(
+        self,
+        lease: Lease,
+        error: str,
+        *,
+        retryable: bool = True,
+        retry_in: float | timedelta | None = None,
+    ) -> WorkItem:
         checked = _require_lease(lease)
         if not isinstance(error, str):
             raise TypeError(f"error: must be a str, got {type(error).__name__}")
+        wait = None if retry_in is None else require_seconds("retry_in", retry_in, allow_zero=True)
         # Lone surrogates cannot be stored as UTF-8 anywhere; they become "?" like NULs go.
         message = error.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
         message = message[:MAX_ERROR_CHARS]
         now = read_clock(self._clock)
         outcome = self._policy.after_failure(checked.item.attempts, now, retryable=retryable)
+        if wait is not None and not outcome.dead:
+            outcome = FailOutcome(dead=False, available_at=now + timedelta(seconds=wait))
         try:
             failed = await self._fail(checked, now, message, outcome)
         except LeaseLostError:

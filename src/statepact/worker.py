@@ -36,7 +36,7 @@ from statepact._cancel import finish
 from statepact.clock import Clock, SystemClock, read_clock
 from statepact.errors import LeaseLostError
 from statepact.models import Lease, WorkItem
-from statepact.queue import MAX_ERROR_CHARS, BaseWorkQueue, FailOutcome, WorkQueue
+from statepact.queue import MAX_ERROR_CHARS, WorkQueue
 
 __all__ = [
     "DEFAULT_TASK_FIELD",
@@ -678,32 +678,11 @@ class Worker:
         self, job: Job, error: str, *, retryable: bool, delay: float | None = None
     ) -> None:
         try:
-            if delay is None:
-                item = await self.queue.fail(job.lease, error, retryable=retryable)
-            else:
-                item = await self._fail_in(job.lease, error, delay)
+            item = await self.queue.fail(job.lease, error, retryable=retryable, retry_in=delay)
         except LeaseLostError as exc:
             self._lost(job, f"fail refused: {exc}")
             return
         self._hook("failed", job, item, error)
-
-    async def _fail_in(self, lease: Lease, error: str, delay: float) -> WorkItem:
-        """A retryable failure due again in ``delay`` s (the policy still decides the dead letter).
-
-        ``WorkQueue.fail`` takes no delay yet, so on the shared front this asks the
-        policy for the dead letter and stores its own due time through the front's
-        backing call; another ``WorkQueue`` gets the policy's backoff instead.
-        """
-        queue = self.queue
-        if not isinstance(queue, BaseWorkQueue):
-            return await queue.fail(lease, error, retryable=True)
-        now = read_clock(queue.clock)
-        outcome = queue.policy.after_failure(lease.item.attempts, now, retryable=True)
-        if outcome.dead:
-            return await queue.fail(lease, error, retryable=True)
-        due = FailOutcome(dead=False, available_at=now + timedelta(seconds=delay))
-        message = error.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
-        return await queue._fail(lease, now, message[:MAX_ERROR_CHARS], due)
 
     async def _release(self, job: Job) -> None:
         try:

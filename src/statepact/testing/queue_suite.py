@@ -875,6 +875,29 @@ class WorkQueueConformance:
         assert await work_queue.dead_letters("acme") == [dead]
         assert (await work_queue.stats()).tenants == _stats(acme=(0, 0, 1))
 
+    async def test_fail_retry_in_replaces_the_backoff_not_the_dead_letter(
+        self, work_queue: WorkQueue, clock: ManualClock
+    ) -> None:
+        """``retry_in`` sets when a retry is due (0: at once); the policy still dead-letters
+        at max attempts; a bad ``retry_in`` is refused naming it and changes nothing."""
+        await work_queue.enqueue(_item("acme", "job-1"))
+        lease = await _claim(work_queue)
+        for bad, error in ((-1, ValueError), (float("nan"), ValueError), ("soon", TypeError)):
+            with pytest.raises(error, match="retry_in"):
+                await work_queue.fail(lease, "boom", retry_in=bad)  # type: ignore[arg-type]
+        assert await work_queue.get_item("acme", "job-1") == lease.item
+        failed = await work_queue.fail(lease, "boom", retry_in=timedelta(seconds=3))
+        assert failed.status is ItemStatus.QUEUED
+        assert failed.available_at == clock.now() + timedelta(seconds=3)
+        clock.advance(3)
+        lease = await _claim(work_queue)
+        failed = await work_queue.fail(lease, "boom", retry_in=0)
+        assert failed.available_at == clock.now()
+        lease = await _claim(work_queue)
+        assert lease.item.attempts == 3
+        dead = await work_queue.fail(lease, "boom", retry_in=1)
+        assert dead.status is ItemStatus.DEAD
+
     async def test_a_non_retryable_failure_dead_letters_at_once(
         self, work_queue: WorkQueue
     ) -> None:
