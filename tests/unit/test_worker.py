@@ -614,3 +614,40 @@ def test_the_module_exports_are_sorted_and_exist() -> None:
     exported = statepact.worker.__all__
     assert list(exported) == sorted(exported)
     assert [name for name in exported if not hasattr(statepact.worker, name)] == []
+
+
+class SlowAcks(MemoryWorkQueue):
+    """A memory queue whose ack_many takes a moment, as a round trip would, and counts."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.batches: list[int] = []
+
+    async def ack_many(self, leases: Any) -> list[WorkItem | LeaseLostError]:
+        self.batches.append(len(leases))
+        await asyncio.sleep(0.02)
+        return await super().ack_many(leases)
+
+
+async def test_acks_arriving_while_one_is_sent_go_together_in_one_ack_many(
+    clock: ManualClock,
+) -> None:
+    """Group commit: the first ack goes alone at once; the acks of handlers finishing while
+    it is in flight go in the next ack_many, each fenced on its own token; all land."""
+    queue = SlowAcks(clock=clock, policy=QueuePolicy(max_attempts=3, jitter=0))
+    gate = asyncio.Event()
+
+    async def work(job: Job) -> None:
+        await gate.wait()
+
+    worker = Worker(queue, handlers={"w": work}, concurrency=20, **FAST)
+    for n in range(20):
+        await put(queue, f"i{n:02d}", task="w")
+    async with worker:
+        await until(lambda: len(worker._running) == 20)
+        gate.set()
+        await until(lambda: sum(queue.batches) == 20)
+    assert len(queue.batches) < 20
+    assert max(queue.batches) > 1
+    for n in range(20):
+        assert (await status(queue, f"i{n:02d}")).status is ItemStatus.DONE
