@@ -52,6 +52,7 @@ LOGGERS = (
     "statepact.redis",
     "statepact.retry",
     "statepact.tx",
+    "statepact.worker",
 )
 
 logging.getLogger("statepact").addHandler(logging.NullHandler())

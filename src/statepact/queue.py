@@ -13,10 +13,12 @@ and requeued items at INFO, failures retried later and releases at DEBUG.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
@@ -44,6 +46,7 @@ __all__ = [
     "FailOutcome",
     "QueuePolicy",
     "WorkQueue",
+    "WorkWatch",
     "lease_lost",
 ]
 
@@ -103,6 +106,14 @@ class FailOutcome:
 
     dead: bool
     available_at: datetime
+
+
+class WorkWatch(Protocol):
+    """What ``WorkQueue.watch()`` yields."""
+
+    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - the fallback poll
+        """Until work may have arrived (True) or ``timeout`` seconds passed (False)."""
+        ...
 
 
 @runtime_checkable
@@ -211,6 +222,14 @@ class WorkQueue(Protocol):
         """The item's current record, or ``None``."""
         ...
 
+    def watch(self) -> AbstractAsyncContextManager[WorkWatch]:
+        """Wake-ups for an idle claimer: ``async with queue.watch() as watch:`` then
+        ``await watch.wait(timeout)`` returns when work may have arrived (True) or the
+        timeout passed (False). A wake-up may be spurious, and one may be lost (a
+        dropped connection): claim after every return, and keep the timeout as the
+        bound on how late a lost one makes an item."""
+        ...
+
     async def stats(self) -> QueueStats:
         """Queued (depth), leased and dead counts per tenant."""
         ...
@@ -243,6 +262,27 @@ def _require_lease(lease: object, field: str = "lease") -> Lease:
     if not 0 <= token < 2**63:
         raise ValueError(f"{field}.token: {token} is not a token any queue issues")
     return lease
+
+
+class _CheckedWatch:
+    """A backing's ``WorkWatch`` behind the front's check of ``timeout``."""
+
+    __slots__ = ("_watch",)
+
+    def __init__(self, watch: WorkWatch) -> None:
+        self._watch = watch
+
+    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - the fallback poll
+        return await self._watch.wait(require_seconds("timeout", timeout, allow_zero=True))
+
+
+class SleepWatch:
+    """Wake-ups with nothing to listen to (a queue on one caller's connection): the
+    timeout only."""
+
+    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - the fallback poll
+        await asyncio.sleep(timeout)
+        return False
 
 
 def lease_lost(queue: str, lease: Lease, action: str) -> LeaseLostError:
@@ -534,6 +574,11 @@ class BaseWorkQueue(ABC):
     async def stats(self) -> QueueStats:
         return await self._stats()
 
+    @asynccontextmanager
+    async def watch(self) -> AsyncIterator[WorkWatch]:
+        async with self._watch() as watch:
+            yield _CheckedWatch(watch)
+
     # -- what the log records carry ---------------------------------------
 
     def _fields(self, item: WorkItem, **more: object) -> dict[str, object]:
@@ -565,6 +610,10 @@ class BaseWorkQueue(ABC):
     @abstractmethod
     async def _enqueue(self, item: WorkItem, payload: bytes) -> WorkItem:
         """Insert ``item`` unless ``(queue, tenant, item_id)`` exists; return the stored item."""
+
+    @abstractmethod
+    def _watch(self) -> AbstractAsyncContextManager[WorkWatch]:
+        """The backing's wake-ups (``WorkQueue.watch``); ``timeout`` arrives checked."""
 
     @abstractmethod
     async def _enqueue_many(self, batch: list[tuple[WorkItem, bytes]]) -> list[WorkItem]:

@@ -36,7 +36,7 @@ from statepact._cancel import finish
 from statepact.clock import Clock, SystemClock, read_clock
 from statepact.errors import LeaseLostError
 from statepact.models import Lease, WorkItem
-from statepact.queue import MAX_ERROR_CHARS, WorkQueue
+from statepact.queue import MAX_ERROR_CHARS, WorkQueue, WorkWatch
 
 __all__ = [
     "DEFAULT_TASK_FIELD",
@@ -260,6 +260,7 @@ class Worker:
         # Acks waiting for the next ack_many, and whether one is being sent.
         self._acks: list[tuple[Lease, asyncio.Future[WorkItem | LeaseLostError]]] = []
         self._acking = False
+        self._watcher: WorkWatch | None = None
         self._started = False
         self._stopped = asyncio.Event()
         self._stop_task: asyncio.Task[None] | None = None
@@ -456,9 +457,18 @@ class Worker:
     # -- claiming ---------------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
-        # Claims in flight at once: doubled while every claim finds an item (a backlog), back
-        # to what was found when some come back empty; never above the free slots, so items
-        # in flight and claims together hold at most ``concurrency`` connections.
+        # The queue's wake-ups (LISTEN on PostgreSQL, a blocking pop on Redis) for as long
+        # as this worker claims; on PostgreSQL that holds one connection of the pool.
+        async with self.queue.watch() as watch:
+            self._watcher = watch
+            try:
+                await self._claims()
+            finally:
+                self._watcher = None
+
+    async def _claims(self) -> None:
+        # Items asked for per claim_batch: doubled while every claim comes back full (a
+        # backlog), back to what was found when one does not; never above the free slots.
         width = 1
         while not self._stopping.is_set():
             free = self._concurrency - len(self._running)
@@ -513,8 +523,25 @@ class Worker:
         self._wake.clear()
         if self._stopping.is_set():
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout)
+        watcher = self._watcher
+        if watcher is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            return
+        # Whichever is first: the queue says work arrived, stop()/a reap, or the timeout.
+        arrived = asyncio.ensure_future(watcher.wait(timeout))
+        woken = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({arrived, woken}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in (arrived, woken):
+                waiter.cancel()
+            await asyncio.wait({arrived, woken})
+            failed = None if arrived.cancelled() else arrived.exception()
+            if failed is not None:
+                logger.warning(
+                    "worker %s: waiting for work failed: %s", self.worker_id, _describe(failed)
+                )
 
     def _notify_work(self) -> None:
         """Something may be due now: end a :meth:`_wait_for_work` early."""

@@ -7,6 +7,7 @@ not for Redis or PostgreSQL, which are only ever tested for real).
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager, nullcontext
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -23,7 +24,14 @@ from statepact.models import (
     SessionRecord,
     WorkItem,
 )
-from statepact.queue import MAX_ERROR_CHARS, BaseWorkQueue, FailOutcome, QueuePolicy
+from statepact.queue import (
+    MAX_ERROR_CHARS,
+    BaseWorkQueue,
+    FailOutcome,
+    QueuePolicy,
+    SleepWatch,
+    WorkWatch,
+)
 from statepact.state import BaseStateStore, CounterDelta, ListQuery, RunWrite, SessionWrite
 
 
@@ -76,6 +84,9 @@ class RecordingQueue(BaseWorkQueue):
     async def _enqueue(self, item: WorkItem, payload: bytes) -> WorkItem:
         self.calls.append(("enqueue", (item, payload)))
         return item
+
+    def _watch(self) -> AbstractAsyncContextManager[WorkWatch]:
+        return nullcontext(SleepWatch())
 
     async def _ack_many(
         self, leases: list[Lease], now: datetime

@@ -222,6 +222,27 @@ class WorkQueueConformance:
         assert all(result == results[0] for result in results)
         assert (await work_queue.stats()).tenants == _stats(acme=(1, 0, 0))
 
+    # -- watch ---------------------------------------------------------------------
+
+    async def test_watch_wakes_on_an_enqueue_and_times_out_without_one(
+        self, work_queue: WorkQueue
+    ) -> None:
+        """A watcher waiting with a long timeout returns True soon after another task's
+        enqueue; with nothing enqueued it returns False at its timeout; a bad timeout is
+        refused naming it."""
+        async with work_queue.watch() as watch:
+            with pytest.raises(ValueError, match="timeout"):
+                await watch.wait(-1)
+            # Whatever wake-ups earlier writes left are used up first.
+            while await watch.wait(0.05):
+                pass
+            assert await watch.wait(0.05) is False
+            waiting = asyncio.ensure_future(watch.wait(30))
+            await asyncio.sleep(0.1)
+            assert not waiting.done()
+            await work_queue.enqueue(_item("acme", "wake-1"))
+            assert await asyncio.wait_for(waiting, 5) is True
+
     # -- enqueue_many ------------------------------------------------------------
 
     async def test_enqueue_many_stores_the_batch_in_order(

@@ -47,7 +47,10 @@ Semantics pinned here (and by ``statepact.testing.queue_suite``):
 
 from __future__ import annotations
 
+import asyncio
 import heapq
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -56,7 +59,7 @@ from statepact._limits import DEFAULT_MAX_VALUE_BYTES, LEASE_EXPIRED
 from statepact.clock import Clock
 from statepact.errors import LeaseLostError
 from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem
-from statepact.queue import BaseWorkQueue, FailOutcome, QueuePolicy, lease_lost
+from statepact.queue import BaseWorkQueue, FailOutcome, QueuePolicy, WorkWatch, lease_lost
 
 __all__ = ["MemoryWorkQueue"]
 
@@ -112,6 +115,8 @@ class MemoryWorkQueue(BaseWorkQueue):
         self._order_counter = 0
         self._dead: dict[str, set[str]] = {}
         self._counts: dict[str, dict[ItemStatus, int]] = {}
+        # Watchers waiting for work (watch()); each is woken when an item is scheduled.
+        self._waiters: set[asyncio.Future[None]] = set()
 
     def __repr__(self) -> str:
         return f"MemoryWorkQueue(name={self.name!r}, items={len(self._items)})"
@@ -120,6 +125,10 @@ class MemoryWorkQueue(BaseWorkQueue):
 
     async def _enqueue(self, item: WorkItem, payload: bytes) -> WorkItem:
         return self._put(item, payload)
+
+    @asynccontextmanager
+    async def _watch(self) -> AsyncIterator[WorkWatch]:
+        yield _MemoryWatch(self._waiters)
 
     async def _enqueue_many(self, batch: list[tuple[WorkItem, bytes]]) -> list[WorkItem]:
         # No await between the puts: the batch lands whole, as one step of the loop.
@@ -313,6 +322,9 @@ class MemoryWorkQueue(BaseWorkQueue):
         """Put a queued item where a claim will find it: ready if due, else delayed."""
         if entry.available_at <= now:
             self._push_ready(entry)
+            for waiter in self._waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
         else:
             heapq.heappush(
                 self._delayed, (entry.available_at, entry.order, entry.tenant, entry.item_id)
@@ -368,3 +380,23 @@ class MemoryWorkQueue(BaseWorkQueue):
         entry.updated_at = now
         if status is ItemStatus.QUEUED:
             self._schedule(entry, now)
+
+
+class _MemoryWatch:
+    """Waits for the queue to schedule a due item (enqueue, release, retry, reap, requeue)."""
+
+    __slots__ = ("_waiters",)
+
+    def __init__(self, waiters: set[asyncio.Future[None]]) -> None:
+        self._waiters = waiters
+
+    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - the fallback poll
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.add(waiter)
+        try:
+            await asyncio.wait({waiter}, timeout=timeout)
+        finally:
+            self._waiters.discard(waiter)
+            woken = waiter.done()
+            waiter.cancel()
+        return woken

@@ -92,13 +92,17 @@ only), and never retry inside a caller's transaction (``bound``).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import zlib
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Self
 
+import asyncpg
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -124,15 +128,24 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import RowMapping
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import CTE
 
+from statepact._cancel import finish
 from statepact._codec import decode_json
 from statepact.clock import Clock
 from statepact.errors import LeaseLostError, QueueUnavailableError
 from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem
-from statepact.queue import BaseWorkQueue, FailOutcome, QueuePolicy, lease_lost
+from statepact.queue import (
+    BaseWorkQueue,
+    FailOutcome,
+    QueuePolicy,
+    SleepWatch,
+    WorkWatch,
+    lease_lost,
+)
 from statepact.settings import PostgresStoreSettings
 from statepact.storage.postgres._client import BoundExecutor, EngineExecutor, Executor, Runner
 from statepact.storage.postgres.schema import StateTables, Tables, tables_for
@@ -263,7 +276,13 @@ def enqueue(tables: Tables) -> Select[Any]:
         .cte("inserted")
     )
     woken = _turn_added(turns, inserted, grouped=False).cte("woken")
-    return select(func.count()).select_from(inserted).add_cte(woken)
+    # Watchers LISTEN on the queue's channel; PostgreSQL delivers at commit (the caller's,
+    # for a bound enqueue), once per transaction and channel.
+    return (
+        select(func.count(), func.pg_notify(_p("channel"), literal_column("''")))
+        .select_from(inserted)
+        .add_cte(woken)
+    )
 
 
 def enqueue_many(tables: Tables) -> Select[Any]:
@@ -344,7 +363,10 @@ def enqueue_many(tables: Tables) -> Select[Any]:
         )
     )
     answer = union_all(existing, new).subquery("answer")
-    return select(answer).add_cte(woken)
+    notified = select(func.pg_notify(_p("channel"), literal_column("''")).label("notified")).cte(
+        "notified"
+    )
+    return select(*answer.c).select_from(answer.join(notified, true())).add_cte(woken)
 
 
 def _next_turn(turns: Table, after: Any = None) -> Select[Any]:
@@ -523,15 +545,17 @@ def claim_many(tables: Tables) -> Select[Any]:
 
     What ``p_limit`` successive ``claim`` statements would take, in their order:
     the first ``p_limit`` tenants of the rotation (the lazy walk, read no further)
-    each offer their best due items (``priority DESC, id``, at most ``p_limit``,
-    ``FOR UPDATE SKIP LOCKED``), and the items go round by round, in turn order
+    each offer their best due items (``priority DESC, id``, ``FOR UPDATE SKIP
+    LOCKED``; the tenant at place ``p`` of ``k`` offers ``(limit - p + k) / k``, what
+    ``limit`` claims round by round give it), and the items go round by round, in turn order
     within a round: the 1st item of each tenant, then the 2nd, and so on. That is
     the rotation successive claims walk, since each claim sends its tenant to the
     back behind every tenant ahead of it. Tokens are drawn in that order, and
     each tenant's turn becomes the token of its last item, so the rotation after
-    the batch is the one after the claims. Rows a tenant offered beyond what the
-    batch took stay locked until the statement's transaction ends (its commit,
-    at once on an engine), and concurrent claims skip them meanwhile.
+    the batch is the one after the claims. A tenant with fewer due items than its
+    share (or whose items other claims hold) leaves the batch short: the caller
+    then claims the rest one by one (``PostgresWorkQueue._claim``), which is what
+    successive claims would have taken.
 
     The turns rows are locked in ``(queue, tenant)`` order before they are
     written, like reap's, so concurrent batches cannot deadlock on them. The
@@ -550,7 +574,14 @@ def claim_many(tables: Tables) -> Select[Any]:
         front.c.tenant,
         front.c.additions,
         func.row_number().over(order_by=(front.c.last_turn, front.c.tenant)).label("pos"),
+        func.count().over().label("tenants"),
     ).subquery("ranked_front")
+    # The items the tenant at ``pos`` of ``tenants`` gets in ``limit`` claims round by round
+    # (when each has enough): it offers that many and locks no more, so rows this batch does
+    # not take are never hidden from concurrent claims.
+    quota = (_p("limit", BigInteger()) - ranked_front.c.pos + ranked_front.c.tenants) // (
+        ranked_front.c.tenants
+    )
     candidate = work.alias("candidate")
     offered = (
         select(candidate.c.id, candidate.c.priority)
@@ -561,7 +592,7 @@ def claim_many(tables: Tables) -> Select[Any]:
             candidate.c.available_at <= _p("now", _TZ),
         )
         .order_by(candidate.c.priority.desc(), candidate.c.id)
-        .limit(_p("limit", BigInteger()))
+        .limit(quota)
         .with_for_update(skip_locked=True)
         .lateral("offered")
     )
@@ -883,6 +914,82 @@ def _statements(tables: Tables) -> _Statements:
     return built
 
 
+def _channel(tables: Tables, queue: str) -> str:
+    """The LISTEN/NOTIFY channel of ``queue`` on ``tables``: short, an identifier, and apart
+    for every table naming and queue sharing a database."""
+    work = tables.work
+    name = f"{work.schema}.{work.name}" if work.schema else work.name
+    return f"statepact_work_{zlib.crc32(f'{name}/{queue}'.encode()):08x}"
+
+
+class _ListenWatch:
+    """LISTEN on the queue's channel, on one connection of the engine held while watching.
+
+    A notification sets an event the next ``wait`` returns on. The connection is
+    opened on the first ``wait`` and again after it drops (a notification sent
+    meanwhile is lost: the caller's timeout bounds the delay), and given back on
+    ``close``.
+    """
+
+    def __init__(self, engine: AsyncEngine, channel: str) -> None:
+        self._engine = engine
+        self._channel = channel
+        self._arrived = asyncio.Event()
+        self._conn: AsyncConnection | None = None
+        self._driver: Any = None
+
+    def _notified(self, *_args: Any) -> None:
+        self._arrived.set()
+
+    def _dropped(self, *_args: Any) -> None:
+        self._driver = None
+
+    async def _listen(self) -> None:
+        conn = await self._engine.connect()
+        try:
+            raw = await conn.get_raw_connection()
+            driver: Any = raw.driver_connection
+            if driver is None:  # pragma: no cover - a checked-out connection has its driver's
+                raise SQLAlchemyError("the pooled connection has no driver connection")
+            await driver.add_listener(self._channel, self._notified)
+            driver.add_termination_listener(self._dropped)
+        except BaseException:
+            await finish(conn.invalidate())
+            raise
+        self._conn, self._driver = conn, driver
+
+    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - the fallback poll
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        if self._driver is None or self._driver.is_closed():
+            await self.close()
+            try:
+                await self._listen()
+            except (OSError, SQLAlchemyError, asyncpg.PostgresError):
+                await asyncio.sleep(max(0.0, deadline - loop.time()))
+                return False
+        if self._arrived.is_set():
+            self._arrived.clear()
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._arrived.wait(), max(0.0, deadline - loop.time()))
+        woken = self._arrived.is_set()
+        self._arrived.clear()
+        return woken
+
+    async def close(self) -> None:
+        conn, driver = self._conn, self._driver
+        self._conn = self._driver = None
+        if conn is None:
+            return
+        try:
+            if driver is not None and not driver.is_closed():
+                await driver.remove_listener(self._channel, self._notified)
+            await conn.close()
+        except (OSError, SQLAlchemyError, asyncpg.PostgresError):
+            await conn.invalidate()
+
+
 def _item(row: RowMapping) -> WorkItem:
     return WorkItem(
         queue=row["queue"],
@@ -931,6 +1038,9 @@ class PostgresWorkQueue(BaseWorkQueue):
         self._executor: Executor = EngineExecutor(
             engine, policy=self._settings.retry_policy, unavailable=_unavailable, what="queue"
         )
+        # watch() listens on its own connection of the engine (a bound clone keeps it).
+        self._listen_on = engine if isinstance(engine, AsyncEngine) else None
+        self._channel = _channel(self._tables, self.name)
 
     @classmethod
     async def open(
@@ -966,11 +1076,23 @@ class PostgresWorkQueue(BaseWorkQueue):
     def _key(self, tenant: str, item_id: str) -> dict[str, Any]:
         return {"p_queue": self.name, "p_tenant": tenant, "p_item_id": item_id}
 
+    @asynccontextmanager
+    async def _watch(self) -> AsyncIterator[WorkWatch]:
+        if self._listen_on is None:
+            yield SleepWatch()
+            return
+        watch = _ListenWatch(self._listen_on, self._channel)
+        try:
+            yield watch
+        finally:
+            await finish(watch.close())
+
     # -- enqueue and claim ------------------------------------------------
 
     async def _enqueue(self, item: WorkItem, payload: bytes) -> WorkItem:
         params = {
             **self._key(item.tenant, item.item_id),
+            "p_channel": self._channel,
             "p_payload": payload.decode("utf-8"),
             "p_priority": item.priority,
             "p_available_at": item.available_at,
@@ -994,6 +1116,7 @@ class PostgresWorkQueue(BaseWorkQueue):
         first = batch[0][0]
         params = {
             "p_queue": self.name,
+            "p_channel": self._channel,
             "p_now": first.created_at,
             "p_tenants": [item.tenant for item, _ in batch],
             "p_item_ids": [item.item_id for item, _ in batch],
@@ -1036,11 +1159,17 @@ class PostgresWorkQueue(BaseWorkQueue):
         }
 
         async def work(conn: Runner) -> list[Lease]:
-            if limit == 1:
-                rows = (await conn.execute(self._sql.claim, params)).mappings().all()
-            else:
+            rows: list[RowMapping] = []
+            if limit > 1:
                 batch = {**params, "p_limit": limit}
-                rows = (await conn.execute(self._sql.claim_many, batch)).mappings().all()
+                rows = list((await conn.execute(self._sql.claim_many, batch)).mappings().all())
+            # A short batch (a tenant with less than its share, items other claims hold):
+            # claim the rest one by one until the limit or until nothing is due.
+            while len(rows) < limit:
+                row = (await conn.execute(self._sql.claim, params)).mappings().first()
+                if row is None:
+                    break
+                rows.append(row)
             return [
                 Lease(
                     item=_item(row),

@@ -159,6 +159,8 @@ class QueueKeys:
     ``Q count:<status>``        hash    T -> how many items of T are queued/leased/dead
     ``Q op:<seg(call id)>``     string  a write's replay key, expiring (lua/_common.lua);
                                         for a claim a list of what it claimed
+    ``Q wake``                  list    wake-up tokens: one per item made ready, at most 64
+                                        (``RedisWorkQueue.watch`` pops them)
     ==========================  ======  ====================================================
     """
 
@@ -168,6 +170,10 @@ class QueueKeys:
     @property
     def prefix(self) -> str:
         return f"{{{self.namespace}:queue}}:{seg(self.queue)}:"
+
+    @property
+    def wake(self) -> str:
+        return f"{self.prefix}wake"
 
     def item(self, tenant: str, item_id: str) -> str:
         return f"{self.prefix}item:{ref(tenant, item_id)}"

@@ -37,16 +37,20 @@ exception out (``_client``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any, Self
+
+from redis.exceptions import RedisError
 
 from statepact._codec import decode_json
 from statepact._retry import new_op_id
 from statepact.clock import Clock, from_micros, to_micros
 from statepact.errors import LeaseLostError, QueueUnavailableError
 from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem
-from statepact.queue import BaseWorkQueue, FailOutcome, QueuePolicy, lease_lost
+from statepact.queue import BaseWorkQueue, FailOutcome, QueuePolicy, WorkWatch, lease_lost
 from statepact.settings import RedisStoreSettings
 from statepact.storage.redis._client import Failover, as_text
 from statepact.storage.redis._keys import QueueKeys, ref
@@ -149,6 +153,10 @@ class RedisWorkQueue(BaseWorkQueue):
             to_micros(item.created_at),
         )
         return self._item(reply[1])
+
+    @asynccontextmanager
+    async def _watch(self) -> AsyncIterator[WorkWatch]:
+        yield _RedisWatch(self._redis, self._keys.wake, self._settings.socket_timeout)
 
     async def _enqueue_many(self, batch: list[tuple[WorkItem, bytes]]) -> list[WorkItem]:
         args: list[str | int | bytes] = []
@@ -406,3 +414,36 @@ def _as_dict(fields: Any) -> dict[str, str]:
 
 def _counts(flat: Sequence[Any]) -> dict[str, int]:
     return {as_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2) if int(flat[i + 1])}
+
+
+class _RedisWatch:
+    """Blocks on the queue's wake list (BLPOP): each item made ready wakes one watcher.
+
+    A block never outlasts the client's socket timeout (redis-py would take the
+    silence for a dead server): a longer wait is several blocks. An error (the
+    server away) is waited out for the rest of the timeout, as a lost wake-up is.
+    """
+
+    __slots__ = ("_key", "_longest", "_redis")
+
+    def __init__(self, redis: Any, key: str, socket_timeout: float | None) -> None:
+        self._redis = redis
+        self._key = key
+        self._longest = None if socket_timeout is None else max(0.05, socket_timeout - 0.5)
+
+    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - the fallback poll
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            block = left if self._longest is None else min(left, self._longest)
+            try:
+                # BLPOP's timeout 0 means forever: never send less than 1 ms.
+                popped = await self._redis.blpop([self._key], timeout=max(block, 0.001))
+            except RedisError:
+                await asyncio.sleep(max(0.0, deadline - loop.time()))
+                return False
+            if popped is not None:
+                return True

@@ -20,6 +20,7 @@
 --   Q dead:<seg(T)>   zset   T's dead items: member id, score time of death
 --   Q count:<status>  hash   T -> number of T's items queued / leased / dead
 --   Q op:<seg(id)>    string/list  a write's replay key (_common.lua), KEYS[13]
+--   Q wake            list   wake-up tokens for watchers (make_ready below)
 --
 -- Every queue script gets the same KEYS (QueueKeys.fixed() in _keys.py), a
 -- write its replay key after them as KEYS[13], and ARGV[1] = Q, ARGV[2] = now
@@ -55,7 +56,14 @@ local function count(key, tenant, delta)
   end
 end
 
+-- Q wake (a list of at most WAKE_MAX "1"s): one pushed per item made ready, so each
+-- watcher blocked on it (BLPOP, RedisWorkQueue.watch) is woken by one item.
+local WAKE_MAX = 64
+
 local function make_ready(tenant, id, ikey)
+  local wake = Q .. 'wake'
+  redis.call('LPUSH', wake, '1')
+  redis.call('LTRIM', wake, 0, WAKE_MAX - 1)
   local f = redis.call('HMGET', ikey, 'priority', 'order')
   local score = (1000 - tonumber(f[1])) * PRIORITY_SPAN + tonumber(f[2])
   redis.call('ZADD', ready_key(tenant), score, id)

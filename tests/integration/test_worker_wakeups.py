@@ -1,0 +1,97 @@
+"""Wake-ups on real servers: an idle Worker starts a new item within milliseconds, not at
+its next poll, and a wake-up lost with its connection only delays an item to the poll.
+
+On PostgreSQL the enqueue statement NOTIFYs the queue's channel (delivered at commit)
+and the worker LISTENs on one connection; on Redis an item made ready pushes a token
+on the queue's wake list and the worker blocks on it (BLPOP).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from statepact.models import WorkItem
+from statepact.queue import BaseWorkQueue
+from statepact.storage.postgres import PostgresWorkQueue
+from statepact.worker import Job, Worker
+
+pytestmark = [pytest.mark.integration]
+
+POLL = 10.0  # the fallback poll: any start under it came from a wake-up
+
+
+@pytest.fixture(params=["memory", "redis", "postgres"])
+def queue(request: pytest.FixtureRequest) -> BaseWorkQueue:
+    work_queue: BaseWorkQueue = request.getfixturevalue(f"{request.param}_work_queue")
+    return work_queue
+
+
+async def _starts(worker_queue: BaseWorkQueue, rounds: int, poll: float) -> list[float]:
+    """Seconds from each enqueue to its handler's start, the worker idle before each."""
+    started: asyncio.Queue[float] = asyncio.Queue()
+
+    async def handler(job: Job) -> None:
+        started.put_nowait(time.monotonic())
+
+    worker = Worker(worker_queue, handlers={"t": handler}, poll_interval=poll, reap_every=0)
+    latencies: list[float] = []
+    async with worker:
+        for n in range(rounds):
+            await asyncio.sleep(0.05)  # idle: its last claim came back empty, it waits
+            sent = time.monotonic()
+            await worker_queue.enqueue(WorkItem(tenant="t", item_id=f"w{n}", payload={"task": "t"}))
+            latencies.append(await asyncio.wait_for(started.get(), POLL) - sent)
+    return latencies
+
+
+async def test_an_idle_worker_starts_a_new_item_at_once(queue: BaseWorkQueue) -> None:
+    """With the fallback poll at 10 s, 20 items enqueued one at a time to an idle worker each
+    start in well under a second."""
+    latencies = await _starts(queue, 20, POLL)
+    p50 = statistics.median(latencies)
+    worst = max(latencies)
+    name = type(queue).__name__
+    print(f"{name}: enqueue to start p50 {p50 * 1000:.1f} ms, max {worst * 1000:.1f} ms")
+    assert worst < 1.0, latencies
+
+
+async def test_a_notify_lost_with_the_listen_connection_waits_only_for_the_poll(
+    postgres_work_queue: PostgresWorkQueue, pg_engine: AsyncEngine
+) -> None:
+    """The LISTEN connection is killed: the next item still starts, by the fallback poll
+    (1 s here), and the worker listens again, so the one after starts at once."""
+    queue = postgres_work_queue
+    started: asyncio.Queue[float] = asyncio.Queue()
+
+    async def handler(job: Job) -> None:
+        started.put_nowait(time.monotonic())
+
+    worker = Worker(queue, handlers={"t": handler}, poll_interval=1.0, reap_every=0)
+    async with worker:
+        await asyncio.sleep(0.2)
+        async with pg_engine.connect() as conn:
+            killed = (
+                await conn.execute(
+                    text(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                        "WHERE query LIKE 'LISTEN %' AND pid <> pg_backend_pid()"
+                    )
+                )
+            ).scalar()
+        assert killed == 1
+        await asyncio.sleep(0.1)
+        sent = time.monotonic()
+        await queue.enqueue(WorkItem(tenant="t", item_id="after-kill", payload={"task": "t"}))
+        lost = await asyncio.wait_for(started.get(), 5) - sent
+        await asyncio.sleep(0.3)
+        sent = time.monotonic()
+        await queue.enqueue(WorkItem(tenant="t", item_id="listening-again", payload={"task": "t"}))
+        again = await asyncio.wait_for(started.get(), 5) - sent
+    assert lost < 2.5, lost
+    assert again < 0.5, again
