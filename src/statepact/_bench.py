@@ -8,6 +8,9 @@ Scenarios, on each backing asked for:
 - the state store's ``get_run``, ``put_run`` and ``patch_run`` with
   ``--concurrency`` concurrent callers;
 - the queue's ``enqueue`` and claim+ack cycles with 1 and 10 workers;
+- ``enqueue_many`` of the whole batch in one call, a ``Worker`` (concurrency
+  10) draining it, and the enqueue-to-handler-start latency of an idle
+  ``Worker`` (p50 and p99 of 20 items, its fallback poll beside them);
 - claim cost with the queue holding ``--queued`` items spread over
   ``--tenants`` tenants (each size pair with tenants <= items).
 
@@ -53,6 +56,7 @@ from statepact._demo import (
     open_backings,
     run_command,
 )
+from statepact._limits import MAX_ENQUEUE_BATCH
 from statepact._retry import RetryPolicy
 from statepact.clock import SystemClock
 from statepact.models import RunRecord, WorkItem
@@ -80,6 +84,8 @@ and removes it afterwards.
 
 BACKINGS = ("memory", "redis", "postgres")
 LEASE_SECONDS = 60.0
+#: Items enqueued one at a time to an idle Worker to time its wake-up.
+WAKE_SAMPLES = 20
 FLOOR_MIN_SECONDS = 0.25
 #: The one table the bench creates outside the migrations: the PostgreSQL write floor's rows.
 FLOOR_TABLE = "bench_floor"
@@ -718,6 +724,95 @@ class _Runner:
                 sent=sent,
             )
 
+    async def worker_ops(self) -> None:
+        """``enqueue_many`` of the whole batch, a ``Worker`` draining it, and how soon an
+        idle worker starts an item enqueued to it (its fallback poll beside it)."""
+        from statepact.worker import Job, Worker, WorkerHooks
+
+        total = self.p.concurrency * self.p.ops
+        queue = await self.b.new_queue(f"bench-{self.tag}-worker", QueuePolicy())
+        items = [
+            WorkItem(tenant=f"t{n % 10}", item_id=f"item-{n}", payload={"n": n})
+            for n in range(total)
+        ]
+        self.progress.start(f"{self.b.kind}: queue enqueue_many ({total} items, one call)")
+        before = await _settled(self.trips)
+        started = time.perf_counter()
+        for at in range(0, total, MAX_ENQUEUE_BATCH):
+            await queue.enqueue_many(items[at : at + MAX_ENQUEUE_BATCH])
+        seconds = time.perf_counter() - started
+        after = await _settled(self.trips)
+        await self.record(
+            "queue.enqueue_many",
+            "queue: enqueue_many (one call)",
+            concurrency=1,
+            ops=total,
+            seconds=seconds,
+            floor_kind="write",
+            sent=None if self.trips is None else (after[0] - before[0], after[1] - before[1]),
+        )
+
+        done = 0
+        finished = asyncio.Event()
+        starts: asyncio.Queue[float] = asyncio.Queue()
+
+        class Count(WorkerHooks):
+            def succeeded(self, job: Job, item: WorkItem) -> None:
+                nonlocal done
+                done += 1
+                if done >= total:
+                    finished.set()
+
+        async def handler(job: Job) -> None:
+            starts.put_nowait(time.perf_counter())
+
+        poll = 10.0
+        worker = Worker(queue, default=handler, concurrency=10, poll_interval=poll, reap_every=0)
+        worker.add_hooks(Count())
+        self.progress.start(f"{self.b.kind}: Worker drains {total} items (concurrency 10)")
+        before = await _settled(self.trips)
+        started = time.perf_counter()
+        async with worker:
+            await asyncio.wait_for(finished.wait(), timeout=600)
+            drained = time.perf_counter() - started
+            after = await _settled(self.trips)
+        # Recorded once the worker stopped: the floors beside them see no worker traffic.
+        await self.record(
+            "queue.worker.c10",
+            "queue: Worker drain (concurrency 10)",
+            concurrency=10,
+            ops=total,
+            seconds=drained,
+            floor_kind="write",
+            sent=None if self.trips is None else (after[0] - before[0], after[1] - before[1]),
+        )
+        while not starts.empty():
+            starts.get_nowait()
+        self.progress.start(f"{self.b.kind}: enqueue to handler start, idle Worker")
+        latencies: list[float] = []
+        idle = Worker(queue, default=handler, concurrency=10, poll_interval=poll, reap_every=0)
+        async with idle:
+            for n in range(WAKE_SAMPLES):
+                await asyncio.sleep(0.02)  # idle again: its last claim found nothing
+                sent_at = time.perf_counter()
+                await queue.enqueue(WorkItem(tenant="wake", item_id=f"wake-{n}"))
+                latencies.append(await asyncio.wait_for(starts.get(), poll * 2) - sent_at)
+        latencies.sort()
+        p50 = latencies[len(latencies) // 2] * 1000
+        p99 = latencies[min(len(latencies) - 1, len(latencies) * 99 // 100)] * 1000
+        await self.record(
+            "queue.worker.wake",
+            f"queue: idle Worker, enqueue to start p50 {p50:.1f} ms, p99 {p99:.1f} ms "
+            f"(poll {poll:g} s)",
+            concurrency=1,
+            ops=len(latencies),
+            seconds=sum(latencies),
+            floor_kind="write",
+            p50_ms=round(p50, 2),
+            p99_ms=round(p99, 2),
+            fallback_poll_s=poll,
+        )
+
     async def claim_cost(self, tenants: int, queued: int) -> None:
         queue = await self.b.new_queue(f"bench-{self.tag}-t{tenants}-q{queued}", QueuePolicy())
         self.progress.start(f"{self.b.kind}: fill {queued} items over {tenants} tenants")
@@ -767,6 +862,7 @@ class _Runner:
             await self.tx_read_only()
             await self.state_ops()
             await self.queue_ops()
+            await self.worker_ops()
             for tenants, queued in self.p.claim_cells:
                 await self.claim_cost(tenants, queued)
         finally:
@@ -857,8 +953,9 @@ async def _drop_postgres_floor(engine: Any, tag: str) -> None:
 
 
 def steps_per_backing(params: BenchParams) -> int:
-    # One step per recorded result: 3 tx + 3 state + 4 queue + 1 per claim-cost cell.
-    return 3 + 3 + 4 + len(params.claim_cells)
+    # One step per recorded result: 3 tx + 3 state + 4 queue + 3 worker + 1 per claim-cost
+    # cell.
+    return 3 + 3 + 4 + 3 + len(params.claim_cells)
 
 
 async def run_bench(
