@@ -962,7 +962,7 @@ class _ListenWatch:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         if self._driver is None or self._driver.is_closed():
-            await self.close()
+            await finish(self.close())
             try:
                 await self._listen()
             except (OSError, SQLAlchemyError, asyncpg.PostgresError):
