@@ -9,8 +9,11 @@ fails it through the queue's ``QueuePolicy``. A lease lost on the way (a
 heartbeat refused, or the lease's expiry passed on the worker's clock) cancels
 the handler and settles nothing. ``stop()`` (or SIGTERM/SIGINT under ``run()``)
 stops claiming, lets handlers finish within ``grace_period``, then cancels and
-*releases* the rest. Every queue call that must finish (a claim whose leases the
-worker then owns, a heartbeat whose new token it needs, a settle) runs through
+*releases* the rest. Schedules registered with :meth:`Worker.every` and
+:meth:`Worker.cron` enqueue one item per tick, however many workers run them
+(the item id names the schedule and the tick). Every queue call that must
+finish (a claim whose leases the worker then owns, a heartbeat whose new token
+it needs, a settle) runs through
 :func:`statepact._cancel.finish`, so no cancellation leaks a lease.
 
 See docs/worker.md. This module must never settle an item whose lease it lost,
@@ -537,6 +540,8 @@ class Worker:
         Every worker runs this; a tick's item id is the same in each, so the queue
         stores one item per tick. After a gap (start, a stalled loop, a clock moved
         on) only the latest tick due is enqueued; the ones before it are skipped.
+        Nothing here needs cleaning up: an enqueue cut short by a cancellation either
+        landed or did not, and the next worker's enqueue of that tick is the same item.
         """
         clock = self.clock
         schedules = list(self._schedules.values())

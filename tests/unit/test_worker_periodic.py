@@ -11,13 +11,16 @@ PostgreSQL, and on the real clock, is in tests/integration/test_worker_periodic.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
 from statepact.clock import ManualClock
-from statepact.models import ItemStatus
+from statepact.models import ItemStatus, WorkItem
 from statepact.storage.memory import MemoryWorkQueue
 from statepact.worker import SCHEDULED_FOR_FIELD, Job, Schedule, Worker
 from tests.unit.test_worker import until
@@ -38,6 +41,11 @@ class Ran:
 
 def schedule_id(name: str, tick: datetime) -> str:
     return f"schedule:{name}:{tick.isoformat().replace('+00:00', 'Z')}"
+
+
+@pytest.fixture(autouse=True)
+def worker_logs(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="statepact.worker")
 
 
 @pytest.fixture
@@ -164,7 +172,7 @@ async def test_catch_up_false_skips_the_missed_ticks_and_waits_for_the_next(
 
 
 async def test_a_clock_jump_past_several_ticks_while_running_enqueues_only_the_latest(
-    queue: MemoryWorkQueue, manual: ManualClock
+    queue: MemoryWorkQueue, manual: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     ran = Ran()
     worker = Worker(queue, handlers={"beat": ran}, clock=manual, **FAST)
@@ -178,6 +186,39 @@ async def test_a_clock_jump_past_several_ticks_while_running_enqueues_only_the_l
         schedule_id("beat", datetime(2026, 3, 2, 9, 3, tzinfo=UTC)),
         schedule_id("beat", datetime(2026, 3, 2, 9, 8, tzinfo=UTC)),
     ]
+    assert any(
+        "schedule 'beat' skipped the ticks after 2026-03-02T09:03:00Z before 2026-03-02T09:08:00Z"
+        in record.getMessage()
+        for record in caplog.records
+    )
+
+
+class FailsOnce(MemoryWorkQueue):
+    """A memory queue whose first enqueue_many fails, as a server away would."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__(clock=clock)
+        self.calls = 0
+
+    async def enqueue_many(self, items: Sequence[WorkItem], **kwargs: Any) -> list[WorkItem]:
+        self.calls += 1
+        if self.calls == 1:
+            raise ConnectionError("server away")
+        return await super().enqueue_many(items, **kwargs)
+
+
+async def test_a_failed_enqueue_is_tried_again_for_the_latest_tick(
+    manual: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = FailsOnce(manual)
+    ran = Ran()
+    worker = Worker(queue, handlers={"beat": ran}, clock=manual, **FAST)
+    worker.every(60, task="beat", tenant="ops")
+    async with worker:
+        await until(lambda: len(ran.ids) == 1)
+    assert queue.calls == 2
+    assert ran.ids == [schedule_id("beat", datetime(2026, 3, 2, 9, 3, tzinfo=UTC))]
+    assert any("enqueueing scheduled items failed" in r.getMessage() for r in caplog.records)
 
 
 # -- several workers ------------------------------------------------------------------------
