@@ -9,8 +9,11 @@ fails it through the queue's ``QueuePolicy``. A lease lost on the way (a
 heartbeat refused, or the lease's expiry passed on the worker's clock) cancels
 the handler and settles nothing. ``stop()`` (or SIGTERM/SIGINT under ``run()``)
 stops claiming, lets handlers finish within ``grace_period``, then cancels and
-*releases* the rest. Every queue call that must finish (a claim whose leases the
-worker then owns, a heartbeat whose new token it needs, a settle) runs through
+*releases* the rest. Schedules registered with :meth:`Worker.every` and
+:meth:`Worker.cron` enqueue one item per tick, however many workers run them
+(the item id names the schedule and the tick). Every queue call that must
+finish (a claim whose leases the worker then owns, a heartbeat whose new token
+it needs, a settle) runs through
 :func:`statepact._cancel.finish`, so no cancellation leaks a lease.
 
 See docs/worker.md. This module must never settle an item whose lease it lost,
@@ -29,14 +32,15 @@ import signal
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeAlias
 
 from statepact._cancel import finish
-from statepact.clock import Clock, SystemClock, read_clock
+from statepact._codec import plain_json, require_id
+from statepact.clock import Clock, SystemClock, from_micros, read_clock, to_micros
 from statepact.errors import LeaseLostError
 from statepact.models import Lease, WorkItem
-from statepact.queue import MAX_ERROR_CHARS, WorkQueue, WorkWatch
+from statepact.queue import MAX_ERROR_CHARS, MAX_PRIORITY, WorkQueue, WorkWatch
 
 __all__ = [
     "DEFAULT_TASK_FIELD",
@@ -44,6 +48,7 @@ __all__ = [
     "Handler",
     "Job",
     "Retry",
+    "Schedule",
     "Worker",
     "WorkerHooks",
 ]
@@ -55,6 +60,9 @@ _ACK_BATCH = 200
 
 #: The payload field naming an item's task, unless ``Worker(task_field=...)`` says otherwise.
 DEFAULT_TASK_FIELD = "task"
+
+#: The payload field a schedule's item carries its tick in (ISO 8601, UTC).
+SCHEDULED_FOR_FIELD = "scheduled_for"
 
 MAX_RETRY_DELAY = 30 * 86_400.0  # seconds; the same ceiling as QueuePolicy.backoff_cap
 
@@ -192,6 +200,74 @@ class _Running:
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+def _iso(moment: datetime) -> str:
+    """A tick as text for item ids: ISO 8601 in UTC with ``Z``, microseconds only if any."""
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _croniter() -> Any:
+    try:
+        from croniter import croniter
+    except ImportError as exc:
+        raise ImportError("cron schedules need croniter: pip install 'statepact[cron]'") from exc
+    return croniter
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A periodic job: one item of ``task`` for ``tenant`` per tick; see :meth:`Worker.every`.
+
+    Exactly one of ``interval`` (seconds; ticks at whole multiples of it since the
+    Unix epoch) and ``cron`` (an expression, read by croniter, in UTC) is set. The
+    item of the tick at ``t`` has id ``schedule:<name>:<t>`` (``t`` as
+    :data:`SCHEDULED_FOR_FIELD` holds it), so every worker enqueueing the same tick
+    stores one item.
+    """
+
+    name: str
+    task: str
+    tenant: str
+    payload: Mapping[str, Any]
+    interval: float | None = None
+    cron: str | None = None
+    catch_up: bool = True
+    priority: int = 0
+
+    def latest_tick(self, now: datetime) -> datetime:
+        """The last tick at or before ``now``."""
+        if self.interval is not None:
+            step = _interval_micros(self.interval)
+            micros = to_micros(now)
+            return from_micros(micros - micros % step)
+        assert self.cron is not None
+        # croniter's get_prev is strictly before its start: start a microsecond later.
+        start = now.astimezone(UTC) + timedelta(microseconds=1)
+        tick: datetime = _croniter()(self.cron, start).get_prev(datetime)
+        return tick.astimezone(UTC)
+
+    def next_tick(self, after: datetime) -> datetime:
+        """The first tick strictly after ``after``."""
+        if self.interval is not None:
+            step = _interval_micros(self.interval)
+            return from_micros((to_micros(after) // step + 1) * step)
+        assert self.cron is not None
+        tick: datetime = _croniter()(self.cron, after.astimezone(UTC)).get_next(datetime)
+        return tick.astimezone(UTC)
+
+    def item_id(self, tick: datetime) -> str:
+        return f"schedule:{self.name}:{_iso(tick)}"
+
+    def item(self, tick: datetime, task_field: str) -> WorkItem:
+        payload = {**self.payload, task_field: self.task, SCHEDULED_FOR_FIELD: _iso(tick)}
+        return WorkItem(
+            tenant=self.tenant, item_id=self.item_id(tick), payload=payload, priority=self.priority
+        )
+
+
+def _interval_micros(seconds: float) -> int:
+    return max(1, round(seconds * 1_000_000))
+
+
 class Worker:
     """Runs registered handlers for a queue's items; see the module docstring and docs/worker.md.
 
@@ -238,6 +314,7 @@ class Worker:
             raise TypeError(f"worker_id: must be a str, got {type(self.worker_id).__name__}")
         self._handlers: dict[str, Handler] = {}
         self._default: Handler | None = None
+        self._schedules: dict[str, Schedule] = {}
         for name, handler in (handlers or {}).items():
             self.add_task(name, handler)
         if default is not None:
@@ -337,6 +414,193 @@ class Worker:
     def add_hooks(self, hooks: WorkerHooks) -> None:
         self._hooks.append(hooks)
 
+    # -- schedules --------------------------------------------------------------------------
+
+    @property
+    def schedules(self) -> tuple[Schedule, ...]:
+        """The registered schedules, by name."""
+        return tuple(self._schedules[name] for name in sorted(self._schedules))
+
+    def every(
+        self,
+        interval: float | timedelta,
+        *,
+        task: str,
+        tenant: str,
+        payload: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        catch_up: bool = True,
+        priority: int = 0,
+    ) -> Schedule:
+        """Enqueue one item of ``task`` every ``interval`` (ticks at multiples of it since the
+        Unix epoch on the worker's clock); see docs/worker.md, "Periodic jobs"."""
+        seconds = _seconds("interval", interval)
+        return self._add_schedule(
+            name=name,
+            task=task,
+            tenant=tenant,
+            payload=payload,
+            catch_up=catch_up,
+            priority=priority,
+            interval=seconds,
+            cron=None,
+        )
+
+    def cron(
+        self,
+        expression: str,
+        *,
+        task: str,
+        tenant: str,
+        payload: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        catch_up: bool = True,
+        priority: int = 0,
+    ) -> Schedule:
+        """Enqueue one item of ``task`` per tick of the cron ``expression`` (read by croniter,
+        in UTC; needs the ``cron`` extra); see docs/worker.md, "Periodic jobs"."""
+        if not isinstance(expression, str) or not expression.strip():
+            raise ValueError(f"cron: must be a non-empty cron expression, got {expression!r}")
+        croniter = _croniter()
+        try:
+            croniter(expression, datetime(2026, 1, 1, tzinfo=UTC)).get_next(datetime)
+        except (ValueError, KeyError, TypeError) as exc:  # croniter's errors are ValueErrors
+            raise ValueError(f"cron: {expression!r} is not a valid cron expression: {exc}") from exc
+        return self._add_schedule(
+            name=name,
+            task=task,
+            tenant=tenant,
+            payload=payload,
+            catch_up=catch_up,
+            priority=priority,
+            interval=None,
+            cron=expression,
+        )
+
+    def _add_schedule(
+        self,
+        *,
+        name: str | None,
+        task: str,
+        tenant: str,
+        payload: Mapping[str, Any] | None,
+        catch_up: bool,
+        priority: int,
+        interval: float | None,
+        cron: str | None,
+    ) -> Schedule:
+        if self._started:
+            raise RuntimeError("schedules are registered before start(); this Worker has started")
+        if not isinstance(task, str) or not task:
+            raise ValueError(f"task: must be a non-empty str naming a task, got {task!r}")
+        name = require_id("name", task if name is None else name)
+        if ":" in name:
+            raise ValueError(
+                f"name: must not contain ':' (it is part of the item id), got {name!r}"
+            )
+        if name in self._schedules:
+            raise ValueError(f"name: a schedule named {name!r} is already registered")
+        tenant = require_id("tenant", tenant)
+        plain, _ = plain_json("payload", {} if payload is None else payload)
+        for reserved in (self.task_field, SCHEDULED_FOR_FIELD):
+            if reserved in plain:
+                raise ValueError(
+                    f"payload: must not hold {reserved!r}; the schedule sets it on each item"
+                )
+        if not isinstance(catch_up, bool):
+            raise TypeError(f"catch_up: must be a bool, got {type(catch_up).__name__}")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority: must be an int, got {type(priority).__name__}")
+        if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+            raise ValueError(f"priority: must be between -{MAX_PRIORITY} and {MAX_PRIORITY}")
+        schedule = Schedule(
+            name=name,
+            task=task,
+            tenant=tenant,
+            payload=plain,
+            interval=interval,
+            cron=cron,
+            catch_up=catch_up,
+            priority=priority,
+        )
+        self._schedules[name] = schedule
+        return schedule
+
+    def _check_schedules(self) -> None:
+        for schedule in self._schedules.values():
+            if schedule.task not in self._handlers:
+                raise ValueError(
+                    f"schedule {schedule.name!r}: task: {schedule.task!r} has no handler on this "
+                    f"worker; tasks registered: {', '.join(self.tasks) or 'none'}"
+                )
+
+    async def _schedule_loop(self) -> None:
+        """Enqueue each schedule's ticks as they come due on the worker's clock.
+
+        Every worker runs this; a tick's item id is the same in each, so the queue
+        stores one item per tick. After a gap (start, a stalled loop, a clock moved
+        on) only the latest tick due is enqueued; the ones before it are skipped.
+        Nothing here needs cleaning up: an enqueue cut short by a cancellation either
+        landed or did not, and the next worker's enqueue of that tick is the same item.
+        """
+        clock = self.clock
+        schedules = list(self._schedules.values())
+        start = read_clock(clock)
+        # The last tick handled per schedule; None: the latest due is enqueued (catch_up).
+        last: dict[str, datetime | None] = {
+            s.name: None if s.catch_up else s.latest_tick(start) for s in schedules
+        }
+        while not self._stopping.is_set():
+            now = read_clock(clock)
+            due: list[tuple[Schedule, datetime]] = []
+            for schedule in schedules:
+                tick = schedule.latest_tick(now)
+                previous = last[schedule.name]
+                if previous is None or tick > previous:
+                    due.append((schedule, tick))
+            failed = False
+            if due:
+                try:
+                    await self.queue.enqueue_many([s.item(t, self.task_field) for s, t in due])
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    # Tried again after the poll interval, for the latest tick due by then.
+                    logger.warning(
+                        "worker %s: enqueueing scheduled items failed: %s",
+                        self.worker_id,
+                        _describe(exc),
+                    )
+                    failed = True
+                else:
+                    self._notify_work()
+                    for schedule, tick in due:
+                        self._log_skipped(schedule, last[schedule.name], tick)
+                        last[schedule.name] = tick
+            wait = self.poll_interval
+            if not failed:
+                upcoming = min(s.next_tick(last[s.name] or now) for s in schedules)
+                # Re-read the clock at least every poll interval: it may be moved (a
+                # ManualClock, a corrected wall clock) rather than run.
+                until_next = (upcoming - read_clock(clock)).total_seconds()
+                wait = min(max(until_next, 0.0), self.poll_interval)
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), wait)
+            else:
+                await asyncio.sleep(0)
+
+    def _log_skipped(self, schedule: Schedule, previous: datetime | None, tick: datetime) -> None:
+        if previous is not None and schedule.next_tick(previous) < tick:
+            logger.info(
+                "worker %s: schedule %r skipped the ticks after %s before %s (one item for the "
+                "latest, none for those missed)",
+                self.worker_id,
+                schedule.name,
+                _iso(previous),
+                _iso(tick),
+            )
+
     # -- running --------------------------------------------------------------------------
 
     @property
@@ -350,6 +614,7 @@ class Worker:
             raise RuntimeError("this Worker was started already; a stopped one is not restarted")
         if not self._handlers and self._default is None:
             raise RuntimeError("this Worker has no handlers; register one with @worker.task")
+        self._check_schedules()
         self._started = True
         logger.info(
             "worker %s starting on queue %r: concurrency %d, lease %g s, heartbeat every %g s",
@@ -362,6 +627,10 @@ class Worker:
         self._loops.append(asyncio.create_task(self._claim_loop(), name="statepact-claim"))
         if self.reap_every > 0:
             self._loops.append(asyncio.create_task(self._reap_loop(), name="statepact-reap"))
+        if self._schedules:
+            self._loops.append(
+                asyncio.create_task(self._schedule_loop(), name="statepact-schedules")
+            )
 
     async def stop(self, grace_period: float | timedelta | None = None) -> None:
         """Stop claiming; wait up to the grace period for handlers, then cancel and release.
