@@ -162,15 +162,16 @@ def command(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
             concurrency = found.concurrency
         if concurrency is not None and concurrency < 1:
             raise CommandError(f"--concurrency: must be 1 or more, got {concurrency}")
-        # A worker holds at most concurrency + 1 connections; one spare (docs/worker.md).
-        pool_size = (concurrency or 10) + 2
+        # A worker holds at most concurrency + 2 connections (its items and claim, the
+        # LISTEN, the reaper), + 3 with schedules (docs/worker.md): size for the most.
+        pool_size = (concurrency or 10) + 3
         async with open_queue(args, pool_size) as queue:
             worker = await load_worker(found, queue)
             if args.concurrency is not None:
                 worker.concurrency = args.concurrency
-            if worker.concurrency + 2 > pool_size:
+            if worker.concurrency + 3 > pool_size:
                 print(
-                    f"note: concurrency {worker.concurrency} needs {worker.concurrency + 2} "
+                    f"note: concurrency {worker.concurrency} needs {worker.concurrency + 3} "
                     f"connections, the pool has {pool_size}; pass --concurrency to size it",
                     file=sys.stderr,
                 )
