@@ -312,6 +312,7 @@ CALLS: tuple[CallSpec, ...] = (
     CallSpec(_QUEUE, "requeue", "queue", "requeue", _record("item", "item_id", None)),
     CallSpec(_QUEUE, "get_item", "queue", "get_item", _ids("tenant", "item_id", None)),
     CallSpec(_QUEUE, "stats", "queue", "stats"),
+    CallSpec(_QUEUE, "next_due", "queue", "next_due"),
     CallSpec(_TX, "start", "tx", "begin"),
     CallSpec(_TX, "read", "tx", "read", _keyed),
     CallSpec(_TX, "lock", "tx", "lock", _keyed),

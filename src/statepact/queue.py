@@ -234,6 +234,16 @@ class WorkQueue(Protocol):
         """Queued (depth), leased and dead counts per tenant."""
         ...
 
+    async def next_due(self) -> datetime | None:
+        """When the earliest queued item that is not due yet comes due, or ``None``.
+
+        A hint for an idle claimer, which sleeps until then instead of a fixed
+        poll: it may be early (claim, and ask again), and a delay that a
+        concurrent write is moving may be missed, so keep the poll interval as
+        the bound.
+        """
+        ...
+
 
 def _require_limit(limit: object) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int):
@@ -574,6 +584,9 @@ class BaseWorkQueue(ABC):
     async def stats(self) -> QueueStats:
         return await self._stats()
 
+    async def next_due(self) -> datetime | None:
+        return await self._next_due(read_clock(self._clock))
+
     @asynccontextmanager
     async def watch(self) -> AsyncIterator[WorkWatch]:
         async with self._watch() as watch:
@@ -665,3 +678,7 @@ class BaseWorkQueue(ABC):
 
     @abstractmethod
     async def _stats(self) -> QueueStats: ...
+
+    @abstractmethod
+    async def _next_due(self, now: datetime) -> datetime | None:
+        """The earliest ``available_at`` later than ``now`` of a queued item, or ``None``."""

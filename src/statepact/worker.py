@@ -58,6 +58,10 @@ logger = logging.getLogger("statepact.worker")
 # The most acks one of the worker's ack_many calls carries (the queue takes up to 1,000).
 _ACK_BATCH = 200
 
+# The shortest idle sleep: a due time already past (a clock a little ahead of another's)
+# is claimed again after this, not in a tight loop.
+_MIN_IDLE = 0.005
+
 #: The payload field naming an item's task, unless ``Worker(task_field=...)`` says otherwise.
 DEFAULT_TASK_FIELD = "task"
 
@@ -760,7 +764,7 @@ class Worker:
             width = min(self._concurrency, asked * 2) if len(leases) == asked else len(leases)
             if not leases:
                 width = 1
-                await self._wait_for_work(self.poll_interval)
+                await self._wait_for_work(await self._idle_for())
 
     async def _claim(self, limit: int) -> list[Lease]:
         """The one claim seam: up to ``limit`` leases in one ``claim_batch`` (one round trip
@@ -782,13 +786,25 @@ class Worker:
                 with contextlib.suppress(Exception):
                     await self.queue.release(lease)
 
-    async def _wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
-        """Wait up to ``timeout`` s for work to be worth claiming again.
+    async def _idle_for(self) -> float:
+        """How long an idle claimer sleeps: until the next delayed item comes due, at most
+        the poll interval (which bounds a wake-up that is lost or a due time missed)."""
+        try:
+            due = await self.queue.next_due()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.warning("worker %s: next_due failed: %s", self.worker_id, _describe(exc))
+            return self.poll_interval
+        if due is None:
+            return self.poll_interval
+        until = (due - read_clock(self.clock)).total_seconds()
+        return min(self.poll_interval, max(until, _MIN_IDLE))
 
-        Today a sleep of the poll interval, cut short by :meth:`stop` and
-        :meth:`_notify_work`; the wake-ups of issue 12 (LISTEN/NOTIFY, a blocking
-        Redis read, the next due time) plug in here.
-        """
+    async def _wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
+        """Wait up to ``timeout`` s for work to be worth claiming again: cut short by the
+        queue's wake-ups (LISTEN/NOTIFY, a blocking Redis pop), :meth:`stop` and
+        :meth:`_notify_work`."""
         self._wake.clear()
         if self._stopping.is_set():
             return

@@ -16,10 +16,13 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from statepact.clock import SystemClock
 from statepact.models import WorkItem
-from statepact.queue import BaseWorkQueue
+from statepact.queue import BaseWorkQueue, QueuePolicy
+from statepact.storage.memory import MemoryWorkQueue
 from statepact.storage.postgres import PostgresWorkQueue
-from statepact.worker import Job, Worker
+from statepact.storage.redis import RedisWorkQueue
+from statepact.worker import Job, Retry, Worker
 
 pytestmark = [pytest.mark.integration]
 
@@ -95,3 +98,67 @@ async def test_a_notify_lost_with_the_listen_connection_waits_only_for_the_poll(
         again = await asyncio.wait_for(started.get(), 5) - sent
     assert lost < 2.5, lost
     assert again < 0.5, again
+
+
+@pytest.fixture(params=["memory", "redis", "postgres"])
+def realtime_queue(request: pytest.FixtureRequest, queue_policy: QueuePolicy) -> BaseWorkQueue:
+    """A queue of each backing on the system clock, so that delays come due as time passes."""
+    if request.param == "memory":
+        return MemoryWorkQueue(clock=SystemClock(), policy=queue_policy)
+    if request.param == "redis":
+        return RedisWorkQueue(
+            request.getfixturevalue("redis_client"),
+            clock=SystemClock(),
+            settings=request.getfixturevalue("redis_settings"),
+            policy=queue_policy,
+        )
+    engine: AsyncEngine = request.getfixturevalue("pg_engine")
+    return PostgresWorkQueue(engine, clock=SystemClock(), policy=queue_policy)
+
+
+async def test_delayed_items_start_when_they_come_due_not_at_the_poll(
+    realtime_queue: BaseWorkQueue,
+) -> None:
+    """With the fallback poll at 10 s: an item delayed 0.5 s starts at about 0.5 s; an
+    item delayed 0.3 s, enqueued while the worker sleeps toward an item due in a minute,
+    starts at about 0.3 s (the delayed enqueue wakes it to ask again); a handler's
+    ``Retry(0.4)`` runs again about 0.4 s later."""
+    started: asyncio.Queue[tuple[str, float]] = asyncio.Queue()
+    tries: dict[str, int] = {}
+
+    async def handler(job: Job) -> None:
+        started.put_nowait((job.item.item_id, time.monotonic()))
+        tries[job.item.item_id] = tries.get(job.item.item_id, 0) + 1
+        if job.item.item_id == "retried" and tries["retried"] == 1:
+            raise Retry(0.4)
+
+    def item(item_id: str) -> WorkItem:
+        return WorkItem(tenant="t", item_id=item_id, payload={"task": "t"})
+
+    async def started_after(sent: float) -> tuple[str, float]:
+        item_id, at = await asyncio.wait_for(started.get(), POLL)
+        return item_id, at - sent
+
+    queue = realtime_queue
+    worker = Worker(queue, handlers={"t": handler}, poll_interval=POLL, reap_every=0)
+    async with worker:
+        await asyncio.sleep(0.1)
+        sent = time.monotonic()
+        await queue.enqueue(item("half-second"), delay=0.5)
+        first = await started_after(sent)
+
+        await queue.enqueue(item("a-minute"), delay=60)
+        await asyncio.sleep(0.2)  # the worker now sleeps toward the minute (capped at POLL)
+        sent = time.monotonic()
+        await queue.enqueue(item("third-second"), delay=0.3)
+        second = await started_after(sent)
+
+        sent = time.monotonic()
+        await queue.enqueue(item("retried"))
+        assert (await started_after(sent))[0] == "retried"
+        sent = time.monotonic()
+        retried = await started_after(sent)
+    print(f"{type(queue).__name__}: delayed starts {first}, {second}, retry {retried}")
+    assert first[0] == "half-second" and 0.45 <= first[1] < 1.0, first
+    assert second[0] == "third-second" and 0.25 <= second[1] < 0.8, second
+    assert retried[0] == "retried" and 0.35 <= retried[1] < 0.9, retried

@@ -51,6 +51,8 @@ docstring has the full list):
   each item died, then ``item_id``.
 - ``stats`` count queued items whether due or not, and omit idle tenants; done
   items are not counted.
+- ``next_due`` is the earliest ``available_at`` later than now of a queued item
+  (for a tenant with no due work; see ``WorkQueue.next_due``).
 - Tokens: each claim and heartbeat gives a token greater than any the item had.
 """
 
@@ -509,6 +511,41 @@ class WorkQueueConformance:
         clock.advance(5)
         order = [(await _claim(work_queue)).item.item_id for _ in range(3)]
         assert order == ["zulu", "mike", "alpha"]
+
+    async def test_next_due_is_when_the_earliest_delayed_item_comes_due(
+        self, work_queue: WorkQueue, clock: ManualClock
+    ) -> None:
+        """next_due is the earliest available_at later than now among queued items, across
+        tenants; due, leased and dead items do not count; None when nothing is delayed."""
+        assert await work_queue.next_due() is None
+        await work_queue.enqueue(_item("acme", "now"))
+        assert await work_queue.next_due() is None
+        start = clock.now()
+        await work_queue.enqueue(_item("beta", "in-30"), delay=30)
+        await work_queue.enqueue(_item("gamma", "in-10"), delay=10)
+        assert await work_queue.next_due() == start + timedelta(seconds=10)
+        clock.advance(10)  # gamma's item is due now (claimed or not): beta's is next
+        assert await work_queue.next_due() == start + timedelta(seconds=30)
+        leases = await work_queue.claim_batch("w1", lease_for=LEASE, limit=5)
+        assert sorted(lease.item.item_id for lease in leases) == ["in-10", "now"]
+        assert await work_queue.next_due() == start + timedelta(seconds=30)
+        retried = await work_queue.fail(leases[0], "boom", retry_in=5)
+        assert await work_queue.next_due() == retried.available_at
+        await work_queue.fail(leases[1], "fatal", retryable=False)  # dead: not due ever
+        clock.advance(30)
+        assert await work_queue.next_due() is None
+
+    async def test_watch_wakes_on_a_delayed_enqueue(self, work_queue: WorkQueue) -> None:
+        """A delayed enqueue wakes a watcher too, so an idle claimer can ask next_due and
+        sleep until then instead of its whole poll interval."""
+        async with work_queue.watch() as watch:
+            while await watch.wait(0.05):
+                pass
+            waiting = asyncio.ensure_future(watch.wait(30))
+            await asyncio.sleep(0.1)
+            assert not waiting.done()
+            await work_queue.enqueue(_item("acme", "later"), delay=60)
+            assert await asyncio.wait_for(waiting, 5) is True
 
     # -- concurrency ----------------------------------------------------------
 

@@ -282,6 +282,10 @@ class MemoryWorkQueue(BaseWorkQueue):
         }
         return QueueStats(queue=self.name, tenants=tenants)
 
+    async def _next_due(self, now: datetime) -> datetime | None:
+        self._promote(now)
+        return self._delayed[0][0] if self._delayed else None
+
     # -- helpers ------------------------------------------------------------
 
     def _record(self, entry: _Item) -> WorkItem:
@@ -322,13 +326,14 @@ class MemoryWorkQueue(BaseWorkQueue):
         """Put a queued item where a claim will find it: ready if due, else delayed."""
         if entry.available_at <= now:
             self._push_ready(entry)
-            for waiter in self._waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
         else:
             heapq.heappush(
                 self._delayed, (entry.available_at, entry.order, entry.tenant, entry.item_id)
             )
+        # A delayed item wakes watchers too: they ask next_due() and sleep until it.
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _push_ready(self, entry: _Item) -> None:
         ready = self._ready.setdefault(entry.tenant, [])

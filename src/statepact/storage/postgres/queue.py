@@ -867,6 +867,22 @@ def stats(work: Table) -> Select[Any]:
     )
 
 
+def next_due(turns: Table) -> Select[Any]:
+    """The earliest ``next_due_at`` after now of the tenants whose queued work is all delayed.
+
+    One probe of the ``waking`` index (its predicate is repeated here). A tenant's
+    ``next_due_at`` is never later than its earliest queued item, so the answer may
+    be early, never late, except for a tenant that still has due work (a claim is
+    taking it, and its turn moves on then).
+    """
+    return select(func.min(turns.c.next_due_at)).where(
+        turns.c.queue == _p("queue"),
+        turns.c.queued > 0,
+        turns.c.next_due_at > turns.c.checked_at,
+        turns.c.next_due_at > _p("now", _TZ),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class _Statements:
     enqueue: Select[Any]
@@ -883,6 +899,7 @@ class _Statements:
     reap: Select[Any]
     dead_letters: Select[Any]
     stats: Select[Any]
+    next_due: Select[Any]
 
     @classmethod
     def build(cls, tables: Tables) -> _Statements:
@@ -901,6 +918,7 @@ class _Statements:
             reap=reap(tables),
             dead_letters=dead_letters(tables.work),
             stats=stats(tables.work),
+            next_due=next_due(tables.queue_turns),
         )
 
 
@@ -1341,6 +1359,15 @@ class PostgresWorkQueue(BaseWorkQueue):
             for tenant, found in sorted(counts.items())
         }
         return QueueStats(queue=self.name, tenants=tenants)
+
+    async def _next_due(self, now: datetime) -> datetime | None:
+        async def work(conn: Runner) -> datetime | None:
+            due: datetime | None = (
+                await conn.execute(self._sql.next_due, {"p_queue": self.name, "p_now": now})
+            ).scalar_one()
+            return due
+
+        return await self._executor.run(work, idempotent=True)
 
 
 def _unavailable(message: str) -> QueueUnavailableError:

@@ -375,6 +375,15 @@ class RedisWorkQueue(BaseWorkQueue):
             },
         )
 
+    async def _next_due(self, now: datetime) -> datetime | None:
+        key = self._keys.delayed.encode("utf-8")
+        after = f"({to_micros(now)}"
+        first = await self._failover.run(
+            f"next_due (queue {self.name!r})",
+            lambda: self._redis.zrangebyscore(key, after, "+inf", start=0, num=1, withscores=True),
+        )
+        return from_micros(int(first[0][1])) if first else None
+
     # -- helpers ------------------------------------------------------------
 
     def _item(self, fields: Any) -> WorkItem:

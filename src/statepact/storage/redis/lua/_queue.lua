@@ -56,14 +56,19 @@ local function count(key, tenant, delta)
   end
 end
 
--- Q wake (a list of at most WAKE_MAX "1"s): one pushed per item made ready, so each
--- watcher blocked on it (BLPOP, RedisWorkQueue.watch) is woken by one item.
+-- Q wake (a list of at most WAKE_MAX "1"s): one pushed per item scheduled, so each
+-- watcher blocked on it (BLPOP, RedisWorkQueue.watch) is woken by one item; for a
+-- delayed item the watcher asks next_due and sleeps until then.
 local WAKE_MAX = 64
 
+local function wake()
+  local list = Q .. 'wake'
+  redis.call('LPUSH', list, '1')
+  redis.call('LTRIM', list, 0, WAKE_MAX - 1)
+end
+
 local function make_ready(tenant, id, ikey)
-  local wake = Q .. 'wake'
-  redis.call('LPUSH', wake, '1')
-  redis.call('LTRIM', wake, 0, WAKE_MAX - 1)
+  wake()
   local f = redis.call('HMGET', ikey, 'priority', 'order')
   local score = (1000 - tonumber(f[1])) * PRIORITY_SPAN + tonumber(f[2])
   redis.call('ZADD', ready_key(tenant), score, id)
@@ -77,6 +82,7 @@ local function schedule(tenant, id, ikey, available)
   if tonumber(available) <= tonumber(NOW) then
     make_ready(tenant, id, ikey)
   else
+    wake()
     redis.call('ZADD', DELAYED, available, ref(tenant, id))
   end
 end
