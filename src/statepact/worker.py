@@ -338,9 +338,9 @@ class Worker:
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
-        # Acks waiting for the next ack_many, and whether one is being sent.
+        # Acks waiting for the next ack_many, and the task sending them (None: idle).
         self._acks: list[tuple[Lease, asyncio.Future[WorkItem | LeaseLostError]]] = []
-        self._acking = False
+        self._acker: asyncio.Task[None] | None = None
         self._watcher: WorkWatch | None = None
         self._started = False
         self._stopped = asyncio.Event()
@@ -685,6 +685,8 @@ class Worker:
                 running.handler.cancel()
         for task in [r.task for r in self._running.values() if r.task is not None]:
             await self._settled(task)
+        if self._acker is not None:
+            await self._settled(self._acker)
 
     @staticmethod
     async def _settled(task: asyncio.Task[None]) -> None:
@@ -886,7 +888,7 @@ class Worker:
                 await self._cancel_handler(running)
                 self._lost(job, lost)
                 return
-            await finish(self._settle(running))
+            await self._settle(running)
         except asyncio.CancelledError:
             # Cancelled from outside (the loop shutting down, run() cancelled): the handler goes,
             # the item is given back; finish() keeps the release from being cut short.
@@ -957,22 +959,26 @@ class Worker:
         handler = running.handler
         assert handler is not None and handler.done()
         running.settled = True
+        # A fail or release, once sent, runs to its end (finish); an ack is sent by the ack
+        # task, apart from this one, so a cancellation here cannot cut it off either.
         if handler.cancelled():
             if running.abandoned:
-                await self._release(job)
+                await finish(self._release(job))
                 return
-            await self._fail(job, "CancelledError: the handler was cancelled", retryable=True)
+            await finish(
+                self._fail(job, "CancelledError: the handler was cancelled", retryable=True)
+            )
             return
         exc = handler.exception()
         if exc is None:
             await self._ack(job)
             return
         if isinstance(exc, Retry):
-            await self._fail(job, _describe(exc), retryable=True, delay=exc.delay)
+            await finish(self._fail(job, _describe(exc), retryable=True, delay=exc.delay))
         elif isinstance(exc, DoNotRetry):
-            await self._fail(job, _describe(exc), retryable=False)
+            await finish(self._fail(job, _describe(exc), retryable=False))
         elif running.abandoned and isinstance(exc, asyncio.CancelledError):
-            await self._release(job)
+            await finish(self._release(job))
         else:
             logger.warning(
                 "worker %s: task %r of item %r raised %s",
@@ -982,7 +988,7 @@ class Worker:
                 _describe(exc),
                 exc_info=exc,
             )
-            await self._fail(job, _describe(exc), retryable=True)
+            await finish(self._fail(job, _describe(exc), retryable=True))
 
     async def _ack(self, job: Job) -> None:
         answer = await self._ack_batched(job.lease)
@@ -994,36 +1000,43 @@ class Worker:
     async def _ack_batched(self, lease: Lease) -> WorkItem | LeaseLostError:
         """Ack ``lease`` in the next ``ack_many``: group commit, with no timer.
 
-        The first ack to arrive while none is being sent sends it at once, alone;
-        acks arriving meanwhile wait for it and go together in the next one, each
-        fenced on its own token. So an idle worker acks with no delay, and a busy
-        one sends one round trip (one commit on PostgreSQL) per batch instead of
-        one per item. Runs under ``finish`` (from ``_settle``), so a sender is
-        never cut off with others waiting on it.
+        The ack task (:meth:`_send_acks`, started by the first ack to arrive while
+        none runs) sends what is waiting at once; acks arriving meanwhile wait for
+        it and go together in the next ``ack_many``, each fenced on its own token.
+        So an idle worker acks with no delay, and a busy one sends one round trip
+        (one commit on PostgreSQL) per batch instead of one per item. The caller
+        only waits for its answer: cancelling it does not stop the ack, which the
+        ack task sends all the same.
         """
         done: asyncio.Future[WorkItem | LeaseLostError] = asyncio.get_running_loop().create_future()
         self._acks.append((lease, done))
-        if not self._acking:
-            self._acking = True
-            batch: list[tuple[Lease, asyncio.Future[WorkItem | LeaseLostError]]] = []
-            try:
-                while self._acks:
-                    batch, self._acks = self._acks[:_ACK_BATCH], self._acks[_ACK_BATCH:]
-                    try:
-                        answers = await self.queue.ack_many([held for held, _ in batch])
-                    except Exception as exc:
-                        for _, waiting in batch:
-                            waiting.set_exception(exc)
-                    else:
-                        for (_, waiting), answer in zip(batch, answers, strict=True):
-                            waiting.set_result(answer)
-            finally:
-                self._acking = False
-                # Only a BaseException (the loop going away) leaves a waiter unanswered.
-                for _, waiting in batch + self._acks:
-                    if not waiting.done():
-                        waiting.cancel()
+        if self._acker is None:
+            self._acker = asyncio.create_task(self._send_acks(), name="statepact-acks")
         return await done
+
+    async def _send_acks(self) -> None:
+        """Send the waiting acks, up to ``_ACK_BATCH`` per ``ack_many``, until none are left."""
+        batch: list[tuple[Lease, asyncio.Future[WorkItem | LeaseLostError]]] = []
+        try:
+            while self._acks:
+                batch, self._acks = self._acks[:_ACK_BATCH], self._acks[_ACK_BATCH:]
+                try:
+                    answers = await self.queue.ack_many([held for held, _ in batch])
+                except Exception as exc:
+                    for _, waiting in batch:
+                        if not waiting.done():
+                            waiting.set_exception(exc)
+                else:
+                    for (_, waiting), answer in zip(batch, answers, strict=True):
+                        # A waiter cancelled meanwhile has stopped listening; its ack landed.
+                        if not waiting.done():
+                            waiting.set_result(answer)
+        finally:
+            self._acker = None
+            # Only a BaseException (the loop going away) leaves a waiter unanswered.
+            for _, waiting in batch + self._acks:
+                if not waiting.done():
+                    waiting.cancel()
 
     async def _fail(
         self, job: Job, error: str, *, retryable: bool, delay: float | None = None

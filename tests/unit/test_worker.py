@@ -632,8 +632,9 @@ class SlowAcks(MemoryWorkQueue):
 async def test_acks_arriving_while_one_is_sent_go_together_in_one_ack_many(
     clock: ManualClock,
 ) -> None:
-    """Group commit: the first ack goes alone at once; the acks of handlers finishing while
-    it is in flight go in the next ack_many, each fenced on its own token; all land."""
+    """Group commit: the acks waiting go at once in one ack_many; the acks of handlers
+    finishing while it is in flight go in the next one, each fenced on its own token; all
+    land."""
     queue = SlowAcks(clock=clock, policy=QueuePolicy(max_attempts=3, jitter=0))
     gate = asyncio.Event()
 
@@ -651,3 +652,25 @@ async def test_acks_arriving_while_one_is_sent_go_together_in_one_ack_many(
     assert max(queue.batches) > 1
     for n in range(20):
         assert (await status(queue, f"i{n:02d}")).status is ItemStatus.DONE
+
+
+async def test_an_ack_in_flight_lands_when_run_is_cancelled(clock: ManualClock) -> None:
+    """Cancelling run() while an ack_many is on its way cuts nothing off: the items are done,
+    none is left leased or released."""
+    queue = SlowAcks(clock=clock, policy=QueuePolicy(max_attempts=3, jitter=0))
+
+    async def work(job: Job) -> None:
+        return None
+
+    worker = Worker(queue, handlers={"w": work}, concurrency=5, **FAST)
+    for n in range(5):
+        await put(queue, f"i{n}", task="w")
+    task = asyncio.create_task(worker.run(install_signal_handlers=False))
+    await until(lambda: sum(queue.batches) == 5)  # every ack sent, the first still sleeping
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for n in range(5):
+        assert (await status(queue, f"i{n}")).status is ItemStatus.DONE
+    stats = await queue.stats()
+    assert (stats.queued, stats.leased) == (0, 0)
