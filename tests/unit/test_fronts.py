@@ -142,6 +142,10 @@ class RecordingQueue(BaseWorkQueue):
         self.calls.append(("stats", None))
         return QueueStats(queue=self.name)
 
+    async def _next_due(self, now: datetime) -> datetime | None:
+        self.calls.append(("next_due", now))
+        return None
+
 
 def _lease(clock: ManualClock, attempts: int = 1, seconds: float = 30.0) -> Lease:
     item = WorkItem(
