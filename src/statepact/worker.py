@@ -341,6 +341,8 @@ class Worker:
         # Acks waiting for the next ack_many, and the task sending them (None: idle).
         self._acks: list[tuple[Lease, asyncio.Future[WorkItem | LeaseLostError]]] = []
         self._acker: asyncio.Task[None] | None = None
+        # Items whose handler is done and whose ack waits in (or for) the ack task.
+        self._awaiting_ack = 0
         self._watcher: WorkWatch | None = None
         self._started = False
         self._stopped = asyncio.Event()
@@ -746,7 +748,7 @@ class Worker:
         # backlog), back to what was found when one does not; never above the free slots.
         width = 1
         while not self._stopping.is_set():
-            free = self._concurrency - len(self._running)
+            free = self._concurrency - self._busy()
             if free <= 0:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
@@ -767,6 +769,12 @@ class Worker:
             if not leases:
                 width = 1
                 await self._wait_for_work(await self._idle_for())
+
+    def _busy(self) -> int:
+        """Slots taken: items in flight, except those only waiting for their ack, plus one
+        for the ack task while it sends. So a worker claims again while its acks are on
+        their way, and still holds at most one connection per slot."""
+        return len(self._running) - self._awaiting_ack + (self._acker is not None)
 
     async def _claim(self, limit: int) -> list[Lease]:
         """The one claim seam: up to ``limit`` leases in one ``claim_batch`` (one round trip
@@ -1012,7 +1020,12 @@ class Worker:
         self._acks.append((lease, done))
         if self._acker is None:
             self._acker = asyncio.create_task(self._send_acks(), name="statepact-acks")
-        return await done
+        self._awaiting_ack += 1
+        self._slot_freed.set()
+        try:
+            return await done
+        finally:
+            self._awaiting_ack -= 1
 
     async def _send_acks(self) -> None:
         """Send the waiting acks, up to ``_ACK_BATCH`` per ``ack_many``, until none are left."""
@@ -1033,6 +1046,7 @@ class Worker:
                             waiting.set_result(answer)
         finally:
             self._acker = None
+            self._slot_freed.set()
             # Only a BaseException (the loop going away) leaves a waiter unanswered.
             for _, waiting in batch + self._acks:
                 if not waiting.done():
