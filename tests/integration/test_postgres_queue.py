@@ -313,6 +313,30 @@ async def test_a_claim_reads_neither_idle_tenants_nor_the_backlog(
             assert fetched <= 6, (table, fetched)
 
 
+async def test_a_batch_claim_reads_its_rows_by_key_whatever_the_statistics_say(
+    postgres_work_queue: PostgresWorkQueue, pg_engine: AsyncEngine
+) -> None:
+    """Statistics taken while the table was empty (a queue filled since its last ANALYZE)
+    must not turn a batch claim into a scan of every queued row: the batch's rows are
+    found by primary key."""
+    async with pg_engine.begin() as conn:
+        await conn.execute(text("ANALYZE adk_work"))
+    for chunk in range(3):
+        await postgres_work_queue.enqueue_many(
+            [WorkItem(tenant="busy", item_id=f"b{chunk}-{i:04d}") for i in range(1000)]
+        )
+    async with pg_engine.connect() as conn:
+        await conn.begin()
+        before = await _counts(conn)
+        leases = await postgres_work_queue.bound(conn).claim_batch("w1", lease_for=LEASE, limit=20)
+        after = await _counts(conn)
+        await conn.commit()
+    assert len(leases) == 20
+    fetched = after["adk_work"][2] - before["adk_work"][2]
+    assert after["adk_work"][0] == before["adk_work"][0]
+    assert fetched <= 100, fetched
+
+
 async def test_an_item_queued_during_a_claim_of_its_tenant_is_not_stranded(
     postgres_work_queue: PostgresWorkQueue, pg_engine: AsyncEngine
 ) -> None:
