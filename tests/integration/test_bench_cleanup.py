@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import pool, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from statepact import _bench
+from statepact.cli import bench
 
 pytestmark = pytest.mark.integration
 
@@ -46,19 +46,19 @@ async def test_a_bench_run_leaves_no_table_or_schema_behind(empty_database_url: 
     """After a tiny bench run (floors included) the database holds what it held before."""
     before = await _inventory(empty_database_url)
     parser = argparse.ArgumentParser()
-    _bench.add_arguments(parser)
+    bench.add_arguments(parser)
     tiny = ["--concurrency", "2", "--ops", "2", "--tenants", "2", "--queued", "4", "--claims", "2"]
     args = parser.parse_args(
         ["--backend", "postgres", "--postgres", empty_database_url, *tiny, "--json"]
     )
     out, err = io.StringIO(), io.StringIO()
-    code = await asyncio.to_thread(lambda: _bench.command(args, out=out, err=err))
+    code = await asyncio.to_thread(lambda: bench.command(args, out=out, err=err))
     assert code == 0, err.getvalue()
     floors = {r["floor"] for r in json.loads(out.getvalue())["results"]}
     assert floors == {"raw SELECT 1", "raw one-row UPDATE"}  # the write floor did run
     after = await _inventory(empty_database_url)
     assert after == before
-    assert not [rel for _, rel in after if rel == _bench.FLOOR_TABLE]
+    assert not [rel for _, rel in after if rel == bench.FLOOR_TABLE]
     assert not [schema for schema, _ in after if schema.startswith("bench")]
 
 
@@ -70,14 +70,14 @@ async def test_the_floor_table_lives_in_the_scratch_schema_by_name(empty_databas
     try:
         async with engine.begin() as conn:
             await conn.execute(text(f'CREATE SCHEMA "{tag}"'))
-        update = await _bench._postgres_floor(engine, "write", tag)
+        update = await bench._postgres_floor(engine, "write", tag)
         await update(0, 0)
-        assert (tag, _bench.FLOOR_TABLE) in await _inventory(empty_database_url)
-        assert ("public", _bench.FLOOR_TABLE) not in await _inventory(empty_database_url)
-        await _bench._drop_postgres_floor(engine, tag)
+        assert (tag, bench.FLOOR_TABLE) in await _inventory(empty_database_url)
+        assert ("public", bench.FLOOR_TABLE) not in await _inventory(empty_database_url)
+        await bench._drop_postgres_floor(engine, tag)
         assert [(s, r) for s, r in await _inventory(empty_database_url) if s == tag] == [(tag, "")]
         with pytest.raises(ValueError, match="not a plain schema name"):
-            await _bench._drop_postgres_floor(engine, 'x"; DROP SCHEMA public; --')
+            await bench._drop_postgres_floor(engine, 'x"; DROP SCHEMA public; --')
     finally:
         async with engine.begin() as conn:
             await conn.execute(text(f'DROP SCHEMA IF EXISTS "{tag}" CASCADE'))
@@ -88,7 +88,7 @@ async def _cancel_twice_while_cleaning(kind: str, url: str) -> None:
     """Open the CLI's scratch backings, then cancel the command, and cancel it again and
     again while its cleanup runs (a second Ctrl-C, a TaskGroup cancelling a task that an
     ``asyncio.timeout`` already cancelled)."""
-    from statepact import _demo
+    from statepact.cli import _common
     from statepact.clock import SystemClock
     from statepact.models import RunRecord
     from statepact.queue import QueuePolicy
@@ -96,7 +96,7 @@ async def _cancel_twice_while_cleaning(kind: str, url: str) -> None:
     entered = asyncio.Event()
 
     async def command() -> None:
-        async with _demo.open_backings(
+        async with _common.open_backings(
             kind, url, clock=SystemClock(), policy=QueuePolicy(), notes=io.StringIO()
         ) as b:
             await b.state.put_run(RunRecord(tenant="t", run_id="r"))

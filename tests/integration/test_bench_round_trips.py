@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from statepact import _bench
+from statepact.cli import bench
 
 pytestmark = pytest.mark.integration
 
@@ -64,10 +64,10 @@ CLAIM_ACK = {"redis": 3, "postgres": 2}  # claim (two scripts on Redis) + ack
 
 async def _bench_json(*argv: str) -> dict[str, Any]:
     parser = argparse.ArgumentParser()
-    _bench.add_arguments(parser)
+    bench.add_arguments(parser)
     args = parser.parse_args([*argv, *TINY, "--json"])
     out, err = io.StringIO(), io.StringIO()
-    code = await asyncio.to_thread(lambda: _bench.command(args, out=out, err=err))
+    code = await asyncio.to_thread(lambda: bench.command(args, out=out, err=err))
     assert code == 0, err.getvalue()
     payload: dict[str, Any] = json.loads(out.getvalue())
     return payload
@@ -130,7 +130,7 @@ def test_the_table_has_a_round_trip_column() -> None:
     """``3.00 (commit 1.00)`` for a transaction, ``1.00`` for a call, ``-`` on memory."""
 
     def result(backing: str, scenario: str, per_op: float | None, commit: float | None) -> Any:
-        return _bench.BenchResult(
+        return bench.BenchResult(
             backing=backing,
             scenario=scenario,
             label=scenario,
@@ -142,7 +142,7 @@ def test_the_table_has_a_round_trip_column() -> None:
             commit_round_trips_per_op=commit,
         )
 
-    table = _bench.format_table(
+    table = bench.format_table(
         [
             result("memory", "state.get", None, None),
             result("redis", "tx.independent", 3.0, 1.0),

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from statepact import _bench, _demo, _doctor
+from statepact.cli import bench, demo, doctor
 from statepact.testing.plugin import RedisServerFactory
 from statepact.testing.servers import missing_server
 
@@ -40,7 +40,7 @@ async def _keys(url: str, pattern: str) -> list[Any]:
 
 def _demo_transcript(*argv: str) -> tuple[int, str]:
     out = io.StringIO()
-    code = _demo.command(_parse(_demo.add_arguments, *argv), out=out)
+    code = demo.command(_parse(demo.add_arguments, *argv), out=out)
     return code, out.getvalue()
 
 
@@ -95,7 +95,7 @@ async def test_demo_counters_match_memory_for_the_same_seed(statepact_redis_url:
 
 def _run_doctor(*argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    code = _doctor.command(_parse(_doctor.add_arguments, *argv), out=out, err=err)
+    code = doctor.command(_parse(doctor.add_arguments, *argv), out=out, err=err)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -186,7 +186,7 @@ async def test_bench_on_redis_reports_every_scenario(statepact_redis_url: str) -
     """Tiny sizes on memory and Redis: every scenario with ops/s and its ratio to the floor."""
     out, err = io.StringIO(), io.StringIO()
     args = _parse(
-        _bench.add_arguments,
+        bench.add_arguments,
         "--backend",
         "memory,redis",
         "--redis",
@@ -203,7 +203,7 @@ async def test_bench_on_redis_reports_every_scenario(statepact_redis_url: str) -
         "5",
         "--json",
     )
-    code = await _run_off_loop(lambda: _bench.command(args, out=out, err=err))
+    code = await _run_off_loop(lambda: bench.command(args, out=out, err=err))
     assert code == 0, err.getvalue()
     results = json.loads(out.getvalue())["results"]
     for backing, floors in (

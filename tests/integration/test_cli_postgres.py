@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy import pool, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from statepact import _bench, _demo, _doctor
+from statepact.cli import bench, demo, doctor
 from tests.fixtures.postgres import (
     admin_execute,
     database_url,
@@ -57,8 +57,8 @@ async def test_demo_tells_the_story_on_postgres_and_drops_its_schema(
 ) -> None:
     """State, queue and transactions on PostgreSQL, in a schema that is dropped afterwards."""
     out = io.StringIO()
-    args = _parse(_demo.add_arguments, "--postgres", statepact_postgres_url, "--seed", "4")
-    code = await asyncio.to_thread(lambda: _demo.command(args, out=out))
+    args = _parse(demo.add_arguments, "--postgres", statepact_postgres_url, "--seed", "4")
+    code = await asyncio.to_thread(lambda: demo.command(args, out=out))
     transcript = out.getvalue()
     assert code == 0, transcript
     for point in [
@@ -156,8 +156,8 @@ async def test_demo_on_redis_and_postgres_tells_the_story_on_each_in_turn(
     assert transcript.rstrip().endswith("the same story, seed 1, ran on redis and then postgres")
     # --seed repeats the numbers: both servers' tables equal the memory demo's for seed 1.
     memory = io.StringIO()
-    args = _parse(_demo.add_arguments, "--seed", "1")
-    assert await asyncio.to_thread(lambda: _demo.command(args, out=memory)) == 0
+    args = _parse(demo.add_arguments, "--seed", "1")
+    assert await asyncio.to_thread(lambda: demo.command(args, out=memory)) == 0
     assert _summary_table(on_redis) == _summary_table(on_postgres)
     assert _summary_table(on_postgres) == _summary_table(memory.getvalue())
     # Each server is left as it was found.
@@ -171,7 +171,7 @@ async def test_bench_reports_every_scenario_on_all_three_backings(
     """Tiny sizes on memory, Redis and PostgreSQL: every scenario with ops/s and ratio."""
     out, err = io.StringIO(), io.StringIO()
     args = _parse(
-        _bench.add_arguments,
+        bench.add_arguments,
         "--backend",
         "memory,redis,postgres",
         "--redis",
@@ -190,7 +190,7 @@ async def test_bench_reports_every_scenario_on_all_three_backings(
         "4",
         "--json",
     )
-    code = await asyncio.to_thread(lambda: _bench.command(args, out=out, err=err))
+    code = await asyncio.to_thread(lambda: bench.command(args, out=out, err=err))
     assert code == 0, err.getvalue()
     payload = json.loads(out.getvalue())
     assert set(payload["backings"]) == {"memory", "redis", "postgres"}
@@ -228,7 +228,7 @@ async def test_bench_reports_every_scenario_on_all_three_backings(
             assert r["ratio"] == pytest.approx(r["ops_per_s"] / r["floor_ops_per_s"])
     assert await _schemas(statepact_postgres_url, "bench%") == []
     # the table form, too, names every scenario with its numbers
-    table = _bench.format_table([_bench.BenchResult(**r) for r in payload["results"]])
+    table = bench.format_table([bench.BenchResult(**r) for r in payload["results"]])
     assert table.count("\n") == len(payload["results"]) + 1
 
 
@@ -245,7 +245,7 @@ async def bare_database(statepact_postgres_url: str) -> AsyncIterator[str]:
 
 def _run_doctor(*argv: str) -> tuple[int, str]:
     out, err = io.StringIO(), io.StringIO()
-    code = _doctor.command(_parse(_doctor.add_arguments, *argv), out=out, err=err)
+    code = doctor.command(_parse(doctor.add_arguments, *argv), out=out, err=err)
     assert err.getvalue() == ""
     return code, out.getvalue()
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from statepact import _bench
+from statepact.cli import bench
 
 SCENARIOS = [
     "tx.independent",
@@ -35,13 +35,13 @@ TINY = ["--concurrency", "4", "--ops", "3", "--tenants", "2,20", "--queued", "20
 
 def _args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    _bench.add_arguments(parser)
+    bench.add_arguments(parser)
     return parser.parse_args(list(argv))
 
 
 def _run(*argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    code = _bench.command(_args(*argv), out=out, err=err)
+    code = bench.command(_args(*argv), out=out, err=err)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -62,7 +62,7 @@ def test_json_has_every_scenario_with_ops_and_ratio() -> None:
         assert result["ops_per_s"] > 0
         assert result["floor_ops_per_s"] == floor["ops_per_s"] > 0
         assert result["ratio"] == pytest.approx(result["ops_per_s"] / floor["ops_per_s"])
-        assert floor["seconds"] >= _bench.FLOOR_MIN_SECONDS
+        assert floor["seconds"] >= bench.FLOOR_MIN_SECONDS
     by_name = {r["scenario"]: r for r in results}
     assert by_name["tx.independent"]["ops"] == 12
     assert by_name["queue.claim_ack.w10"]["ops"] == 12
@@ -109,7 +109,7 @@ def test_a_server_backing_without_its_url_is_one_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Asking for a server without its URL fails at once, in one line that says what to give."""
-    code = _bench.command(_args("--backend", "memory,postgres"), out=io.StringIO())
+    code = bench.command(_args("--backend", "memory,postgres"), out=io.StringIO())
     err = capsys.readouterr().err
     assert code == 1
     assert err.strip() == (
@@ -141,7 +141,7 @@ def test_the_progress_bar_redraws_in_place_on_a_terminal() -> None:
             return True
 
     stream = Terminal()
-    progress = _bench.Progress(2, stream, width=10)
+    progress = bench.Progress(2, stream, width=10)
     progress.start("first")
     progress.finish_step()
     progress.start("second")

@@ -10,21 +10,21 @@ from decimal import Context, Decimal, Inexact, Rounded, localcontext
 
 import pytest
 
-from statepact import _demo
+from statepact.cli import _common, demo
 from statepact.clock import ManualClock
 from statepact.models import RunStatus
 
 
 def _args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    _demo.add_arguments(parser)
+    demo.add_arguments(parser)
     return parser.parse_args(list(argv))
 
 
 def _run(*argv: str) -> tuple[int, str, float]:
     out = io.StringIO()
     started = time.perf_counter()
-    code = _demo.command(_args(*argv), out=out)
+    code = demo.command(_args(*argv), out=out)
     return code, out.getvalue(), time.perf_counter() - started
 
 
@@ -84,8 +84,8 @@ async def test_the_report_matches_what_the_stores_hold() -> None:
     """The summary is read back from the stores: 27 runs succeeded, the poison run failed."""
     clock = ManualClock()
     out = io.StringIO()
-    async with _demo.open_backings("memory", None, clock=clock, policy=_demo.DEMO_POLICY) as b:
-        report = await _demo.run_demo(b, clock, seed=11, out=out)
+    async with _common.open_backings("memory", None, clock=clock, policy=demo.DEMO_POLICY) as b:
+        report = await demo.run_demo(b, clock, seed=11, out=out)
         dead = await b.queue.dead_letters("globex")
         stats = await b.queue.stats()
     statuses = {(r.tenant, r.run_id): r.status for r in report.runs}
@@ -125,7 +125,7 @@ def test_an_unreachable_server_is_one_line_without_the_password(
 ) -> None:
     """A server that does not answer is reported in one line naming the redacted URL."""
     pytest.importorskip("redis")
-    code = _demo.command(_args("--redis", "redis://:hunter2@127.0.0.1:1/0"), out=io.StringIO())
+    code = demo.command(_args("--redis", "redis://:hunter2@127.0.0.1:1/0"), out=io.StringIO())
     err = capsys.readouterr().err
     assert code == 1
     lines = err.strip().splitlines()
@@ -138,7 +138,7 @@ def test_an_unreachable_server_is_one_line_without_the_password(
 def test_debug_shows_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
     """``--debug`` prints the traceback before the one-line error."""
     pytest.importorskip("redis")
-    code = _demo.command(
+    code = demo.command(
         _args("--redis", "redis://:hunter2@127.0.0.1:1/0", "--debug"), out=io.StringIO()
     )
     err = capsys.readouterr().err
@@ -154,7 +154,7 @@ def test_with_both_servers_the_first_failure_ends_the_run(
     in one line without the password, and PostgreSQL is not tried."""
     pytest.importorskip("redis")
     out = io.StringIO()
-    code = _demo.command(
+    code = demo.command(
         _args(
             "--redis",
             "redis://:hunter2@127.0.0.1:1/0",

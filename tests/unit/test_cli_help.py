@@ -206,10 +206,11 @@ def test_the_command_line_loads_no_driver_until_a_server_is_asked_for() -> None:
     """Building the parser and running the memory demo import neither redis nor SQLAlchemy."""
     probe = (
         "import io, json, sys\n"
-        "from statepact import _demo, cli\n"
+        "from statepact import cli\n"
+        "from statepact.cli import demo\n"
         "parser = cli.build_parser()\n"
         "args = parser.parse_args(['demo', '--seed', '1'])\n"
-        "assert _demo.command(args, out=io.StringIO()) == 0\n"
+        "assert demo.command(args, out=io.StringIO()) == 0\n"
         "drivers = ('redis', 'hiredis', 'sqlalchemy', 'asyncpg', 'alembic')\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in drivers)))\n"
     )

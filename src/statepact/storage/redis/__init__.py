@@ -18,6 +18,7 @@ Importing this package imports redis-py; ``import statepact`` never does.
 
 from statepact.settings import RedisStoreSettings
 from statepact.storage.redis._client import create_client
+from statepact.storage.redis._scripts import load_scripts
 from statepact.storage.redis.backend import RedisBackend
 from statepact.storage.redis.preflight import preflight
 from statepact.storage.redis.queue import RedisWorkQueue
@@ -29,5 +30,6 @@ __all__ = [
     "RedisStoreSettings",
     "RedisWorkQueue",
     "create_client",
+    "load_scripts",
     "preflight",
 ]

@@ -110,3 +110,10 @@ class ScriptRunner:
             return await self._redis.eval(
                 script.script, len(encoded_keys), *encoded_keys, *encoded_args
             )
+
+
+async def load_scripts(redis: Any) -> None:
+    """Load every packaged script into the server's script cache (``SCRIPT LOAD``), so a
+    first call is one ``EVALSHA`` and never the ``NOSCRIPT`` retry."""
+    for name in _FAMILY:
+        await redis.script_load(script_source(name))

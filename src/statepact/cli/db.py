@@ -1,12 +1,4 @@
-"""The ``statepact`` command line: one argparse parser, one subcommand per :data:`COMMANDS` entry.
-
-Each subcommand lives in a module that offers ``DESCRIPTION``,
-``add_arguments(parser)`` and ``command(args) -> int`` (the exit code); adding
-one is adding a :class:`Subcommand` line. The modules are imported only when
-their subcommand runs or the help lists them, so ``statepact db`` never loads
-redis and ``statepact demo`` never loads SQLAlchemy unless asked for a server.
-
-``statepact db upgrade|downgrade|current|check`` wraps the Alembic revisions
+"""``statepact db upgrade|downgrade|current|check``: wraps the Alembic revisions
 (``statepact.storage.postgres.migrate``), so they run from an installed wheel
 too. The URL comes from ``--url`` (before or after the action) or
 ``STATEPACT_DATABASE_URL``; a plain
@@ -18,44 +10,16 @@ redacted, and the password is scrubbed from any message that might echo it.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from types import ModuleType
-from typing import Any, TextIO
+from typing import TextIO
 
-__all__ = ["COMMANDS", "Subcommand", "build_parser", "main"]
+from statepact.cli._common import run_command
+from statepact.settings import redact_dsn
+
+__all__ = ["URL_ENV", "add_arguments", "command"]
 
 URL_ENV = "STATEPACT_DATABASE_URL"
-
-
-@dataclass(frozen=True, slots=True)
-class Subcommand:
-    """A subcommand: its name, one-line help, and the module implementing it."""
-
-    name: str
-    help: str
-    module: str
-
-
-COMMANDS: tuple[Subcommand, ...] = (
-    Subcommand(
-        "demo",
-        "run a small multi-tenant agent fleet and show what the library does",
-        "statepact._demo",
-    ),
-    Subcommand("bench", "measure state, queue and transaction throughput", "statepact._bench"),
-    Subcommand(
-        "doctor", "check that servers are fit to hold statepact's data", "statepact._doctor"
-    ),
-    Subcommand("db", "apply, undo and inspect the PostgreSQL migrations", "statepact.cli"),
-    Subcommand("worker", "run a Worker on a Redis or PostgreSQL queue", "statepact._worker_cli"),
-)
-
-
-# -- statepact db -----------------------------------------------------------------------
 
 DESCRIPTION = """\
 Apply, undo and inspect statepact's PostgreSQL migrations (the Alembic revisions
@@ -154,9 +118,6 @@ def command(
         )
         return 2
 
-    from statepact._demo import run_command
-    from statepact.settings import redact_dsn
-
     where = redact_dsn(url)
 
     async def body() -> int:
@@ -196,48 +157,3 @@ def command(
             errors.flush()
 
     return run_command(name, body, debug=args.debug, err=_Scrub())  # type: ignore[arg-type]
-
-
-# -- the parser -------------------------------------------------------------------------
-
-
-def _load(spec: Subcommand) -> ModuleType:
-    return (
-        sys.modules[__name__] if spec.module == __name__ else importlib.import_module(spec.module)
-    )
-
-
-def build_parser(commands: Sequence[Subcommand] = COMMANDS) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="statepact",
-        description="Durable state, fair work queues and coordination transactions for "
-        "fleets of AI agents, on memory, Redis and PostgreSQL.",
-    )
-    subcommands = parser.add_subparsers(
-        dest="command",
-        metavar="COMMAND",
-        required=True,
-        help="what to run; `statepact COMMAND --help` lists its options",
-    )
-    for spec in commands:
-        module = _load(spec)
-        sub = subcommands.add_parser(
-            spec.name,
-            help=spec.help,
-            description=getattr(module, "DESCRIPTION", spec.help),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        module.add_arguments(sub)
-        run: Callable[[argparse.Namespace], int] = module.command
-        sub.set_defaults(run=run)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The ``statepact`` entry point; returns the exit code."""
-    args: Any = build_parser().parse_args(argv)
-    return int(args.run(args))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -48,7 +48,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO, cast
 
-from statepact._demo import (
+from statepact._limits import MAX_ENQUEUE_BATCH
+from statepact._retry import RetryPolicy
+from statepact.cli._common import (
     Backings,
     CommandError,
     add_debug_argument,
@@ -56,8 +58,6 @@ from statepact._demo import (
     open_backings,
     run_command,
 )
-from statepact._limits import MAX_ENQUEUE_BATCH
-from statepact._retry import RetryPolicy
 from statepact.clock import SystemClock
 from statepact.models import RunRecord, WorkItem
 from statepact.queue import QueuePolicy
@@ -309,24 +309,6 @@ async def _count_postgres(engine: Any, trips: RoundTrips) -> None:
     await engine.dispose()
 
 
-async def _load_redis_scripts(client: Any) -> None:
-    """Load every library script into the server's cache now.
-
-    The first call of a script the server lacks is an ``EVALSHA`` answered
-    ``NOSCRIPT``, a ``SCRIPT LOAD`` and the ``EVALSHA`` again: loaded here, the
-    timed parts count the steady state, whichever scripts an earlier run left.
-    """
-    from statepact.storage.redis._scripts import (
-        QUEUE_SCRIPTS,
-        STATE_SCRIPTS,
-        TX_SCRIPTS,
-        script_source,
-    )
-
-    for name in (*STATE_SCRIPTS, *QUEUE_SCRIPTS, *TX_SCRIPTS):
-        await client.script_load(script_source(name))
-
-
 async def _warm_postgres(engine: Any, count: int) -> None:
     """Open ``count`` connections at once (at most what the pool keeps) and use each, so
     the timed parts find them pooled.
@@ -453,7 +435,11 @@ class _Runner:
             return
         trips = RoundTrips()
         if self.b.kind == "redis":
-            await _load_redis_scripts(self.b.raw)
+            from statepact.storage.redis import load_scripts
+
+            # Loaded now, the timed parts count the steady state (one EVALSHA), not a first
+            # call's NOSCRIPT retry, whichever scripts an earlier run left.
+            await load_scripts(self.b.raw)
             await _count_redis(self.b.raw, trips)
         else:
             await _count_postgres(self.b.raw, trips)
@@ -1187,7 +1173,7 @@ def command(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m statepact._bench``: the bench without the rest of the command line."""
+    """``python -m statepact.cli.bench``: the bench without the rest of the command line."""
     parser = argparse.ArgumentParser(prog="statepact bench", description=DESCRIPTION)
     add_arguments(parser)
     return command(parser.parse_args(argv))

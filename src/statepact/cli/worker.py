@@ -21,7 +21,7 @@ from contextlib import asynccontextmanager
 from typing import Any, TextIO
 
 from statepact._cancel import finish
-from statepact._demo import CommandError, add_debug_argument, redis_client, run_command
+from statepact.cli._common import CommandError, add_debug_argument, redis_client, run_command
 from statepact.clock import SystemClock
 from statepact.queue import WorkQueue
 from statepact.settings import redact_dsn

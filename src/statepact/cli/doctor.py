@@ -18,10 +18,11 @@ import sys
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from statepact._demo import (
+from statepact.cli._common import (
     CommandError,
     add_debug_argument,
     add_server_arguments,
+    first_line,
     redis_client,
     run_command,
 )
@@ -251,7 +252,7 @@ async def check_postgres(url: str) -> list[Check]:
                     "postgres",
                     "reachable",
                     False,
-                    f"cannot connect: {type(exc).__name__}: {_first_line(exc)}",
+                    f"cannot connect: {type(exc).__name__}: {first_line(exc)}",
                     "check the host, port, database, user and password in the --postgres URL "
                     "and that the server is running",
                 )
@@ -324,11 +325,6 @@ async def check_postgres(url: str) -> list[Check]:
     return checks
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(getattr(exc, "orig", None) or exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 # -- command line ---------------------------------------------------------------------
 
 
@@ -390,7 +386,7 @@ def command(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m statepact._doctor``: the doctor without the rest of the command line."""
+    """``python -m statepact.cli.doctor``: the doctor without the rest of the command line."""
     parser = argparse.ArgumentParser(prog="statepact doctor", description=DESCRIPTION)
     add_arguments(parser)
     return command(parser.parse_args(argv))

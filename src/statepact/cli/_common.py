@@ -1,0 +1,399 @@
+"""What the ``statepact`` commands share: opening the three protocols on a backing from
+a URL (under a scratch namespace or schema removed afterwards), a Redis client from a
+URL, the ``--redis``/``--postgres``/``--debug`` options, and turning an error into one
+line on stderr.
+
+It must never print a DSN in clear (``redact_dsn``), never leave data behind on a
+server, and never import redis or SQLAlchemy unless a server was asked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import traceback
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from statepact._cancel import finish
+from statepact.clock import Clock
+from statepact.errors import (
+    PreflightError,
+    SchemaVersionError,
+    StatepactError,
+)
+from statepact.queue import QueuePolicy, WorkQueue
+from statepact.settings import redact_dsn
+from statepact.state import StateStore
+from statepact.tx import TransactionManager
+
+__all__ = [
+    "CLI_STATEMENT_TIMEOUT_MS",
+    "Backings",
+    "CommandError",
+    "add_debug_argument",
+    "add_server_arguments",
+    "describe_error",
+    "first_line",
+    "open_backings",
+    "redis_client",
+    "run_command",
+]
+
+
+class CommandError(Exception):
+    """A failure a person fixes: printed as one line, without a traceback."""
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line saying what went wrong and what to do, never a DSN or a password."""
+    if isinstance(exc, CommandError):
+        return str(exc)
+    if isinstance(exc, PreflightError):
+        return f"{exc}; fix the server's settings (see `statepact doctor`)"
+    if isinstance(exc, SchemaVersionError):
+        if str(exc).startswith("statepact migrations"):
+            return str(exc)  # the migrations' own failure: running them again is no advice
+        return f"{exc}; run `statepact db upgrade` against that database"
+    if isinstance(exc, StatepactError):
+        return f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, ModuleNotFoundError):
+        extra = {"redis": "redis", "sqlalchemy": "postgres", "asyncpg": "postgres"}.get(
+            (exc.name or "").split(".")[0]
+        )
+        if extra is not None:
+            return f"{exc.name} is not installed; pip install 'statepact[{extra}]'"
+    if isinstance(exc, OSError | ConnectionError | TimeoutError):
+        return f"cannot reach the server: {type(exc).__name__}: {exc}"
+    return f"unexpected {type(exc).__name__}: {exc} (run again with --debug for the traceback)"
+
+
+def run_command(
+    name: str,
+    body: Callable[[], Coroutine[Any, Any, int]],
+    *,
+    debug: bool,
+    err: TextIO | None = None,
+) -> int:
+    """Run ``body`` on a new event loop; an error becomes one line on stderr and exit code 1."""
+    stream = err or sys.stderr
+    try:
+        return asyncio.run(body())
+    except KeyboardInterrupt:
+        print(f"statepact {name}: interrupted", file=stream)
+        return 130
+    except Exception as exc:
+        if debug:
+            traceback.print_exc(file=stream)
+        print(f"statepact {name}: error: {describe_error(exc)}", file=stream)
+        return 1
+
+
+def add_debug_argument(parser: argparse.ArgumentParser) -> None:
+    if not any(action.dest == "debug" for action in parser._actions):
+        parser.add_argument(
+            "--debug", action="store_true", help="show the full traceback when something fails"
+        )
+
+
+def add_server_arguments(parser: argparse.ArgumentParser, *, verb: str) -> None:
+    """``--redis URL`` and ``--postgres URL``; ``verb`` says what is done there ("measure on")."""
+    parser.add_argument(
+        "--redis",
+        metavar="URL",
+        help=f"{verb} this Redis (redis://[:password@]host:port/db); its password is never printed",
+    )
+    parser.add_argument(
+        "--postgres",
+        metavar="URL",
+        help=f"{verb} this PostgreSQL (postgresql://user[:password]@host:port/db); its "
+        "password is never printed",
+    )
+
+
+@dataclass
+class Backings:
+    """The three protocols on one backing, plus where they live (already redacted)."""
+
+    kind: str
+    where: str
+    state: StateStore
+    queue: WorkQueue
+    manager: TransactionManager
+    clock: Clock
+    # A fresh, empty queue on the same backing (bench runs each scenario on its own).
+    new_queue: Callable[[str, QueuePolicy], Awaitable[WorkQueue]]
+    # The raw client under the backing (redis-py client, SQLAlchemy engine), for bench floors.
+    raw: Any = None
+
+
+@asynccontextmanager
+async def open_backings(
+    kind: str,
+    url: str | None,
+    *,
+    clock: Clock,
+    policy: QueuePolicy,
+    tag: str | None = None,
+    notes: TextIO | None = None,
+) -> AsyncIterator[Backings]:
+    """State store, work queue and transaction manager on ``kind``, removed again on exit.
+
+    On a server everything lives under a namespace (Redis) or schema
+    (PostgreSQL) named after ``tag`` (a fresh one by default), and the exit
+    deletes it, whatever happened inside.
+    """
+    tag = tag or f"statepact_cli_{uuid.uuid4().hex[:10]}"
+    notes = notes or sys.stderr
+    if kind == "memory":
+        from statepact.storage.memory import MemoryBackend, MemoryStateStore, MemoryWorkQueue
+
+        backend = MemoryBackend(clock=clock)
+        manager = TransactionManager(backend, clock=clock)
+
+        async def new_queue(name: str, queue_policy: QueuePolicy) -> WorkQueue:
+            return MemoryWorkQueue(clock=clock, policy=queue_policy, name=name)
+
+        try:
+            yield Backings(
+                kind="memory",
+                where="in-process memory",
+                state=MemoryStateStore(clock=clock),
+                queue=MemoryWorkQueue(clock=clock, policy=policy),
+                manager=manager,
+                clock=clock,
+                new_queue=new_queue,
+            )
+        finally:
+            await manager.close()
+        return
+    if url is None:
+        raise CommandError(f"--{kind} URL is needed for the {kind} backing")
+    if kind == "redis":
+        async with _redis_backings(url, clock=clock, policy=policy, tag=tag, notes=notes) as b:
+            yield b
+        return
+    if kind == "postgres":
+        async with _postgres_backings(url, clock=clock, policy=policy, tag=tag, notes=notes) as b:
+            yield b
+        return
+    raise CommandError(f"unknown backing {kind!r}; use memory, redis or postgres")
+
+
+async def _server_durability(client: Any, notes: TextIO) -> bool:
+    """Whether the Redis passes the durable preflight; refuses (PreflightError) one that evicts.
+
+    The CLI's own data is deleted when the command ends, so a server that would
+    forget writes on a restart is fine for it; it says so, since production
+    state is not.
+    """
+    from statepact.storage.redis.preflight import read_server_configs, refusals
+
+    configs = await read_server_configs(client)
+    evicting = [r for c in configs for r in refusals(c, durable=False)]
+    if evicting:
+        raise PreflightError(evicting, server="Redis")
+    if any(refusals(c, durable=True) for c in configs):
+        print(
+            "note: this Redis would forget recent writes on a restart (no append-only file "
+            "synced by Redis); fine here (everything this command writes is deleted when it "
+            "ends), refused for real state: see `statepact doctor`",
+            file=notes,
+        )
+        return False
+    return True
+
+
+def redis_client(url: str, **options: Any) -> Any:
+    """A ``redis.asyncio.Redis`` for ``url`` from ``create_client`` (its timeouts, redis-py's
+    retry off); a URL it refuses (unreadable, a database that is not an index) is a
+    ``CommandError`` saying why."""
+    from pydantic import SecretStr
+
+    from statepact.settings import RedisStoreSettings
+    from statepact.storage.redis import create_client
+
+    try:
+        return create_client(RedisStoreSettings(dsn=SecretStr(url)), **options)
+    except ValueError as exc:
+        # create_client's message masks the password; "dsn" is --redis here.
+        raise CommandError(f"--redis: {str(exc).removeprefix('dsn: ')}") from None
+
+
+@asynccontextmanager
+async def _redis_backings(
+    url: str, *, clock: Clock, policy: QueuePolicy, tag: str, notes: TextIO
+) -> AsyncIterator[Backings]:
+    from redis import exceptions as rex
+
+    from statepact.settings import RedisStoreSettings
+    from statepact.storage.redis import RedisStateStore, RedisWorkQueue
+    from statepact.storage.redis.backend import RedisBackend
+
+    client: Any = redis_client(url, socket_connect_timeout=5.0, max_connections=200)
+    try:
+        try:
+            await client.ping()
+        except rex.RedisError as exc:
+            raise CommandError(
+                f"cannot reach Redis at {redact_dsn(url)}: {type(exc).__name__}: {exc}; check "
+                "the URL and that the server is running"
+            ) from exc
+        durable = await _server_durability(client, notes)
+        settings = RedisStoreSettings(namespace=tag, durable=durable)
+        backend = RedisBackend(client, prefix=tag, clock=clock)
+        manager = TransactionManager(backend, clock=clock)
+
+        async def new_queue(name: str, queue_policy: QueuePolicy) -> WorkQueue:
+            queue_settings = settings.model_copy(update={"queue_name": name})
+            return await RedisWorkQueue.open(
+                client, clock=clock, settings=queue_settings, policy=queue_policy
+            )
+
+        try:
+            yield Backings(
+                kind="redis",
+                where=f"Redis at {redact_dsn(url)}, namespace {tag!r}",
+                state=await RedisStateStore.open(client, clock=clock, settings=settings),
+                queue=await new_queue("default", policy),
+                manager=manager,
+                clock=clock,
+                new_queue=new_queue,
+                raw=client,
+            )
+        finally:
+            # The scratch namespace goes whatever ended the command, a cancellation included.
+            await finish(_clear_redis(backend, client, tag))
+    finally:
+        await finish(client.aclose())
+
+
+async def _clear_redis(backend: Any, client: Any, tag: str) -> None:
+    await backend.clear()
+    await _delete_redis_namespace(client, tag)
+
+
+#: The statement timeout the CLI's own connections carry (verify() refuses none).
+CLI_STATEMENT_TIMEOUT_MS = 30_000
+
+
+@asynccontextmanager
+async def _postgres_backings(
+    url: str, *, clock: Clock, policy: QueuePolicy, tag: str, notes: TextIO
+) -> AsyncIterator[Backings]:
+    """Everything in a PostgreSQL schema of its own, built by the packaged migrations.
+
+    The schema is first on the connections' ``search_path``, so the tables, the
+    commit functions and Alembic's version table all land there, and dropping it
+    (``CASCADE``) removes every trace of the run.
+    """
+    from sqlalchemy import exc as sa_exc
+    from sqlalchemy import pool, text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from statepact.settings import PostgresStoreSettings
+    from statepact.storage.postgres import (
+        PostgresStateStore,
+        PostgresWorkQueue,
+        create_engine,
+        migrate,
+    )
+    from statepact.storage.postgres.backend import PostgresBackend
+
+    where = redact_dsn(url)
+    try:
+        parsed = make_url(url)
+    except sa_exc.ArgumentError as exc:
+        raise CommandError(
+            f"--postgres {where!r} is not a database URL; use "
+            "postgresql://user[:password]@host:port/database"
+        ) from exc
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+asyncpg")
+    plain = parsed.render_as_string(hide_password=False)
+    admin = create_async_engine(plain, poolclass=pool.NullPool)
+    quoted = f'"{tag}"'  # tag is [a-z0-9_] only: safe to quote as an identifier
+    try:
+        try:
+            async with admin.begin() as conn:
+                await conn.execute(text(f"CREATE SCHEMA {quoted}"))
+        except (sa_exc.SQLAlchemyError, OSError) as exc:
+            raise CommandError(
+                f"cannot create a scratch schema on PostgreSQL at {where}: "
+                f"{type(exc).__name__}: {first_line(exc)}; check the URL, that the server is "
+                "running, and that the user may CREATE SCHEMA in that database"
+            ) from exc
+        settings = PostgresStoreSettings(dsn=plain, pool_size=50, pool_timeout=30.0)
+        engine = create_engine(
+            settings,
+            connect_args={
+                "server_settings": {
+                    "search_path": tag,
+                    "statement_timeout": str(CLI_STATEMENT_TIMEOUT_MS),
+                }
+            },
+        )
+        try:
+            await migrate.upgrade(engine)
+            backend = PostgresBackend(engine, clock=clock)
+            manager = TransactionManager(backend, clock=clock)
+
+            async def new_queue(name: str, queue_policy: QueuePolicy) -> WorkQueue:
+                return await PostgresWorkQueue.open(
+                    engine,
+                    clock=clock,
+                    settings=settings.model_copy(update={"queue_name": name}),
+                    policy=queue_policy,
+                )
+
+            yield Backings(
+                kind="postgres",
+                where=f"PostgreSQL at {where}, schema {tag!r}",
+                state=await PostgresStateStore.open(engine, clock=clock, settings=settings),
+                queue=await new_queue("default", policy),
+                manager=manager,
+                clock=clock,
+                new_queue=new_queue,
+                raw=engine,
+            )
+        finally:
+            # The scratch schema goes whatever ended the command, a cancellation included.
+            await finish(_drop_postgres_schema(engine, admin, quoted))
+    finally:
+        await finish(admin.dispose())
+
+
+async def _drop_postgres_schema(engine: Any, admin: Any, quoted: str) -> None:
+    from sqlalchemy import text
+
+    await engine.dispose()
+    async with admin.begin() as conn:
+        await conn.execute(text(f"DROP SCHEMA IF EXISTS {quoted} CASCADE"))
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message (a driver error's own, not SQLAlchemy's wrapper)."""
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+async def _delete_redis_namespace(client: Any, tag: str) -> None:
+    """Delete this run's keys: ``tag:state:...``, ``{tag:queue}...`` and ``{tag}:...``.
+
+    ``tag`` is unique to the run, so the match cannot reach anyone else's keys.
+    """
+    starts = (f"{tag}:".encode(), f"{{{tag}:".encode(), f"{{{tag}}}".encode())
+    batch: list[bytes] = []
+    async for key in client.scan_iter(match=f"*{tag}*", count=1000):
+        if bytes(key).startswith(starts):
+            batch.append(key)
+        if len(batch) >= 500:
+            await client.delete(*batch)
+            batch.clear()
+    if batch:
+        await client.delete(*batch)
