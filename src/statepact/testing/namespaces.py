@@ -24,7 +24,7 @@ import os
 import uuid
 from typing import Any
 
-from statepact.storage.redis._keys import QueueKeys, StateKeys, TxKeys, glob_escape
+from statepact.storage.redis import QueueKeys, StateKeys, TxKeys, glob_escape
 
 __all__ = ["clear_namespace", "clear_namespace_at", "namespace_patterns", "unique_namespace"]
 

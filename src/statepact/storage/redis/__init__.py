@@ -10,14 +10,17 @@ own retry off so the failover budget is the only one).
 data; the plain constructors skip it (tests do that). ``RedisBackend`` (the
 ``TransactionManager`` backing) is built the same way, or with
 ``await RedisBackend.connect(url, prefix=...)``. Keys come from one codec
-(``_keys``), every multi-key change is one Lua script (``lua/``), and every
-redis-py error is translated at this package's boundary (``_client``).
+(``_keys``, whose ``StateKeys``/``QueueKeys``/``TxKeys`` this package re-exports
+for tools that name a namespace's keys), every multi-key change is one Lua
+script (``lua/``), and every redis-py error is translated at this package's
+boundary (``_client``).
 
 Importing this package imports redis-py; ``import statepact`` never does.
 """
 
 from statepact.settings import RedisStoreSettings
 from statepact.storage.redis._client import create_client
+from statepact.storage.redis._keys import QueueKeys, StateKeys, TxKeys, glob_escape
 from statepact.storage.redis._scripts import load_scripts
 from statepact.storage.redis.backend import RedisBackend
 from statepact.storage.redis.preflight import preflight
@@ -25,11 +28,15 @@ from statepact.storage.redis.queue import RedisWorkQueue
 from statepact.storage.redis.state import RedisStateStore
 
 __all__ = [
+    "QueueKeys",
     "RedisBackend",
     "RedisStateStore",
     "RedisStoreSettings",
     "RedisWorkQueue",
+    "StateKeys",
+    "TxKeys",
     "create_client",
+    "glob_escape",
     "load_scripts",
     "preflight",
 ]

@@ -1,0 +1,173 @@
+"""The import rules of docs/architecture.md, read from the source of every module."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import statepact
+
+PACKAGE = Path(statepact.__file__).parent
+
+FOUNDATION = frozenset(
+    {
+        "statepact.errors",
+        "statepact.clock",
+        "statepact.models",
+        "statepact.settings",
+        "statepact._limits",
+        "statepact._codec",
+        "statepact._retry",
+        "statepact._cancel",
+        "statepact._observe",
+    }
+)
+FRONTS = frozenset({"statepact.state", "statepact.queue", "statepact.tx"})
+RUNTIME = frozenset({"statepact.worker", "statepact.otel"})
+BACKINGS = ("memory", "redis", "postgres")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(name: str, path: Path) -> Iterator[str]:
+    """Every statepact module ``name`` imports, at module level or inside a function
+    (``from statepact import x`` counts as ``statepact.x`` when ``x`` is a module)."""
+    modules = _modules()
+    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names if alias.name.startswith("statepact"))
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{name}: relative import (the package imports absolutely)"
+            base = node.module or ""
+            if not base.startswith("statepact"):
+                continue
+            for alias in node.names:
+                child = f"{base}.{alias.name}"
+                yield child if child in modules else base
+
+
+def _layer(name: str) -> str:
+    if name == "statepact":
+        return "package"
+    if name in FOUNDATION:
+        return "foundation"
+    if name in FRONTS:
+        return "front"
+    if name in RUNTIME:
+        return "runtime"
+    if name.startswith("statepact.storage."):
+        return "backing"
+    if name == "statepact.storage":
+        return "storage"
+    if name.startswith("statepact.cli"):
+        return "cli"
+    if name.startswith("statepact.testing"):
+        return "testing"
+    raise AssertionError(f"{name} is in no layer of docs/architecture.md; add it there")
+
+
+def _backing(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "storage" else None
+
+
+def _broken_rule(importer: str, imported: str) -> str | None:
+    """Why ``importer`` may not import ``imported``, or None when it may."""
+    if imported == importer:
+        return None
+    source, target = _layer(importer), _layer(imported)
+    allowed = {
+        "foundation": {"foundation"},
+        "front": {"foundation"},
+        "package": {"foundation", "front"},
+        "runtime": {"foundation", "front", "runtime", "package"},
+        "backing": {"foundation", "front", "backing"},
+    }
+    if source in allowed and target not in allowed[source]:
+        return f"a {source} module imports a {target} module"
+    if source == "backing" and target == "backing" and _backing(importer) != _backing(imported):
+        return "a backing imports another backing"
+    leaf = imported.rsplit(".", 1)[-1]
+    if (
+        target == "backing"
+        and leaf.startswith("_")
+        and leaf != "__init__"
+        and _backing(importer) != _backing(imported)
+    ):
+        return "a backing's private module is imported from outside its package"
+    if target == "cli" and source != "cli":
+        return "a module outside cli/ imports cli/"
+    if source == "cli" and target == "cli":
+        commands = {importer, imported} - {"statepact.cli", "statepact.cli._common"}
+        if len(commands) == 2:
+            return "a command imports another command"
+        if imported == "statepact.cli" and importer != "statepact.cli.__main__":
+            return "a command imports the dispatcher"
+    return None
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for name in _modules():
+        _layer(name)
+
+
+def test_no_module_imports_across_its_layers_rules() -> None:
+    broken = [
+        f"{importer} imports {imported}: {reason}"
+        for importer, path in _modules().items()
+        for imported in sorted(set(_imports(importer, path)))
+        if (reason := _broken_rule(importer, imported)) is not None
+    ]
+    assert broken == []
+
+
+@pytest.mark.parametrize(
+    ("importer", "imported", "reason"),
+    [
+        ("statepact.queue", "statepact.storage.redis", "a front module imports a backing"),
+        ("statepact.errors", "statepact.models", None),
+        ("statepact.models", "statepact.tx", "a foundation module imports a front"),
+        ("statepact.worker", "statepact.storage.memory", "a runtime module imports a backing"),
+        ("statepact.storage.redis.queue", "statepact.storage.postgres.schema", "another backing"),
+        ("statepact.cli.bench", "statepact.storage.redis._scripts", "private module"),
+        ("statepact.testing.fixtures", "statepact.storage.redis._keys", "private module"),
+        ("statepact.cli.bench", "statepact.cli.demo", "a command imports another command"),
+        ("statepact.cli.bench", "statepact.cli._common", None),
+        ("statepact.testing.fixtures", "statepact.cli._common", "outside cli/ imports cli/"),
+        ("statepact.storage.redis.queue", "statepact.storage.redis._keys", None),
+    ],
+)
+def test_the_rules_refuse_what_the_page_forbids(
+    importer: str, imported: str, reason: str | None
+) -> None:
+    """The checker itself: each rule refuses its case and lets the allowed ones through."""
+    got = _broken_rule(importer, imported)
+    if reason is None:
+        assert got is None
+    else:
+        assert got is not None and reason in got
+
+
+def test_import_statepact_loads_no_driver() -> None:
+    probe = (
+        "import json, sys, statepact\n"
+        "drivers = ('redis', 'hiredis', 'sqlalchemy', 'asyncpg', 'alembic')\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in drivers)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
