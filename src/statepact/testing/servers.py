@@ -7,7 +7,7 @@ Two halves:
   it (SIGKILL, as a crash would) and start it again on the same port and data,
   which is what fault tests need.
 - :func:`provide_server` finds a server for a test session, in the order
-  DESIGN section 8 fixes: the ``STATEPACT_TEST_{POSTGRES,REDIS}_URL``
+  docs/testing.md gives: the ``STATEPACT_TEST_{POSTGRES,REDIS}_URL``
   environment variables; else testcontainers (official ``postgres`` and
   ``redis`` images) where a Docker daemon answers; else the local binaries;
   else :class:`ServerUnavailableError` with every reason, which
@@ -833,7 +833,7 @@ def choose_provider(
     docker_check: Callable[[], str | None],
     local_check: Callable[[], str | None],
 ) -> ProviderChoice:
-    """The DESIGN section 8 order: environment URL, testcontainers, local binaries, none.
+    """The order of docs/testing.md: environment URL, testcontainers, local binaries, none.
 
     The checks return None when usable, else the reason; each runs only when the
     providers before it are not there.

@@ -51,7 +51,7 @@ fencing; (2) ``INSERT INTO statepact_idempotency ... ON CONFLICT DO NOTHING``
 (a concurrent commit with the same key waits on the unique index, then
 replays); (3) insert version-0 placeholder rows into ``statepact_values`` for
 absent keys and lock every read and written key in ``(resource, key)`` order
-(``FOR UPDATE`` for writes, ``FOR SHARE`` for serializable reads), then
+(``FOR NO KEY UPDATE`` for writes, ``FOR SHARE`` for serializable reads), then
 validate the versions; (4) only then ``UPDATE statepact_meta SET seq = seq + 1
 RETURNING seq``: that row lock is the one global serialisation point, held only
 for the final write of values, history and the idempotency version (one

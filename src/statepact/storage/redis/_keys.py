@@ -2,7 +2,7 @@
 
 Every key the Redis backings touch is built here (or, for keys that depend on
 what a script reads, by the two-line ``seg``/``ref`` helpers in
-``lua/_prelude.lua``, which follow exactly the grammar below). Nothing else
+``lua/_common.lua``, which follow exactly the grammar below). Nothing else
 formats a key; a call site asks this module.
 
 Grammar (``seg(s)`` is ``<UTF-8 byte length of s>:<s>``)::

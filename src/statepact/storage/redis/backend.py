@@ -27,8 +27,8 @@ cluster too; ``R``/``K`` are the length-prefixed resource and key)::
                                 after two minutes
 
 An entry is ``<version>:<µs>:<txn_id>\\0`` followed by ``=<JSON text>`` or ``-``
-for a delete (``lua/_tx.lua``). The seed's ``{"v", "ver", "d"}`` JSON wrapper is
-not used: wrapping would make the script decode and re-encode the value, which
+for a delete (``lua/_tx.lua``). No ``{"v", "ver", "d"}`` JSON wrapper (see
+docs/backings.md): wrapping would make the script decode and re-encode the value, which
 cjson does lossily, and the contract is to hand the text back byte for byte.
 
 Round trips: ``begin`` is one ``GET``, a latest read one ``HGET``, a snapshot

@@ -16,8 +16,8 @@ the tenants that have ready work, scored by the turn each was last served at
 set scored by expiry with a hash of live lease tokens, which is what every
 heartbeat and settle is fenced on; per-tenant dead sets; per-status counts.
 
-A claim is two scripts, as the seed prescribes: ``claim.lua`` moves items from
-their tenants' ready sets to the lease set and records their tokens;
+A claim is two scripts (docs/backings.md says why): ``claim.lua`` moves items
+from their tenants' ready sets to the lease set and records their tokens;
 ``claimed.lua`` then writes the items' records (status, attempts, updated). A
 claimer that dies in between leaves items leased whose records still say
 queued; the next ``reap`` finishes those writes first. Claim cost is O(log n)

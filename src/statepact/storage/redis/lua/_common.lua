@@ -1,4 +1,4 @@
--- _common.lua: prepended by _scripts.py to every statepact script (state and queue).
+-- _common.lua: prepended by _scripts.py to every statepact script (state, queue and tx).
 --
 -- Key building in Lua is limited to the two helpers below, which follow the
 -- grammar of _keys.py exactly: seg(s) is "<byte length>:<s>" (Lua's #s counts

@@ -7,7 +7,7 @@ ARGV[1]  Q, the queue prefix        ARGV[2]  now, µs
 ARGV[3]  expires_at of the new leases, µs
 ARGV[4]  limit                      ARGV[5]  most delayed items to promote in one call
 
-Returns  {1} when more than ARGV[6] delayed items came due: they were promoted,
+Returns  {1} when more than ARGV[5] delayed items came due: they were promoted,
          nothing was claimed, call again (a claim must see every due item to
          honour priorities, and one script must not block the server for long);
          otherwise {0, R, token, R, token, ...} in the order claimed (a retry of
