@@ -54,7 +54,7 @@ from statepact._codec import (
 )
 from statepact._limits import DEFAULT_MAX_VALUE_BYTES, MAX_HISTORY
 from statepact._retry import RetryPolicy
-from statepact.clock import Clock, read_clock
+from statepact.clock import Clock, SystemClock, read_clock
 from statepact.errors import (
     ConflictError,
     DeadlockError,
@@ -302,8 +302,9 @@ class StorageBackend(Protocol):
       each method raises on purpose are listed on the method.
     """
 
-    #: The clock the backing was built with. The front reads it (a backing never does).
-    clock: Clock
+    #: The clock the backing was built with, if any: ``TransactionManager`` uses it when
+    #: it is given none (then ``SystemClock``). A backing never reads it.
+    clock: Clock | None
 
     #: ``True`` if ``lock`` detects wait-for cycles and raises ``DeadlockError``
     #: (memory); ``False`` if a cycle surfaces as ``LockTimeoutError`` (Redis, PostgreSQL).
@@ -771,7 +772,9 @@ class Transaction:
 class TransactionManager:
     """Transactions, leases, history and the resource registry over one ``StorageBackend``.
 
-    ``clock`` defaults to the backing's own; ``max_value_bytes`` bounds each
+    ``clock`` is the clock every lease and commit time is read from: the one
+    passed, else the one the backing was built with, else ``SystemClock``;
+    ``max_value_bytes`` bounds each
     serialized value (``StatePersistenceError(reason="too_large")`` above it,
     nothing sent); ``backoff`` paces ``run``'s retries (its ``attempts`` is
     replaced by ``retries + 1``).
@@ -788,7 +791,7 @@ class TransactionManager:
         if max_value_bytes <= 0:
             raise ValueError("max_value_bytes: must be positive")
         self._backend = backend
-        self._clock: Clock = clock or backend.clock
+        self._clock: Clock = clock or backend.clock or SystemClock()
         self.max_value_bytes = max_value_bytes
         self._backoff = backoff or _DEFAULT_BACKOFF
 

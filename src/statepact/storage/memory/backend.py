@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from statepact.clock import Clock, SystemClock
+from statepact.clock import Clock
 from statepact.errors import (
     ConflictError,
     DeadlockError,
@@ -349,7 +349,8 @@ class MemoryBackend:
     how many committed footprints the serializable audit looks back over;
     ``retain_versions`` keeps at least that many newest versions per key
     whatever the snapshots (for history and tests); ``gc=False`` keeps every
-    version. ``clock`` is read by the front, never here.
+    version. ``clock`` is the clock a ``TransactionManager`` on this backend uses
+    unless given one (else ``SystemClock``); never read here.
     """
 
     detects_deadlocks = True
@@ -369,7 +370,7 @@ class MemoryBackend:
             raise ValueError("serialization_window: must be at least 1")
         if retain_versions is not None and retain_versions < 1:
             raise ValueError("retain_versions: must be at least 1 (or None)")
-        self.clock: Clock = clock or SystemClock()
+        self.clock: Clock | None = clock
         self.lock_timeout = lock_timeout
         self.serialization_window = serialization_window
         self.retain_versions = retain_versions

@@ -111,7 +111,7 @@ from sqlalchemy.types import JSON
 
 from statepact._cancel import finish
 from statepact._retry import RetryPolicy
-from statepact.clock import Clock, SystemClock
+from statepact.clock import Clock
 from statepact.errors import (
     ConflictError,
     DeadlockError,
@@ -464,8 +464,9 @@ class PostgresBackend:
       the server's time), so a crashed holder cannot keep a key forever.
     - ``serialization_window``: accepted for parity with ``MemoryBackend``;
       serializable commits are validated in full under locks instead.
-    - ``clock``: read by the front, never here (lock rows are stamped with the
-      server's ``now()``).
+    - ``clock``: the clock a ``TransactionManager`` on this backend uses unless
+      given one (else ``SystemClock``); never read here (lock rows are stamped
+      with the server's ``now()``).
     - ``failover``: the retry budget for connection errors (default 6 attempts).
     """
 
@@ -495,7 +496,7 @@ class PostgresBackend:
         self.lock_timeout = float(lock_timeout)
         self.lock_ttl_seconds = float(lock_ttl_seconds)
         self.serialization_window = serialization_window
-        self.clock: Clock = clock or SystemClock()
+        self.clock: Clock | None = clock
         self._engine = engine
         self._owns_engine = owns_engine
         self._executor = EngineExecutor(

@@ -73,7 +73,7 @@ from typing import Any, Self, TypeVar
 
 from statepact._cancel import finish
 from statepact._retry import RetryPolicy
-from statepact.clock import Clock, SystemClock, from_micros, to_micros
+from statepact.clock import Clock, from_micros, to_micros
 from statepact.errors import (
     ConflictError,
     FencingError,
@@ -159,7 +159,8 @@ class RedisBackend:
       kept; a replay after that is a new commit.
     - ``lock_ttl_seconds``: how long a lock set lives after its last grant.
     - ``lock_timeout``: the default lock wait in seconds.
-    - ``clock``: read by the front, never here (default ``SystemClock``).
+    - ``clock``: the clock a ``TransactionManager`` on this backend uses unless
+      given one (else ``SystemClock``); never read here.
     - ``failover``: the retry budget for connection errors (default: the one
       ``RedisStoreSettings`` gives, 6 attempts).
     """
@@ -189,7 +190,7 @@ class RedisBackend:
             raise ValueError(f"lock_timeout: must not be negative, got {lock_timeout}")
         self.lock_ttl_seconds = float(lock_ttl_seconds)
         self.lock_timeout = float(lock_timeout)
-        self.clock: Clock = clock or SystemClock()
+        self.clock: Clock | None = clock
         self._keys = TxKeys(prefix)
         self._redis = redis
         self._owns_client = owns_client
