@@ -34,6 +34,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import random
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -306,9 +307,12 @@ class StorageBackend(Protocol):
     #: it is given none (then ``SystemClock``). A backing never reads it.
     clock: Clock | None
 
-    #: ``True`` if ``lock`` detects wait-for cycles and raises ``DeadlockError``
+    #: ``True`` if ``try_lock`` detects wait-for cycles and raises ``DeadlockError``
     #: (memory); ``False`` if a cycle surfaces as ``LockTimeoutError`` (Redis, PostgreSQL).
     detects_deadlocks: bool
+
+    #: The lock wait, in seconds, of a ``Transaction.lock`` given no ``timeout``.
+    lock_timeout: float
 
     async def begin(self, txn_id: str) -> int:
         """Start transaction ``txn_id``: return the current committed sequence and register it.
@@ -368,26 +372,25 @@ class StorageBackend(Protocol):
         """
         ...
 
-    async def lock(
-        self,
-        txn_id: str,
-        resource: str,
-        key: str,
-        mode: LockMode,
-        timeout: float | None,  # noqa: ASYNC109 - the wait budget is part of the request
-    ) -> None:
-        """Take a pessimistic lock on ``(resource, key)`` for ``txn_id`` until ``end(txn_id)``.
+    async def try_lock(
+        self, txn_id: str, resource: str, key: str, mode: LockMode, wait: float
+    ) -> bool:
+        """One attempt at a pessimistic lock on ``(resource, key)`` for ``txn_id``.
+
+        ``True`` when granted (held until ``end(txn_id)``), ``False`` when not.
+        The front's ``Transaction.lock`` calls it until its deadline passes,
+        with backoff between attempts, then raises ``LockTimeoutError``: the
+        wait loop lives there, once. Redis and PostgreSQL try once and ignore
+        ``wait``; memory waits up to ``wait`` seconds on its wait-for graph (a
+        real elapsed wait) and raises ``DeadlockError`` when waiting would
+        close a wait-for cycle (exactly one transaction of the cycle gets it;
+        only a backing whose ``detects_deadlocks`` is ``True`` does).
 
         Shared locks coexist; an exclusive lock excludes every other holder.
-        Re-locking a key the transaction holds is a no-op; asking for
-        exclusive while holding shared upgrades (waiting for other sharers).
-        Locks are advisory among transactions that take them: they do not
-        block commits of transactions that did not lock. ``timeout`` is a
-        real elapsed wait in seconds (0 tries once); ``None`` means the
-        backing's configured ``lock_timeout``. Raises ``LockTimeoutError``
-        when not granted in time, ``DeadlockError`` when waiting would close
-        a wait-for cycle (only if ``detects_deadlocks``; exactly one
-        transaction of the cycle gets it).
+        Re-locking a key the transaction holds is granted at once; asking for
+        exclusive while holding shared upgrades (once the other sharers are
+        gone). Locks are advisory among transactions that take them: they do
+        not block commits of transactions that did not lock.
 
         Time: a server backing's lock expires ``lock_ttl_seconds`` after its
         grant as the *server* measures it (Redis's PX TTL, PostgreSQL's
@@ -471,6 +474,10 @@ class StorageBackend(Protocol):
 # LockTimeoutError on Redis and PostgreSQL, so ``run`` treats them alike.
 _RETRIED: tuple[type[StatepactError], ...] = (ConflictError, DeadlockError, LockTimeoutError)
 _DEFAULT_BACKOFF = RetryPolicy(attempts=11, base_delay=0.01, max_delay=0.5)
+# Between lock attempts: the first retry comes quickly (most locks are short), then
+# the wait doubles up to a ceiling that keeps a released lock's latency small.
+_LOCK_FIRST_DELAY = 0.002
+_LOCK_MAX_DELAY = 0.05
 
 _log = logging.getLogger("statepact.tx")
 
@@ -676,9 +683,27 @@ class Transaction:
         checked_resource = require_id("resource", resource)
         checked_key = require_id("key", key)
         checked_mode = _require_mode(mode)
-        wait = None if timeout is None else require_seconds("timeout", timeout, allow_zero=True)
+        wait = (
+            self._backend.lock_timeout
+            if timeout is None
+            else require_seconds("timeout", timeout, allow_zero=True)
+        )
         self._require_active()
-        await self._backend.lock(self.txn_id, checked_resource, checked_key, checked_mode, wait)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        delay = _LOCK_FIRST_DELAY
+        while True:
+            remaining = max(0.0, deadline - loop.time())
+            if await self._backend.try_lock(
+                self.txn_id, checked_resource, checked_key, checked_mode, remaining
+            ):
+                return
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise LockTimeoutError(resource=checked_resource, key=checked_key, timeout=wait)
+            # Jittered so that waiters released together do not ask together.
+            await asyncio.sleep(min(remaining, random.uniform(delay / 2, delay)))
+            delay = min(delay * 2, _LOCK_MAX_DELAY)
 
     # -- the end -------------------------------------------------------------------
 

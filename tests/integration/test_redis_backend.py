@@ -400,7 +400,7 @@ _HOLDER = textwrap.dedent(
         backend = await RedisBackend.connect(
             sys.argv[1], prefix=sys.argv[2], lock_ttl_seconds=float(sys.argv[3]), durable=False
         )
-        await backend.lock("crashed-txn", "orders", "o1", LockMode.EXCLUSIVE, 0)
+        assert await backend.try_lock("crashed-txn", "orders", "o1", LockMode.EXCLUSIVE, 0)
         print("locked", flush=True)
         await asyncio.sleep(600)
 

@@ -567,17 +567,15 @@ class MemoryBackend:
 
     # -- locks ------------------------------------------------------------------------------
 
-    async def lock(
-        self,
-        txn_id: str,
-        resource: str,
-        key: str,
-        mode: LockMode,
-        timeout: float | None,  # noqa: ASYNC109 - the wait budget is part of the request
-    ) -> None:
+    async def try_lock(
+        self, txn_id: str, resource: str, key: str, mode: LockMode, wait: float
+    ) -> bool:
         self._check_open()
-        wait = self.lock_timeout if timeout is None else timeout
-        await self.locks.acquire(txn_id, (resource, key), mode, wait)
+        try:
+            await self.locks.acquire(txn_id, (resource, key), mode, wait)
+        except LockTimeoutError:
+            return False
+        return True
 
     # -- leases -----------------------------------------------------------------------------
 

@@ -65,7 +65,7 @@ reported by PostgreSQL inside a commit is a ``ConflictError``.
 
 Locks are rows in ``statepact_locks``: a transaction spans several pooled
 calls, so a lock cannot be a session lock. Each attempt is one statement that
-never waits; ``lock`` polls with backoff until its timeout
+never waits; the front polls it with backoff until its timeout
 (``LockTimeoutError``; there is no wait-for graph, so ``detects_deadlocks`` is
 ``False`` and a cycle ends as a timeout). A lock row expires
 ``lock_ttl_seconds`` after it was granted, by the server's ``now()`` (as a
@@ -83,9 +83,7 @@ print a DSN, and never let an SQLAlchemy or asyncpg exception out.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import random
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any, Self, TypeVar
@@ -118,7 +116,6 @@ from statepact.errors import (
     FencingError,
     IdempotencyConflictError,
     LeaseLostError,
-    LockTimeoutError,
     SchemaVersionError,
     StatepactError,
     StatePersistenceError,
@@ -142,10 +139,6 @@ __all__ = ["PostgresBackend"]
 
 T = TypeVar("T")
 
-# Lock polling: the first retry comes quickly (most locks are short), then the
-# wait doubles up to a ceiling that keeps a released lock's latency small.
-_LOCK_FIRST_DELAY = 0.002
-_LOCK_MAX_DELAY = 0.05
 # Seconds to open a connection before calling the attempt failed (asyncpg waits 60).
 _CONNECT_TIMEOUT = 10.0
 _ACCEPTED_DRIVERS = ("postgresql", "postgres", "postgresql+asyncpg")
@@ -750,17 +743,11 @@ class PostgresBackend:
 
     # -- locks --------------------------------------------------------------------------------
 
-    async def lock(
-        self,
-        txn_id: str,
-        resource: str,
-        key: str,
-        mode: LockMode,
-        timeout: float | None,  # noqa: ASYNC109 - the wait budget is part of the request
-    ) -> None:
+    async def try_lock(
+        self, txn_id: str, resource: str, key: str, mode: LockMode, wait: float
+    ) -> bool:
         if self._closed:
             raise RuntimeError("PostgresBackend: closed")
-        wait = self.lock_timeout if timeout is None else timeout
         # Recorded before asking: a grant whose reply is lost is still released by end().
         self._locking.add(txn_id)
         params = {
@@ -774,19 +761,8 @@ class PostgresBackend:
         async def attempt(conn: Runner) -> bool:
             return bool((await conn.execute(_TRY_LOCK, params)).scalar_one())
 
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
-        delay = _LOCK_FIRST_DELAY
-        while True:
-            # Idempotent: asking again for a lock the transaction holds is a no-op.
-            if await self._run(attempt, idempotent=True):
-                return
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise LockTimeoutError(resource=resource, key=key, timeout=wait)
-            # Jittered so that waiters released together do not ask together.
-            await asyncio.sleep(min(remaining, random.uniform(delay / 2, delay)))
-            delay = min(delay * 2, _LOCK_MAX_DELAY)
+        # Idempotent: asking again for a lock the transaction holds is a no-op.
+        return await self._run(attempt, idempotent=True)
 
     # -- leases -------------------------------------------------------------------------------
 

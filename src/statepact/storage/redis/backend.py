@@ -44,9 +44,9 @@ itself, however many versions of its keys were committed and trimmed from the
 history in between (``lua/tx_commit.lua`` says what a resend of a refused or
 read-only commit answers).
 
-Locks are polled with backoff until the timeout (``LockTimeoutError``; no
-wait-for graph, so ``detects_deadlocks`` is ``False`` and a cycle ends as a
-timeout). A lock set expires after ``lock_ttl_seconds`` without a grant, so a
+A lock attempt never waits; the front polls it with backoff until the timeout
+(``LockTimeoutError``; no wait-for graph, so ``detects_deadlocks`` is ``False``
+and a cycle ends as a timeout). A lock set expires after ``lock_ttl_seconds`` without a grant, so a
 crashed holder frees its keys by itself; a holder slower than that TTL can lose
 its lock unknowingly, so keep the TTL well above the longest critical section.
 The lock keys a transaction asked for are tracked in this process (recorded
@@ -65,8 +65,6 @@ decode or re-encode a stored value, and never let a redis-py exception out
 
 from __future__ import annotations
 
-import asyncio
-import random
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, Self, TypeVar
@@ -79,7 +77,6 @@ from statepact.errors import (
     FencingError,
     IdempotencyConflictError,
     LeaseLostError,
-    LockTimeoutError,
     StatepactError,
     StatePersistenceError,
 )
@@ -113,10 +110,6 @@ _CLEAR_BATCH = 500
 # free connection before PoolExhaustedError (PostgresBackend.connect waits 30 s too).
 _POOL_SIZE = 50
 _POOL_WAIT = 30.0
-# Lock polling: the first retry comes quickly (most locks are short), then the
-# wait doubles up to a ceiling that keeps a released lock's latency small.
-_LOCK_FIRST_DELAY = 0.002
-_LOCK_MAX_DELAY = 0.05
 
 
 def _unavailable(message: str) -> StatePersistenceError:
@@ -401,33 +394,16 @@ class RedisBackend:
 
     # -- locks ------------------------------------------------------------------------------
 
-    async def lock(
-        self,
-        txn_id: str,
-        resource: str,
-        key: str,
-        mode: LockMode,
-        timeout: float | None,  # noqa: ASYNC109 - the wait budget is part of the request
-    ) -> None:
+    async def try_lock(
+        self, txn_id: str, resource: str, key: str, mode: LockMode, wait: float
+    ) -> bool:
         if self._closed:
             raise RuntimeError("RedisBackend: closed")
-        wait = self.lock_timeout if timeout is None else timeout
         lock_key = self._keys.lock(resource, key)
         # Recorded before asking: a grant whose reply is lost is still released by end().
         self._locks.setdefault(txn_id, set()).add(lock_key)
         args: list[str | int] = [txn_id, mode.value, max(1, round(self.lock_ttl_seconds * 1000))]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
-        delay = _LOCK_FIRST_DELAY
-        while True:
-            if await self._script("tx_lock", [lock_key], args) == 1:
-                return
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise LockTimeoutError(resource=resource, key=key, timeout=wait)
-            # Jittered so that waiters released together do not ask together.
-            await asyncio.sleep(min(remaining, random.uniform(delay / 2, delay)))
-            delay = min(delay * 2, _LOCK_MAX_DELAY)
+        return bool(await self._script("tx_lock", [lock_key], args) == 1)
 
     # -- leases -----------------------------------------------------------------------------
 
