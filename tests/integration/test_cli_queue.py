@@ -260,3 +260,38 @@ async def test_a_queue_that_is_not_there_says_what_to_do(empty_database_url: str
     assert code == 1
     assert err.startswith("statepact queue stats: error: ")
     assert "statepact db upgrade" in err
+
+
+async def test_schema_names_the_postgres_schema_holding_the_tables(pg_database_url: str) -> None:
+    """--schema: the queue in that schema's tables (migrated there), not the search_path's."""
+    from sqlalchemy import text
+
+    from statepact.settings import PostgresStoreSettings
+    from statepact.storage.postgres import PostgresWorkQueue, create_engine, migrate
+
+    migrated = create_engine(
+        PostgresStoreSettings(dsn=pg_database_url, pool_size=2),
+        connect_args={"server_settings": {"search_path": "ops"}},
+    )
+    pg = PostgresStoreSettings(dsn=pg_database_url, pool_size=2, db_schema="ops")
+    engine = create_engine(pg)
+    try:
+        async with migrated.begin() as conn:
+            await conn.execute(text("CREATE SCHEMA ops"))
+        await migrate.upgrade(migrated)
+        view = PostgresWorkQueue(engine, clock=SystemClock(), settings=pg)
+        await fill(view)
+        options = ["--postgres", pg_database_url, "--schema", "ops"]
+        code, out, err = await run(options, "stats")
+        assert code == 0, err
+        assert out.splitlines()[0].endswith(", schema 'ops'")
+        assert out.splitlines()[5].split() == ["total", "2", "1", "3"]
+        code, out, _ = await run(["--postgres", pg_database_url], "stats")
+        empty = "queue 'default': no queued, leased or dead items"
+        assert (code, out.splitlines()[1]) == (0, empty)
+        code, out, err = await run(options, "purge-dead", "beta", "--yes")
+        assert (code, out) == (0, "purged 1 dead item(s) of tenant 'beta' from queue 'default'\n")
+        assert (await view.stats()).dead == 2
+    finally:
+        await migrated.dispose()
+        await engine.dispose()
