@@ -310,6 +310,7 @@ CALLS: tuple[CallSpec, ...] = (
     CallSpec(_QUEUE, "reap", "queue", "reap"),
     CallSpec(_QUEUE, "dead_letters", "queue", "dead_letters", _ids("tenant", None, None)),
     CallSpec(_QUEUE, "requeue", "queue", "requeue", _record("item", "item_id", None)),
+    CallSpec(_QUEUE, "purge_dead", "queue", "purge_dead", _ids("tenant", None, None)),
     CallSpec(_QUEUE, "get_item", "queue", "get_item", _ids("tenant", "item_id", None)),
     CallSpec(_QUEUE, "stats", "queue", "stats"),
     CallSpec(_QUEUE, "next_due", "queue", "next_due"),

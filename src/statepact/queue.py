@@ -8,7 +8,7 @@ the lease token; two backings can therefore never disagree about poison.
 
 What the front decides or learns is logged on ``statepact.queue`` (see
 docs/observability.md): dead letters and lost leases at WARNING, reaped leases
-and requeued items at INFO, failures retried later and releases at DEBUG.
+requeued items and purged dead letters at INFO, failures retried later and releases at DEBUG.
 """
 
 from __future__ import annotations
@@ -215,6 +215,18 @@ class WorkQueue(Protocol):
         """Bring a dead item back, due now, with its attempts reset.
 
         Raises ``ValueError`` naming ``item_id`` when the item is missing or not dead.
+        """
+        ...
+
+    async def purge_dead(self, tenant: str) -> int:
+        """Delete every dead item of the tenant; return how many were deleted.
+
+        Queued, leased and done items, and other tenants, are untouched. A purged
+        item is gone as if it had never been enqueued: its ``item_id`` is free
+        again, so an ``enqueue`` of the same id stores a new item. Raises
+        ``ValueError`` naming ``tenant`` for a bad tenant. Not one atomic step on
+        every backing (Redis deletes in bounded batches): an item that dies while
+        a purge runs may or may not be purged by it.
         """
         ...
 
@@ -578,6 +590,24 @@ class BaseWorkQueue(ABC):
         )
         return back
 
+    async def purge_dead(self, tenant: str) -> int:
+        checked = require_id("tenant", tenant)
+        purged = await self._purge_dead(checked)
+        if purged:
+            _log.info(
+                "queue %r: purged %d dead item(s) of tenant %r",
+                self._name,
+                purged,
+                checked,
+                extra={
+                    "queue": self._name,
+                    "tenant": checked,
+                    "backing": _observe.backing_of(self),
+                    "purged": purged,
+                },
+            )
+        return purged
+
     async def get_item(self, tenant: str, item_id: str) -> WorkItem | None:
         return await self._get_item(require_id("tenant", tenant), require_id("item_id", item_id))
 
@@ -672,6 +702,10 @@ class BaseWorkQueue(ABC):
 
     @abstractmethod
     async def _requeue(self, tenant: str, item_id: str, now: datetime) -> WorkItem: ...
+
+    @abstractmethod
+    async def _purge_dead(self, tenant: str) -> int:
+        """Delete the tenant's dead items (their ids become free); return how many."""
 
     @abstractmethod
     async def _get_item(self, tenant: str, item_id: str) -> WorkItem | None: ...

@@ -255,6 +255,21 @@ async def test_claim_is_one_statement(
     assert len(statements) - before == 1
 
 
+async def test_purge_dead_is_one_delete_statement(
+    postgres_work_queue: PostgresWorkQueue, statements: list[str]
+) -> None:
+    """purge_dead is one statement, a DELETE of the tenant's dead rows, however many."""
+    await _fill(postgres_work_queue, "acme", 30)
+    leases = await postgres_work_queue.claim_batch("w1", lease_for=LEASE, limit=30)
+    for lease in leases:
+        await postgres_work_queue.fail(lease, "poison", retryable=False)
+    before = len(statements)
+    assert await postgres_work_queue.purge_dead("acme") == 30
+    assert len(statements) - before == 1
+    assert "DELETE FROM" in statements[-1]
+    assert await postgres_work_queue.purge_dead("acme") == 0
+
+
 async def _counts(conn: AsyncConnection) -> dict[str, tuple[int, int, int]]:
     rows = await conn.execute(
         text(

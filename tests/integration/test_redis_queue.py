@@ -310,6 +310,29 @@ async def test_each_queue_call_is_one_round_trip_and_a_claim_two(
     assert await queue.get_item("t", "big") is None
 
 
+async def test_purge_dead_is_one_script_call_per_thousand_items(
+    observed_redis: ObservedRedis,
+) -> None:
+    """purge_dead runs one EVALSHA per 1,000 dead items (plus the one that finds fewer), so
+    a huge dead letter never holds the server for more than one batch of deletes."""
+    queue = RedisWorkQueue(
+        observed_redis.client, clock=ManualClock(), policy=QueuePolicy(max_attempts=1)
+    )
+    await queue.enqueue_many([WorkItem(tenant="t", item_id=f"i{n:05d}") for n in range(2500)])
+    for _ in range(3):
+        for lease in await queue.claim_batch("w", lease_for=LEASE, limit=1000):
+            await queue.fail(lease, "poison", retryable=False)
+    await queue.purge_dead("nobody")  # loads the script
+    await observed_redis.reset()
+    assert await queue.purge_dead("t") == 2500
+    assert await observed_redis.round_trips() == ["EVALSHA"] * 3
+    await observed_redis.reset()
+    assert await queue.purge_dead("t") == 0
+    assert await observed_redis.round_trips() == ["EVALSHA"]
+    assert (await queue.stats()).tenants == {}
+    assert await observed_redis.client.keys("*item:*") == []
+
+
 async def test_a_client_that_decodes_responses_works(
     statepact_redis_url: str, redis_client: Redis, clock: ManualClock
 ) -> None:

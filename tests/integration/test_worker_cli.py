@@ -26,6 +26,7 @@ from statepact.clock import SystemClock
 from statepact.models import ItemStatus, WorkItem
 from statepact.queue import BaseWorkQueue
 from tests._processes import ROOT
+from tests.fixtures.redis import unlink_namespace
 from tests.integration._worker_app import LOG_ENV
 
 pytestmark = pytest.mark.integration
@@ -66,10 +67,7 @@ async def served(server: dict[str, str]) -> AsyncIterator[tuple[list[str], BaseW
                 RedisWorkQueue(client, clock=SystemClock(), settings=settings),
             )
         finally:
-            keys = [key async for key in client.scan_iter(match=f"*{namespace}*")]
-            if keys:
-                await client.unlink(*keys)
-            await client.aclose()
+            await unlink_namespace(client, namespace)
         return
     from statepact.settings import PostgresStoreSettings
     from statepact.storage.postgres import PostgresWorkQueue, create_engine

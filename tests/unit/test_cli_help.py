@@ -14,6 +14,15 @@ import pytest
 from statepact import cli
 
 DB_OPTIONS = ["--url URL", "--debug"]
+QUEUE_WHERE = [
+    "--redis URL",
+    "--postgres URL",
+    "--queue NAME",
+    "--namespace NS",
+    "--schema NAME",
+    "--no-durable",
+]
+QUEUE_OPTIONS = [*QUEUE_WHERE, "--json", "--debug"]
 OPTIONS: dict[str, list[str]] = {
     "demo": ["--redis URL", "--postgres URL", "--seed N", "--debug"],
     "bench": [
@@ -34,7 +43,12 @@ OPTIONS: dict[str, list[str]] = {
     "db downgrade": ["REVISION", *DB_OPTIONS],
     "db current": DB_OPTIONS,
     "db check": DB_OPTIONS,
-    "worker": ["MODULE:OBJECT", "--redis URL", "--postgres URL", "--concurrency N", "--debug"],
+    "worker": ["MODULE:OBJECT", *QUEUE_WHERE, "--concurrency N", "--debug"],
+    "queue": ["ACTION"],
+    "queue stats": QUEUE_OPTIONS,
+    "queue dead-letters": ["TENANT", "--limit N", *QUEUE_OPTIONS],
+    "queue requeue": ["TENANT", "ITEM", *QUEUE_OPTIONS],
+    "queue purge-dead": ["TENANT", "--yes", *QUEUE_OPTIONS],
 }
 
 
@@ -96,11 +110,11 @@ def test_every_option_of_every_command_has_help_text() -> None:
 
 
 def test_the_top_level_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
-    """``statepact --help`` names demo, bench, doctor and db with a line each."""
+    """``statepact --help`` names every command with a line each."""
     text = _help("", capsys)
     assert text.startswith("usage: statepact ")
     assert re.search(r"^  COMMAND\s+\w+(\s+\S+){2,}", text, re.M)
-    for name in ("demo", "bench", "doctor", "db"):
+    for name in ("demo", "bench", "doctor", "db", "worker", "queue"):
         assert re.search(rf"^    {name}\s+\S+(\s+\S+){{2,}}", text, re.M), name
 
 
@@ -182,6 +196,24 @@ def test_an_unknown_backing_for_bench_is_a_usage_error(capsys: pytest.CaptureFix
             ["demo", "--postgres", "not a url"],
             "statepact demo: error: --postgres 'not a url' is not a database URL; "
             "use postgresql://user[:password]@host:port/database",
+        ),
+        (
+            ["queue", "stats", "--redis", "redis://:hunter2@127.0.0.1:1/x"],
+            "statepact queue stats: error: --redis: 'redis://:***@127.0.0.1:1/x' names "
+            "database 'x', which is not an index; use redis://[:password@]host:port/<n> with "
+            "n a number such as 0",
+        ),
+        (
+            ["queue", "dead-letters", "acme", "--limit", "0", "--redis", "redis://x:1/0"],
+            "statepact queue dead-letters: error: --limit: must be between 1 and 1000, got 0",
+        ),
+        (
+            ["queue", "stats", "--redis", "redis://127.0.0.1:1/0", "--namespace", "a{b"],
+            "statepact queue stats: error: --namespace: must not contain '{', '}' or NUL",
+        ),
+        (
+            ["queue", "stats", "--postgres", "postgresql://127.0.0.1:1/x", "--schema", "a-b"],
+            "statepact queue stats: error: --schema: 'a-b' is not a plain SQL identifier",
         ),
         (
             ["bench", "--backend", "redis"],

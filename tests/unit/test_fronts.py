@@ -134,6 +134,10 @@ class RecordingQueue(BaseWorkQueue):
         self.calls.append(("requeue", (tenant, item_id, now)))
         return WorkItem(tenant=tenant, item_id=item_id)
 
+    async def _purge_dead(self, tenant: str) -> int:
+        self.calls.append(("purge_dead", tenant))
+        return 0
+
     async def _get_item(self, tenant: str, item_id: str) -> WorkItem | None:
         self.calls.append(("get_item", (tenant, item_id)))
         return None

@@ -40,6 +40,11 @@ COMMANDS: tuple[Subcommand, ...] = (
     ),
     Subcommand("db", "apply, undo and inspect the PostgreSQL migrations", "statepact.cli.db"),
     Subcommand("worker", "run a Worker on a Redis or PostgreSQL queue", "statepact.cli.worker"),
+    Subcommand(
+        "queue",
+        "inspect a queue, requeue or purge its dead letters",
+        "statepact.cli.queue",
+    ),
 )
 
 

@@ -1,7 +1,8 @@
 """What the ``statepact`` commands share: opening the three protocols on a backing from
-a URL (under a scratch namespace or schema removed afterwards), a Redis client from a
-URL, the ``--redis``/``--postgres``/``--debug`` options, and turning an error into one
-line on stderr.
+a URL (under a scratch namespace or schema removed afterwards), opening an existing
+work queue on a server (``worker``, ``queue``), a Redis client from a URL, the
+``--redis``/``--postgres``/``--debug`` options, and turning an error into one line on
+stderr.
 
 It must never print a DSN in clear (``redact_dsn``), never leave data behind on a
 server, and never import redis or SQLAlchemy unless a server was asked for.
@@ -36,10 +37,13 @@ __all__ = [
     "Backings",
     "CommandError",
     "add_debug_argument",
+    "add_queue_arguments",
     "add_server_arguments",
     "describe_error",
     "first_line",
     "open_backings",
+    "open_queue",
+    "queue_where",
     "redis_client",
     "run_command",
 ]
@@ -113,6 +117,98 @@ def add_server_arguments(parser: argparse.ArgumentParser, *, verb: str) -> None:
         help=f"{verb} this PostgreSQL (postgresql://user[:password]@host:port/db); its "
         "password is never printed",
     )
+
+
+def add_queue_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where an existing queue lives: ``--redis URL | --postgres URL`` (one, required),
+    ``--queue``, ``--namespace`` (Redis), ``--schema`` (PostgreSQL) and ``--no-durable``."""
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--redis", metavar="URL", help="the Redis (redis://[:password@]host:port/db)"
+    )
+    where.add_argument(
+        "--postgres", metavar="URL", help="the PostgreSQL (postgresql://user[:password]@host/db)"
+    )
+    parser.add_argument(
+        "--queue", default="default", metavar="NAME", help="the queue's name (default: default)"
+    )
+    parser.add_argument(
+        "--namespace", default=None, metavar="NS", help="Redis key namespace (default: adk)"
+    )
+    parser.add_argument(
+        "--schema",
+        default=None,
+        metavar="NAME",
+        help="PostgreSQL schema holding the tables (default: the connection's search_path)",
+    )
+    parser.add_argument(
+        "--no-durable",
+        action="store_true",
+        help="accept a Redis that would forget recent writes on a restart (one that evicts "
+        "keys is still refused)",
+    )
+
+
+def _settings_error(exc: Exception) -> CommandError:
+    """A settings model's refusal of an option, as the option's own one line."""
+    from pydantic import ValidationError
+
+    options = {"namespace": "--namespace", "queue_name": "--queue", "db_schema": "--schema"}
+    if isinstance(exc, ValidationError):
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else ""
+            if field in options:
+                message = str(error["msg"]).removeprefix("Value error, ")
+                return CommandError(f"{options[field]}: {message.removeprefix(field + ': ')}")
+    return CommandError(redact_dsn(str(exc)).splitlines()[0])
+
+
+def queue_where(args: argparse.Namespace) -> str:
+    """Where the queue the arguments name lives, its URL's password masked."""
+    if args.redis:
+        return f"Redis at {redact_dsn(args.redis)}, namespace {args.namespace or 'adk'!r}"
+    schema = f", schema {args.schema!r}" if args.schema else ""
+    return f"PostgreSQL at {redact_dsn(args.postgres)}{schema}"
+
+
+@asynccontextmanager
+async def open_queue(
+    args: argparse.Namespace, *, pool_size: int, clock: Clock
+) -> AsyncIterator[WorkQueue]:
+    """The existing queue the ``add_queue_arguments`` options name, through its ``open()``
+    (Redis preflight, PostgreSQL verify); its client is closed on exit, whatever ended
+    the command. Nothing is created: on PostgreSQL the tables must be migrated."""
+    if args.redis:
+        from statepact.settings import RedisStoreSettings
+        from statepact.storage.redis import RedisWorkQueue
+
+        options: dict[str, Any] = {"queue_name": args.queue, "durable": not args.no_durable}
+        if args.namespace:
+            options["namespace"] = args.namespace
+        try:
+            settings = RedisStoreSettings(**options)
+        except ValueError as exc:
+            raise _settings_error(exc) from None
+        client: Any = redis_client(args.redis, max_connections=max(pool_size, 10))
+        try:
+            yield await RedisWorkQueue.open(client, clock=clock, settings=settings)
+        finally:
+            await finish(client.aclose())
+        return
+    from statepact.settings import PostgresStoreSettings
+    from statepact.storage.postgres import PostgresWorkQueue, create_engine
+
+    try:
+        pg = PostgresStoreSettings(
+            dsn=args.postgres, queue_name=args.queue, pool_size=pool_size, db_schema=args.schema
+        )
+    except ValueError as exc:
+        raise _settings_error(exc) from None
+    engine = create_engine(pg)
+    try:
+        yield await PostgresWorkQueue.open(engine, clock=clock, settings=pg)
+    finally:
+        await finish(engine.dispose())
 
 
 @dataclass

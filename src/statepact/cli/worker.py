@@ -16,15 +16,18 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any, TextIO
 
-from statepact._cancel import finish
-from statepact.cli._common import CommandError, add_debug_argument, redis_client, run_command
+from statepact.cli._common import (
+    CommandError,
+    add_debug_argument,
+    add_queue_arguments,
+    open_queue,
+    queue_where,
+    run_command,
+)
 from statepact.clock import SystemClock
 from statepact.queue import WorkQueue
-from statepact.settings import redact_dsn
 from statepact.worker import Worker
 
 __all__ = ["DESCRIPTION", "add_arguments", "command", "load_worker", "load_worker_object"]
@@ -43,30 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "target", metavar="MODULE:OBJECT", help="the Worker, or a factory taking the queue"
     )
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument(
-        "--redis", metavar="URL", help="the Redis (redis://[:password@]host:port/db)"
-    )
-    where.add_argument(
-        "--postgres", metavar="URL", help="the PostgreSQL (postgresql://user[:password]@host/db)"
-    )
+    add_queue_arguments(parser)
     parser.add_argument(
         "--concurrency", type=int, metavar="N", help="handlers at once (default: the Worker's)"
     )
     parser.add_argument(
-        "--queue", default="default", metavar="NAME", help="the queue to work on (default: default)"
-    )
-    parser.add_argument(
-        "--namespace", default=None, metavar="NS", help="Redis key namespace (default: adk)"
-    )
-    parser.add_argument(
         "--grace-period", type=float, metavar="S", help="seconds handlers get on SIGTERM"
-    )
-    parser.add_argument(
-        "--no-durable",
-        action="store_true",
-        help="accept a Redis that would forget recent writes on a restart (one that evicts "
-        "keys is still refused)",
     )
     add_debug_argument(parser)
 
@@ -118,42 +103,9 @@ async def load_worker(found: object, queue: WorkQueue) -> Worker:
         ) from None
 
 
-@asynccontextmanager
-async def open_queue(args: argparse.Namespace, pool_size: int) -> AsyncIterator[WorkQueue]:
-    """The queue on the server the arguments name; closed on exit, whatever ended the run."""
-    clock = SystemClock()
-    if args.redis:
-        from statepact.settings import RedisStoreSettings
-        from statepact.storage.redis import RedisWorkQueue
-
-        client: Any = redis_client(args.redis, max_connections=max(pool_size, 10))
-        try:
-            options: dict[str, Any] = {
-                "queue_name": args.queue,
-                "durable": not args.no_durable,
-            }
-            if args.namespace:
-                options["namespace"] = args.namespace
-            settings = RedisStoreSettings(**options)
-            yield await RedisWorkQueue.open(client, clock=clock, settings=settings)
-        finally:
-            await finish(client.aclose())
-        return
-    from statepact.settings import PostgresStoreSettings
-    from statepact.storage.postgres import PostgresWorkQueue, create_engine
-
-    pg = PostgresStoreSettings(dsn=args.postgres, queue_name=args.queue, pool_size=pool_size)
-    engine = create_engine(pg)
-    try:
-        yield await PostgresWorkQueue.open(engine, clock=clock, settings=pg)
-    finally:
-        await finish(engine.dispose())
-
-
 def command(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
     stream = out or sys.stdout
-    url = args.redis or args.postgres
-    where = f"{'Redis' if args.redis else 'PostgreSQL'} at {redact_dsn(url)}"
+    where = queue_where(args)
 
     async def body() -> int:
         found = load_worker_object(args.target)
@@ -165,7 +117,7 @@ def command(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
         # A worker holds at most concurrency + 2 connections (its items and claim, the
         # LISTEN, the reaper), + 3 with schedules (docs/worker.md): size for the most.
         pool_size = (concurrency or 10) + 3
-        async with open_queue(args, pool_size) as queue:
+        async with open_queue(args, pool_size=pool_size, clock=SystemClock()) as queue:
             worker = await load_worker(found, queue)
             if args.concurrency is not None:
                 worker.concurrency = args.concurrency

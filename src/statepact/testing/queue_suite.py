@@ -48,7 +48,8 @@ docstring has the full list):
 - ``reap`` writes ``last_error = "lease expired"`` on every item it moves.
 - ``heartbeat`` leaves the item's record (``updated_at`` too) as it was.
 - ``requeue`` keeps ``last_error``; ``dead_letters`` are ordered by the time
-  each item died, then ``item_id``.
+  each item died, then ``item_id``; ``purge_dead`` deletes dead items outright,
+  freeing their ids.
 - ``stats`` count queued items whether due or not, and omit idle tenants; done
   items are not counted.
 - ``next_due`` is the earliest ``available_at`` later than now of a queued item
@@ -1071,6 +1072,89 @@ class WorkQueueConformance:
         assert [item.item_id for item in limited] == ["c-first", "a"]
         assert [item.item_id for item in await work_queue.dead_letters("other")] == ["z"]
         assert await work_queue.dead_letters("nobody") == []
+
+    async def test_purge_dead_deletes_only_that_tenants_dead_items(
+        self, work_queue: WorkQueue, clock: ManualClock
+    ) -> None:
+        """purge_dead deletes the tenant's dead items and returns how many; its queued,
+        leased and done items and every other tenant's items are left as they were."""
+        await _fill(work_queue, "acme", 6)
+        await _fill(work_queue, "other", 2)
+        leases = {
+            (lease.item.tenant, lease.item.item_id): lease
+            for lease in await work_queue.claim_batch("w1", lease_for=LEASE, limit=8)
+        }
+        for item_id in ("i0000", "i0001", "i0002"):
+            await work_queue.fail(leases[("acme", item_id)], "poison", retryable=False)
+        await work_queue.fail(leases[("other", "i0000")], "poison", retryable=False)
+        done = await work_queue.ack(leases[("acme", "i0003")])
+        queued = await work_queue.release(leases[("acme", "i0004")])
+        leased = leases[("acme", "i0005")].item
+        kept_other = [await work_queue.get_item("other", f"i000{n}") for n in range(2)]
+        assert (await work_queue.stats()).tenants == _stats(acme=(1, 1, 3), other=(0, 1, 1))
+        clock.advance(1)
+        assert await work_queue.purge_dead("acme") == 3
+        assert await work_queue.dead_letters("acme") == []
+        for item_id in ("i0000", "i0001", "i0002"):
+            assert await work_queue.get_item("acme", item_id) is None
+        assert await work_queue.get_item("acme", "i0003") == done
+        assert await work_queue.get_item("acme", "i0004") == queued
+        assert await work_queue.get_item("acme", "i0005") == leased
+        assert [await work_queue.get_item("other", f"i000{n}") for n in range(2)] == kept_other
+        assert (await work_queue.stats()).tenants == _stats(acme=(1, 1, 0), other=(0, 1, 1))
+        # The lease beside them still settles; the other tenant's dead letter is still there.
+        await work_queue.ack(leases[("acme", "i0005")])
+        assert [i.item_id for i in await work_queue.dead_letters("other")] == ["i0000"]
+
+    async def test_purge_dead_again_returns_zero(self, work_queue: WorkQueue) -> None:
+        """A second purge_dead, or one of a tenant with no dead item, deletes nothing and
+        returns 0."""
+        await work_queue.enqueue(_item("acme", "job-1"))
+        await work_queue.fail(await _claim(work_queue), "poison", retryable=False)
+        assert await work_queue.purge_dead("acme") == 1
+        assert await work_queue.purge_dead("acme") == 0
+        assert await work_queue.purge_dead("nobody") == 0
+        assert (await work_queue.stats()).tenants == {}
+
+    async def test_purge_dead_frees_the_item_ids(
+        self, work_queue: WorkQueue, clock: ManualClock
+    ) -> None:
+        """A purged item is gone as if never enqueued: enqueue of its id stores a new item."""
+        await work_queue.enqueue(_item("acme", "job-1", payload={"v": 1}))
+        await work_queue.fail(await _claim(work_queue), "poison", retryable=False)
+        await work_queue.purge_dead("acme")
+        clock.advance(5)
+        fresh = await work_queue.enqueue(_item("acme", "job-1", payload={"v": 2}))
+        assert fresh.status is ItemStatus.QUEUED
+        assert (fresh.payload, fresh.attempts, fresh.last_error) == ({"v": 2}, 0, None)
+        assert fresh.created_at == clock.now()
+        lease = await _claim(work_queue)
+        assert (lease.item.item_id, lease.item.attempts) == ("job-1", 1)
+
+    async def test_purge_dead_of_many_items(self, work_queue: WorkQueue) -> None:
+        """purge_dead deletes a dead letter larger than one batch of any backing (2,500)."""
+        await work_queue.enqueue_many([_item("acme", f"i{n:05d}") for n in range(2500)])
+        for _ in range(3):
+            leases = await work_queue.claim_batch("w1", lease_for=LEASE, limit=1000)
+            for lease in leases:
+                await work_queue.fail(lease, "poison", retryable=False)
+        assert (await work_queue.stats()).tenants == _stats(acme=(0, 0, 2500))
+        assert await work_queue.purge_dead("acme") == 2500
+        assert (await work_queue.stats()).tenants == {}
+
+    @pytest.mark.parametrize(
+        ("tenant", "error"), [("", ValueError), ("a\x00b", ValueError), (7, TypeError)]
+    )
+    async def test_purge_dead_refuses_a_bad_tenant(
+        self, work_queue: WorkQueue, tenant: Any, error: type[Exception]
+    ) -> None:
+        """purge_dead of a bad tenant raises ValueError/TypeError naming tenant, deleting
+        nothing."""
+        await work_queue.enqueue(_item("acme", "job-1"))
+        await work_queue.fail(await _claim(work_queue), "poison", retryable=False)
+        with pytest.raises(error, match="tenant"):
+            await work_queue.purge_dead(tenant)
+        assert (await work_queue.stats()).tenants == _stats(acme=(0, 0, 1))
 
     # -- stats ------------------------------------------------------------------
 

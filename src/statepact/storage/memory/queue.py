@@ -39,6 +39,8 @@ Semantics pinned here (and by ``statepact.testing.queue_suite``):
   ``last_error = "lease expired"``. It returns the moved items.
 - **requeue** takes a dead item back to ``queued``, due now, ``attempts=0``,
   keeping ``last_error``; anything else raises ``ValueError`` naming ``item_id``.
+- **purge_dead** deletes the tenant's dead items outright (record, dead index,
+  count), so their ids are free for a new ``enqueue``; it returns how many.
 - **dead_letters** are ordered by the time the item died (its ``updated_at``),
   then by ``item_id`` in code-point order.
 - **stats** count ``queued`` (due or not), ``leased`` (lapsed or not) and
@@ -265,6 +267,16 @@ class MemoryWorkQueue(BaseWorkQueue):
         entry.updated_at = now
         self._schedule(entry, now)
         return self._record(entry)
+
+    async def _purge_dead(self, tenant: str) -> int:
+        # A dead item sits in no ready, delayed or rotation heap; an _expiry entry it
+        # left is skipped by reap once the record is gone.
+        ids = self._dead.pop(tenant, set())
+        for item_id in ids:
+            del self._items[(tenant, item_id)]
+        if ids:
+            self._count(tenant, ItemStatus.DEAD, -len(ids))
+        return len(ids)
 
     async def _get_item(self, tenant: str, item_id: str) -> WorkItem | None:
         entry = self._items.get((tenant, item_id))

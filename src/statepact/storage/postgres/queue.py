@@ -82,7 +82,7 @@ Round trips on an engine: ``enqueue`` 1 (2 when the item already exists),
 snapshot), ``claim`` 1, ``claim_batch`` 1, ``ack_many`` 1,
 ``heartbeat``/``ack``/``fail``/``release`` 1, ``requeue`` 1
 (2 when refused), ``reap`` 1 per 500 expired leases plus one, ``get_item``,
-``dead_letters``, ``stats`` 1.
+``dead_letters``, ``purge_dead``, ``stats`` 1.
 
 This module must never read the server's clock, never use a window function
 over the backlog or a scan of it in a claim (``claim_many`` numbers only the
@@ -117,6 +117,7 @@ from sqlalchemy import (
     bindparam,
     case,
     cast,
+    delete,
     func,
     literal_column,
     null,
@@ -868,6 +869,20 @@ def dead_letters(work: Table) -> Select[Any]:
     )
 
 
+def purge_dead(work: Table) -> Select[Any]:
+    """Delete the tenant's dead items (the ``dead`` partial index finds them) and count them.
+
+    No ``adk_queue_turns`` row changes: it counts queued items only.
+    """
+    purged = (
+        delete(work)
+        .where(work.c.queue == _p("queue"), work.c.tenant == _p("tenant"), work.c.status == DEAD)
+        .returning(work.c.id)
+        .cte("purged")
+    )
+    return select(func.count()).select_from(purged)
+
+
 def stats(work: Table) -> Select[Any]:
     return (
         select(work.c.tenant, work.c.status, func.count())
@@ -907,6 +922,7 @@ class _Statements:
     requeue: Select[Any]
     reap: Select[Any]
     dead_letters: Select[Any]
+    purge_dead: Select[Any]
     stats: Select[Any]
     next_due: Select[Any]
 
@@ -926,6 +942,7 @@ class _Statements:
             requeue=requeue(tables),
             reap=reap(tables),
             dead_letters=dead_letters(tables.work),
+            purge_dead=purge_dead(tables.work),
             stats=stats(tables.work),
             next_due=next_due(tables.queue_turns),
         )
@@ -1341,6 +1358,16 @@ class PostgresWorkQueue(BaseWorkQueue):
                 "only a dead item can be requeued"
             )
 
+        return await self._executor.run(work, idempotent=False)
+
+    async def _purge_dead(self, tenant: str) -> int:
+        params = {"p_queue": self.name, "p_tenant": tenant}
+
+        async def work(conn: Runner) -> int:
+            return int((await conn.execute(self._sql.purge_dead, params)).scalar_one())
+
+        # Not retried once sent: a resend after a lost reply would report only what the
+        # first attempt left. Purging again is harmless, so the caller may just call again.
         return await self._executor.run(work, idempotent=False)
 
     async def _get_item(self, tenant: str, item_id: str) -> WorkItem | None:

@@ -48,6 +48,7 @@ QUEUE_SCRIPTS = (
     "enqueue",
     "enqueue_many",
     "heartbeat",
+    "purge_dead",
     "reap",
     "requeue",
     "settle",

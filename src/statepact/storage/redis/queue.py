@@ -60,8 +60,8 @@ from statepact.storage.redis.preflight import check
 __all__ = ["LEASE_EXPIRED", "RedisWorkQueue"]
 
 LEASE_EXPIRED = "lease expired"
-# Most delayed items promoted, half-claims finished or leases reaped by one script
-# call: bounds how long one call can hold the server.
+# Most delayed items promoted, half-claims finished, leases reaped or dead items
+# purged by one script call: bounds how long one call can hold the server.
 _STEP = 1000
 
 
@@ -350,6 +350,23 @@ class RedisWorkQueue(BaseWorkQueue):
                 "only a dead item can be requeued"
             )
         return self._item(reply[1])
+
+    async def _purge_dead(self, tenant: str) -> int:
+        # In batches of _STEP, each its own script call (and replay key): a huge dead
+        # letter never holds the server for more than one batch's deletes.
+        purged = 0
+        while True:
+            seen, deleted = await self._run(
+                f"purge_dead of tenant {tenant!r}",
+                "purge_dead",
+                None,
+                tenant,
+                _STEP,
+                op=new_op_id(),
+            )
+            purged += int(deleted)
+            if int(seen) < _STEP:
+                return purged
 
     async def _get_item(self, tenant: str, item_id: str) -> WorkItem | None:
         key = self._keys.item(tenant, item_id).encode("utf-8")
