@@ -379,6 +379,34 @@ def attempt_sync(call: Callable[[], T], normalize: Callable[[T], Any]) -> tuple[
     return Outcome(True, normalize(value)), value
 
 
+def compare(
+    runner: LoopRunner,
+    name: str,
+    what: str,
+    real: Callable[[], Awaitable[Any]],
+    ref: Callable[[], Awaitable[Any]],
+    model: Callable[[], Any],
+    form: Callable[[Any], Any] = lambda value: value,
+) -> tuple[dict[str, Outcome], dict[str, Any]]:
+    """Make one call on the backing ``name``, on memory and on the plain model; they must agree.
+
+    Returns the three outcomes and the three raw values, keyed ``real``, ``ref``, ``model``.
+    """
+    real_outcome, real_value = runner.run(attempt(real(), form))
+    ref_outcome, ref_value = runner.run(attempt(ref(), form))
+    model_outcome, model_value = attempt_sync(model, form)
+    assert ref_outcome == model_outcome, (
+        f"memory disagrees with the plain model on {what}:\n{ref_outcome}\n{model_outcome}"
+    )
+    assert real_outcome == ref_outcome, (
+        f"{name} disagrees with memory on {what}:\n{name}: {real_outcome}\nmemory: {ref_outcome}"
+    )
+    return (
+        {"real": real_outcome, "ref": ref_outcome, "model": model_outcome},
+        {"real": real_value, "ref": ref_value, "model": model_value},
+    )
+
+
 # -- normal forms -------------------------------------------------------------------------------
 # ``seq`` and lease tokens are opaque: the protocols promise their order, not their
 # values, so they are left out here and their order is checked by the machines.

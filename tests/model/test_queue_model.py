@@ -47,8 +47,7 @@ from tests.model._harness import (
     Backing,
     LoopRunner,
     Outcome,
-    attempt,
-    attempt_sync,
+    compare,
     item_form,
     lease_form,
     same,
@@ -341,15 +340,17 @@ class QueueMachine(RuleBasedStateMachine):
         model_call: Callable[[], Any],
         form: Callable[[Any], Any] = same,
     ) -> tuple[Outcome, dict[str, Any]]:
-        real, real_value = self.runner.run(attempt(call(self.real), form))
-        ref, ref_value = self.runner.run(attempt(call(self.ref), form))
-        model, model_value = attempt_sync(model_call, form)
-        assert ref == model, f"memory disagrees with the plain model on {what}:\n{ref}\n{model}"
-        assert real == ref, (
-            f"{self.backing.name} disagrees with memory on {what}:\n"
-            f"{self.backing.name}: {real}\nmemory: {ref}"
+        """Make the call on all three; they must agree. Returns the outcome and raw values."""
+        outcomes, values = compare(
+            self.runner,
+            self.backing.name,
+            what,
+            lambda: call(self.real),
+            lambda: call(self.ref),
+            model_call,
+            form,
         )
-        return real, {"real": real_value, "ref": ref_value, "model": model_value}
+        return outcomes["real"], values
 
     def keep(self, values: dict[str, list[Lease]]) -> None:
         """Remember new leases (one per queue per logical lease) and check their tokens."""

@@ -46,8 +46,7 @@ from tests.model._harness import (
     Backing,
     LoopRunner,
     Outcome,
-    attempt,
-    attempt_sync,
+    compare,
     page_form,
     run_form,
     same,
@@ -314,15 +313,16 @@ class StateMachine(RuleBasedStateMachine):
         form: Callable[[Any], Any] = same,
     ) -> tuple[Outcome, dict[str, Any]]:
         """Make the call on all three; they must agree. Returns the outcome and raw values."""
-        real, real_value = self.runner.run(attempt(call(self.real), form))
-        ref, ref_value = self.runner.run(attempt(call(self.ref), form))
-        model, model_value = attempt_sync(model_call, form)
-        assert ref == model, f"memory disagrees with the plain model on {what}:\n{ref}\n{model}"
-        assert real == ref, (
-            f"{self.backing.name} disagrees with memory on {what}:\n"
-            f"{self.backing.name}: {real}\nmemory: {ref}"
+        outcomes, values = compare(
+            self.runner,
+            self.backing.name,
+            what,
+            lambda: call(self.real),
+            lambda: call(self.ref),
+            model_call,
+            form,
         )
-        return real, {"real": real_value, "ref": ref_value, "model": model_value}
+        return outcomes["real"], values
 
     def watch_runs(self, values: dict[str, Any], *, created: bool = False) -> None:
         for who, value in values.items():

@@ -65,8 +65,7 @@ from tests.model._harness import (
     Backing,
     LoopRunner,
     Outcome,
-    attempt,
-    attempt_sync,
+    compare,
     same,
     within_budget,
 )
@@ -352,18 +351,7 @@ class TxMachine(RuleBasedStateMachine):
         model_call: Callable[[], Any],
         form: Callable[[Any], Any] = same,
     ) -> tuple[dict[str, Outcome], dict[str, Any]]:
-        real, real_value = self.runner.run(attempt(real_call(), form))
-        ref, ref_value = self.runner.run(attempt(ref_call(), form))
-        model, model_value = attempt_sync(model_call, form)
-        assert ref == model, f"memory disagrees with the plain model on {what}:\n{ref}\n{model}"
-        assert real == ref, (
-            f"{self.backing.name} disagrees with memory on {what}:\n"
-            f"{self.backing.name}: {real}\nmemory: {ref}"
-        )
-        return (
-            {"real": real, "ref": ref, "model": model},
-            {"real": real_value, "ref": ref_value, "model": model_value},
-        )
+        return compare(self.runner, self.backing.name, what, real_call, ref_call, model_call, form)
 
     def pick_open(self, index: int) -> Open:
         """An open transaction; with none open, one begins (isolation chosen by ``index``)."""

@@ -16,7 +16,7 @@ per node, from ``CLUSTER NODES``), find the master of a slot, and run a manual
 failover (:meth:`LocalRedisCluster.failover`: ``CLUSTER FAILOVER`` sent to a
 replica, then wait until every node agrees on the new master).
 
-Talks to the nodes with the few lines of RESP in :mod:`statepact.testing.servers`
+Talks to the nodes with the few lines of RESP in :mod:`statepact.testing.resp`
 (no redis-py, no event loop), so a session-scoped, synchronous fixture can own
 one. This module must never bind anything but loopback, never signal a process
 it did not start, and never import redis-py at import time.
@@ -33,12 +33,10 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Self
 
+from statepact.testing.resp import RedisReplyError, info_field, redis_call
 from statepact.testing.servers import (
     RedisServer,
     ServerStartError,
-    _info_field,
-    _redis_call,
-    _RedisReplyError,
     find_redis_server,
     free_port,
 )
@@ -291,7 +289,7 @@ class LocalRedisCluster:
 
     def call(self, port: int, *args: str, timeout: float = 5.0) -> str | list[str]:
         """One command to one node, over a fresh connection; the reply as text."""
-        return _redis_call(port, *args, timeout=timeout)
+        return redis_call(port, *args, timeout=timeout)
 
     def info(self, port: int, section: str) -> str:
         reply = self.call(port, "INFO", section)
@@ -337,9 +335,9 @@ class LocalRedisCluster:
             try:
                 info = self.call(server.port, "CLUSTER", "INFO", timeout=2.0)
                 text = info if isinstance(info, str) else "\n".join(info)
-                if _info_field(text, "cluster_state") != "ok":
+                if info_field(text, "cluster_state") != "ok":
                     problems.append(f"node {server.port}: cluster_state is not ok")
-                if _info_field(text, "cluster_slots_ok") != str(CLUSTER_SLOTS):
+                if info_field(text, "cluster_slots_ok") != str(CLUSTER_SLOTS):
                     problems.append(f"node {server.port}: not every slot is ok")
                 view = self.nodes(server.port)
                 if len(view) != want_nodes or not all(n.connected for n in view):
@@ -353,11 +351,11 @@ class LocalRedisCluster:
                     problems.append(f"node {server.port} does not see a settled set of masters")
                 ids_seen.add(tuple(sorted(f"{n.node_id}:{n.role}" for n in view)))
                 replication = self.info(server.port, "replication")
-                if _info_field(replication, "role") == "slave" and (
-                    _info_field(replication, "master_link_status") != "up"
+                if info_field(replication, "role") == "slave" and (
+                    info_field(replication, "master_link_status") != "up"
                 ):
                     problems.append(f"replica {server.port}: link to its master is not up")
-            except (OSError, _RedisReplyError, ValueError) as exc:
+            except (OSError, RedisReplyError, ValueError) as exc:
                 problems.append(f"node {server.port}: {type(exc).__name__}: {exc}")
         if len(ids_seen) > 1:
             problems.append("the nodes disagree about who is master")
@@ -397,8 +395,8 @@ class LocalRedisCluster:
 
         def problems() -> list[str]:
             found = self._problems()
-            with contextlib.suppress(OSError, _RedisReplyError, ValueError):
-                role = _info_field(self.info(replica_port, "replication"), "role")
+            with contextlib.suppress(OSError, RedisReplyError, ValueError):
+                role = info_field(self.info(replica_port, "replication"), "role")
                 if role != "master":
                     found.append(f"node {replica_port} is still {role}")
             return found

@@ -41,9 +41,10 @@ from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, ClassVar, Literal, NoReturn, Self
+from typing import Any, ClassVar, Literal, NoReturn, Self
 
 from statepact.settings import redact_dsn
+from statepact.testing.resp import RedisReplyError, info_field, redis_call, redis_text
 
 __all__ = [
     "ENV_POSTGRES_URL",
@@ -305,57 +306,6 @@ class _LocalServer:
 # -- Redis ---------------------------------------------------------------------------
 
 
-class _RedisReplyError(Exception):
-    """The server answered with a RESP error (``-LOADING ...``, ``-ERR ...``)."""
-
-
-def _read_reply(reader: BinaryIO) -> str | list[str]:
-    head = reader.readline().decode(errors="replace").rstrip("\r\n")
-    kind, rest = head[:1], head[1:]
-    if kind == "-":
-        raise _RedisReplyError(rest)
-    if kind in ("+", ":"):
-        return rest
-    if kind == "$":
-        size = int(rest)
-        return "" if size < 0 else reader.read(size + 2)[:size].decode(errors="replace")
-    if kind == "*":
-        return [str(_read_reply(reader)) for _ in range(max(int(rest), 0))]
-    raise _RedisReplyError(f"unexpected reply {head[:40]!r}")
-
-
-def _redis_call(
-    port: int, *args: str, host: str = _LOOPBACK, timeout: float = 1.0
-) -> str | list[str]:
-    """One command over RESP on a fresh connection; the reply as text (a list for an array).
-
-    A few lines of protocol instead of redis-py, so starting a server needs no
-    optional dependency and no event loop.
-    """
-    request = f"*{len(args)}\r\n" + "".join(f"${len(a.encode())}\r\n{a}\r\n" for a in args)
-    with (
-        socket.create_connection((host, port), timeout=timeout) as sock,
-        sock.makefile("rb") as reader,
-    ):
-        sock.sendall(request.encode())
-        return _read_reply(reader)
-
-
-def _redis_text(port: int, *args: str, timeout: float = 1.0) -> str:
-    reply = _redis_call(port, *args, timeout=timeout)
-    if isinstance(reply, list):
-        raise _RedisReplyError(f"{args[0]}: expected text, got an array")
-    return reply
-
-
-def _info_field(info: str, name: str) -> str | None:
-    for line in info.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key == name:
-            return value.strip()
-    return None
-
-
 def find_redis_server() -> str | None:
     """The ``redis-server`` binary on PATH, or None."""
     return shutil.which("redis-server")
@@ -409,20 +359,20 @@ class RedisServer(_LocalServer):
 
     def _answers(self, pid: int) -> bool:
         try:
-            if _redis_text(self.port, "PING") != "PONG":
+            if redis_text(self.port, "PING") != "PONG":
                 return False
             # Someone else's server could hold the port while ours is failing to bind.
-            return _info_field(_redis_text(self.port, "INFO", "server"), "process_id") == str(pid)
-        except (OSError, _RedisReplyError, ValueError):
+            return info_field(redis_text(self.port, "INFO", "server"), "process_id") == str(pid)
+        except (OSError, RedisReplyError, ValueError):
             return False
 
     def _query_version(self) -> str:
-        info = _redis_text(self.port, "INFO", "server", timeout=5.0)
-        return _info_field(info, "redis_version") or "unknown"
+        info = redis_text(self.port, "INFO", "server", timeout=5.0)
+        return info_field(info, "redis_version") or "unknown"
 
     def config_get(self, name: str) -> str:
         """One ``CONFIG GET`` value of the running server (empty when there is none)."""
-        reply = _redis_call(self.port, "CONFIG", "GET", name, timeout=5.0)
+        reply = redis_call(self.port, "CONFIG", "GET", name, timeout=5.0)
         return reply[1] if isinstance(reply, list) and len(reply) > 1 else ""
 
 
