@@ -430,12 +430,7 @@ class MemoryBackend:
             return StoredValue(None, 0)
         index = bisect.bisect_right(chain.versions, at, key=lambda v: v.version) - 1
         if index < 0 or chain.until[index] <= at:
-            raise ConflictError(
-                f"{resource!r}/{key!r}: the version snapshot {at} needs was garbage-collected "
-                "(snapshot too old); retry the transaction",
-                resource=resource,
-                key=key,
-            )
+            raise ConflictError.snapshot_too_old(resource, key, at=at, gone="garbage-collected")
         found = chain.versions[index]
         return StoredValue(found.data, found.version)
 
@@ -471,22 +466,16 @@ class MemoryBackend:
         for write in request.writes:
             latest = self._latest((write.resource, write.key))
             if latest > request.taken_at:
-                raise ConflictError(
-                    f"{write.resource!r}/{write.key!r} was committed at version {latest}, after "
-                    f"this transaction's snapshot {request.taken_at}; first committer wins",
-                    resource=write.resource,
-                    key=write.key,
+                raise ConflictError.write_conflict(
+                    write.resource, write.key, latest=latest, taken_at=request.taken_at
                 )
         if request.isolation is not Isolation.SERIALIZABLE:
             return
         for read in request.reads:
             latest = self._latest((read.resource, read.key))
             if latest != read.version:
-                raise ConflictError(
-                    f"{read.resource!r}/{read.key!r} was read at version {read.version} and is "
-                    f"now at version {latest}; serializable validation failed",
-                    resource=read.resource,
-                    key=read.key,
+                raise ConflictError.read_conflict(
+                    read.resource, read.key, seen=read.version, latest=latest
                 )
         if not request.writes:
             return  # a read-only commit takes no place in the commit order

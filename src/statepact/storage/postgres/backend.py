@@ -389,18 +389,12 @@ def _refusal(exc: BaseException) -> StatepactError | None:
     if state == "SPI01":
         return IdempotencyConflictError(str(key))
     if state == "SPC01":
-        return ConflictError(
-            f"{resource!r}/{key!r} was committed at version {detail.get('latest')}, after "
-            f"this transaction's snapshot {detail.get('taken_at')}; first committer wins",
-            resource=resource,
-            key=key,
+        return ConflictError.write_conflict(
+            resource, key, latest=detail.get("latest"), taken_at=detail.get("taken_at")
         )
     if state == "SPC02":
-        return ConflictError(
-            f"{resource!r}/{key!r} was read at version {detail.get('seen')} and is now at "
-            f"version {detail.get('latest')}; serializable validation failed",
-            resource=resource,
-            key=key,
+        return ConflictError.read_conflict(
+            resource, key, seen=detail.get("seen"), latest=detail.get("latest")
         )
     return ConflictError(
         f"idempotency record {key!r} was removed while the commit ran (SQLSTATE {state}); "
