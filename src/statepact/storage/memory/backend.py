@@ -32,7 +32,6 @@ from statepact.errors import (
     DeadlockError,
     FencingError,
     IdempotencyConflictError,
-    LeaseLostError,
     LockTimeoutError,
 )
 from statepact.tx import (
@@ -589,7 +588,7 @@ class MemoryBackend:
         self._leases[request.resource] = lease
         return lease
 
-    async def renew_lease(self, lease: Lease, request: LeaseRequest) -> Lease:
+    async def renew_lease(self, lease: Lease, request: LeaseRequest) -> Lease | None:
         self._check_open()
         current = self._leases.get(lease.resource)
         if (
@@ -598,10 +597,7 @@ class MemoryBackend:
             or current.owner != lease.owner
             or current.expires_at <= request.now
         ):
-            raise LeaseLostError(
-                f"lease on {lease.resource!r} with token {lease.token} held by {lease.owner!r} "
-                "expired or was taken over; acquire a new one"
-            )
+            return None
         renewed = replace(current, expires_at=request.expires_at, ttl=request.ttl)
         self._leases[lease.resource] = renewed
         return renewed

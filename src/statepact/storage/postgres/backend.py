@@ -115,7 +115,6 @@ from statepact.errors import (
     DeadlockError,
     FencingError,
     IdempotencyConflictError,
-    LeaseLostError,
     SchemaVersionError,
     StatepactError,
     StatePersistenceError,
@@ -786,7 +785,7 @@ class PostgresBackend:
             ttl=request.ttl,
         )
 
-    async def renew_lease(self, lease: Lease, request: LeaseRequest) -> Lease:
+    async def renew_lease(self, lease: Lease, request: LeaseRequest) -> Lease | None:
         params = {
             "p_resource": lease.resource,
             "p_token": lease.token,
@@ -800,10 +799,7 @@ class PostgresBackend:
             return (await conn.execute(_RENEW_LEASE, params)).first() is not None
 
         if not await self._run(work, idempotent=True):
-            raise LeaseLostError(
-                f"lease on {lease.resource!r} with token {lease.token} held by {lease.owner!r} "
-                "expired or was taken over; acquire a new one"
-            )
+            return None
         return Lease(
             resource=lease.resource,
             owner=lease.owner,

@@ -76,7 +76,6 @@ from statepact.errors import (
     ConflictError,
     FencingError,
     IdempotencyConflictError,
-    LeaseLostError,
     StatepactError,
     StatePersistenceError,
 )
@@ -419,7 +418,7 @@ class RedisBackend:
             ttl=request.ttl,
         )
 
-    async def renew_lease(self, lease: Lease, request: LeaseRequest) -> Lease:
+    async def renew_lease(self, lease: Lease, request: LeaseRequest) -> Lease | None:
         renewed = await self._script(
             "tx_lease_renew",
             [self._keys.lease(lease.resource)],
@@ -432,10 +431,7 @@ class RedisBackend:
             ],
         )
         if renewed != 1:
-            raise LeaseLostError(
-                f"lease on {lease.resource!r} with token {lease.token} held by {lease.owner!r} "
-                "expired or was taken over; acquire a new one"
-            )
+            return None
         return Lease(
             resource=lease.resource,
             owner=lease.owner,
