@@ -129,6 +129,42 @@ class ConflictError(StatepactError):
         self.key = key
         super().__init__(message)
 
+    # One wording per kind of conflict, whichever backing detects it.
+
+    @classmethod
+    def write_conflict(
+        cls, resource: str | None, key: str | None, *, latest: object, taken_at: object
+    ) -> ConflictError:
+        """A key this transaction writes was committed after its snapshot (first committer wins)."""
+        return cls(
+            f"{resource!r}/{key!r} was committed at version {latest}, after "
+            f"this transaction's snapshot {taken_at}; first committer wins",
+            resource=resource,
+            key=key,
+        )
+
+    @classmethod
+    def read_conflict(
+        cls, resource: str | None, key: str | None, *, seen: object, latest: object
+    ) -> ConflictError:
+        """A key this serializable transaction read has moved on since it was read."""
+        return cls(
+            f"{resource!r}/{key!r} was read at version {seen} and is "
+            f"now at version {latest}; serializable validation failed",
+            resource=resource,
+            key=key,
+        )
+
+    @classmethod
+    def snapshot_too_old(cls, resource: str, key: str, *, at: int, gone: str) -> ConflictError:
+        """The version a snapshot read needs is no longer kept; ``gone`` says how it went."""
+        return cls(
+            f"{resource!r}/{key!r}: the version snapshot {at} needs was {gone} "
+            "(snapshot too old); retry the transaction",
+            resource=resource,
+            key=key,
+        )
+
 
 class IdempotencyConflictError(StatepactError):
     """The idempotency key was used before for a different request."""

@@ -60,6 +60,7 @@ from statepact.errors import (
     ConflictError,
     DeadlockError,
     FencingError,
+    LeaseLostError,
     LockTimeoutError,
     StatepactError,
 )
@@ -417,12 +418,12 @@ class StorageBackend(Protocol):
         """
         ...
 
-    async def renew_lease(self, lease: Lease, request: LeaseRequest) -> Lease:
+    async def renew_lease(self, lease: Lease, request: LeaseRequest) -> Lease | None:
         """Extend a live lease: same token, ``expires_at=request.expires_at``.
 
-        Raises ``LeaseLostError`` (nothing changed) unless the resource's
-        current lease has ``lease.token``, ``lease.owner`` and has not expired
-        at ``request.now``.
+        Returns ``None`` (nothing changed) unless the resource's current lease
+        has ``lease.token``, ``lease.owner`` and has not expired at
+        ``request.now``; the manager raises ``LeaseLostError`` for it.
         """
         ...
 
@@ -954,7 +955,13 @@ class TransactionManager:
         request = self._lease_request(
             checked.resource, checked.owner, checked.ttl if ttl is None else ttl
         )
-        return await self._backend.renew_lease(checked, request)
+        renewed = await self._backend.renew_lease(checked, request)
+        if renewed is None:
+            raise LeaseLostError(
+                f"lease on {checked.resource!r} with token {checked.token} held by "
+                f"{checked.owner!r} expired or was taken over; acquire a new one"
+            )
+        return renewed
 
     async def release_lease(self, lease: Lease) -> bool:
         """Give the lease up; ``True`` if it was still the current one."""

@@ -32,7 +32,6 @@ from statepact.errors import (
     DeadlockError,
     FencingError,
     IdempotencyConflictError,
-    LeaseLostError,
     LockTimeoutError,
 )
 from statepact.tx import (
@@ -430,12 +429,7 @@ class MemoryBackend:
             return StoredValue(None, 0)
         index = bisect.bisect_right(chain.versions, at, key=lambda v: v.version) - 1
         if index < 0 or chain.until[index] <= at:
-            raise ConflictError(
-                f"{resource!r}/{key!r}: the version snapshot {at} needs was garbage-collected "
-                "(snapshot too old); retry the transaction",
-                resource=resource,
-                key=key,
-            )
+            raise ConflictError.snapshot_too_old(resource, key, at=at, gone="garbage-collected")
         found = chain.versions[index]
         return StoredValue(found.data, found.version)
 
@@ -471,22 +465,16 @@ class MemoryBackend:
         for write in request.writes:
             latest = self._latest((write.resource, write.key))
             if latest > request.taken_at:
-                raise ConflictError(
-                    f"{write.resource!r}/{write.key!r} was committed at version {latest}, after "
-                    f"this transaction's snapshot {request.taken_at}; first committer wins",
-                    resource=write.resource,
-                    key=write.key,
+                raise ConflictError.write_conflict(
+                    write.resource, write.key, latest=latest, taken_at=request.taken_at
                 )
         if request.isolation is not Isolation.SERIALIZABLE:
             return
         for read in request.reads:
             latest = self._latest((read.resource, read.key))
             if latest != read.version:
-                raise ConflictError(
-                    f"{read.resource!r}/{read.key!r} was read at version {read.version} and is "
-                    f"now at version {latest}; serializable validation failed",
-                    resource=read.resource,
-                    key=read.key,
+                raise ConflictError.read_conflict(
+                    read.resource, read.key, seen=read.version, latest=latest
                 )
         if not request.writes:
             return  # a read-only commit takes no place in the commit order
@@ -600,7 +588,7 @@ class MemoryBackend:
         self._leases[request.resource] = lease
         return lease
 
-    async def renew_lease(self, lease: Lease, request: LeaseRequest) -> Lease:
+    async def renew_lease(self, lease: Lease, request: LeaseRequest) -> Lease | None:
         self._check_open()
         current = self._leases.get(lease.resource)
         if (
@@ -609,10 +597,7 @@ class MemoryBackend:
             or current.owner != lease.owner
             or current.expires_at <= request.now
         ):
-            raise LeaseLostError(
-                f"lease on {lease.resource!r} with token {lease.token} held by {lease.owner!r} "
-                "expired or was taken over; acquire a new one"
-            )
+            return None
         renewed = replace(current, expires_at=request.expires_at, ttl=request.ttl)
         self._leases[lease.resource] = renewed
         return renewed

@@ -115,7 +115,6 @@ from statepact.errors import (
     DeadlockError,
     FencingError,
     IdempotencyConflictError,
-    LeaseLostError,
     SchemaVersionError,
     StatepactError,
     StatePersistenceError,
@@ -389,18 +388,12 @@ def _refusal(exc: BaseException) -> StatepactError | None:
     if state == "SPI01":
         return IdempotencyConflictError(str(key))
     if state == "SPC01":
-        return ConflictError(
-            f"{resource!r}/{key!r} was committed at version {detail.get('latest')}, after "
-            f"this transaction's snapshot {detail.get('taken_at')}; first committer wins",
-            resource=resource,
-            key=key,
+        return ConflictError.write_conflict(
+            resource, key, latest=detail.get("latest"), taken_at=detail.get("taken_at")
         )
     if state == "SPC02":
-        return ConflictError(
-            f"{resource!r}/{key!r} was read at version {detail.get('seen')} and is now at "
-            f"version {detail.get('latest')}; serializable validation failed",
-            resource=resource,
-            key=key,
+        return ConflictError.read_conflict(
+            resource, key, seen=detail.get("seen"), latest=detail.get("latest")
         )
     return ConflictError(
         f"idempotency record {key!r} was removed while the commit ran (SQLSTATE {state}); "
@@ -792,7 +785,7 @@ class PostgresBackend:
             ttl=request.ttl,
         )
 
-    async def renew_lease(self, lease: Lease, request: LeaseRequest) -> Lease:
+    async def renew_lease(self, lease: Lease, request: LeaseRequest) -> Lease | None:
         params = {
             "p_resource": lease.resource,
             "p_token": lease.token,
@@ -806,10 +799,7 @@ class PostgresBackend:
             return (await conn.execute(_RENEW_LEASE, params)).first() is not None
 
         if not await self._run(work, idempotent=True):
-            raise LeaseLostError(
-                f"lease on {lease.resource!r} with token {lease.token} held by {lease.owner!r} "
-                "expired or was taken over; acquire a new one"
-            )
+            return None
         return Lease(
             resource=lease.resource,
             owner=lease.owner,

@@ -76,7 +76,6 @@ from statepact.errors import (
     ConflictError,
     FencingError,
     IdempotencyConflictError,
-    LeaseLostError,
     StatepactError,
     StatePersistenceError,
 )
@@ -314,12 +313,11 @@ class RedisBackend:
                 [key, at],
             )
             if raw == _TOO_OLD:
-                raise ConflictError(
-                    f"{resource!r}/{key!r}: the version snapshot {at} needs was trimmed from "
-                    f"the history (history_limit={self.history_limit}; snapshot too old); "
-                    "retry the transaction",
-                    resource=resource,
-                    key=key,
+                raise ConflictError.snapshot_too_old(
+                    resource,
+                    key,
+                    at=at,
+                    gone=f"trimmed from the history (history_limit={self.history_limit})",
                 )
         if raw is None:
             return StoredValue(None, 0)
@@ -378,19 +376,11 @@ class RedisBackend:
         which, index, latest = int(reply[1]), int(reply[2]) - 1, int(reply[3])
         if which == _WRITE:
             write = request.writes[index]
-            raise ConflictError(
-                f"{write.resource!r}/{write.key!r} was committed at version {latest}, after "
-                f"this transaction's snapshot {request.taken_at}; first committer wins",
-                resource=write.resource,
-                key=write.key,
+            raise ConflictError.write_conflict(
+                write.resource, write.key, latest=latest, taken_at=request.taken_at
             )
         read = reads[index]
-        raise ConflictError(
-            f"{read.resource!r}/{read.key!r} was read at version {read.version} and is "
-            f"now at version {latest}; serializable validation failed",
-            resource=read.resource,
-            key=read.key,
-        )
+        raise ConflictError.read_conflict(read.resource, read.key, seen=read.version, latest=latest)
 
     # -- locks ------------------------------------------------------------------------------
 
@@ -428,7 +418,7 @@ class RedisBackend:
             ttl=request.ttl,
         )
 
-    async def renew_lease(self, lease: Lease, request: LeaseRequest) -> Lease:
+    async def renew_lease(self, lease: Lease, request: LeaseRequest) -> Lease | None:
         renewed = await self._script(
             "tx_lease_renew",
             [self._keys.lease(lease.resource)],
@@ -441,10 +431,7 @@ class RedisBackend:
             ],
         )
         if renewed != 1:
-            raise LeaseLostError(
-                f"lease on {lease.resource!r} with token {lease.token} held by {lease.owner!r} "
-                "expired or was taken over; acquire a new one"
-            )
+            return None
         return Lease(
             resource=lease.resource,
             owner=lease.owner,
