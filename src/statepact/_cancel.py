@@ -19,36 +19,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 __all__ = ["finish"]
 
 T = TypeVar("T")
-
-
-class _Unabandoned(asyncio.Task[T]):
-    """The task :func:`finish` runs a coroutine in: it refuses ``cancel()``.
-
-    The caller awaits this task directly, so its result reaches the caller in one
-    loop step (``asyncio.shield`` would add a second future and a second step to
-    every call). Cancelling the caller cancels what it awaits, which is this task:
-    refusing leaves the caller's cancellation pending, and asyncio delivers it the
-    moment this task is done, which is exactly the promise of :func:`finish`. What
-    the work raised is then nobody's to see: it is retrieved here and dropped.
-    """
-
-    _refused = False
-
-    def cancel(self, msg: Any | None = None) -> bool:
-        if not self._refused:
-            self._refused = True
-            self.add_done_callback(_retrieve)
-        return False
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
 
 
 async def finish(work: Awaitable[T]) -> T:
@@ -57,23 +32,17 @@ async def finish(work: Awaitable[T]) -> T:
     ``work`` runs in a task of its own (or is that task, if it already is
     one). Uncancelled, this is ``await work``. Cancelled (once or several
     times), the caller keeps waiting until ``work`` has finished, then raises
-    its ``CancelledError``; what ``work`` returned or raised is dropped (the
-    caller asked to stop). The wait is as long as ``work`` takes, so ``work``
-    must be bounded by its own timeouts (a socket timeout, the failover
-    budget). Like SQLAlchemy's cleanup on exit and ``asyncio.Condition.wait``,
-    a second cancellation does not cut the wait short: returning early would
-    leave ``work`` running behind the caller's back, racing whatever it does
-    next (the next statement of the same transaction, closing the pool). A
-    coroutine's task refuses cancellation from anyone (the event loop shutting
-    down waits for it too); a task passed in that is cancelled itself ends the
-    wait early.
+    the first ``CancelledError``; what ``work`` returned or raised is dropped
+    (the caller asked to stop). The wait is as long as ``work`` takes, so
+    ``work`` must be bounded by its own timeouts (a socket timeout, the
+    failover budget). Like SQLAlchemy's cleanup on exit and
+    ``asyncio.Condition.wait``, a second cancellation does not cut the wait
+    short: returning early would leave ``work`` running behind the caller's
+    back, racing whatever it does next (the next statement of the same
+    transaction, closing the pool). Only the task running ``work`` being
+    cancelled itself (the event loop shutting down) ends it early.
     """
-    if asyncio.iscoroutine(work):
-        return await _Unabandoned(work)
-    return await _shielded(asyncio.ensure_future(work))
-
-
-async def _shielded(task: asyncio.Future[T]) -> T:
+    task = asyncio.ensure_future(work)
     cancelled: asyncio.CancelledError | None = None
     while True:
         try:

@@ -161,3 +161,18 @@ async def test_call_with_failover_answers_the_attempt_in_flight_then_stops() -> 
         await caller
     assert len(attempts) == 1
     assert attempts[0].finished
+
+
+async def test_a_timeout_inside_the_work_still_fires() -> None:
+    """The work's own ``asyncio.timeout`` cancels the task the work runs in: ``finish`` must
+    let that through, or a stalled server call would wait forever instead of timing out."""
+
+    async def bounded() -> str:
+        try:
+            async with asyncio.timeout(0.05):
+                await asyncio.sleep(10)
+        except TimeoutError:
+            return "timed out"
+        return "slept"
+
+    assert await asyncio.wait_for(finish(bounded()), 2.0) == "timed out"
