@@ -38,7 +38,7 @@ from statepact.errors import RunNotFoundError, StateConflictError, StatePersiste
 from statepact.models import RunRecord, RunStatus, SessionRecord
 from statepact.settings import RedisStoreSettings
 from statepact.state import BaseStateStore, CounterDelta, ListQuery, RunWrite, SessionWrite
-from statepact.storage.redis._client import Failover, as_text
+from statepact.storage.redis._client import Failover, as_text, gate_of
 from statepact.storage.redis._keys import StateKeys
 from statepact.storage.redis._scripts import STATE_SCRIPTS, ScriptRunner
 from statepact.storage.redis.preflight import check
@@ -77,7 +77,7 @@ class RedisStateStore(BaseStateStore):
         self._settings = settings
         self._keys = StateKeys(settings.namespace)
         self._scripts = ScriptRunner(redis, STATE_SCRIPTS)
-        self._failover = Failover(settings.retry_policy, _unavailable)
+        self._failover = Failover(settings.retry_policy, _unavailable, gate_of(redis))
 
     @classmethod
     async def open(
