@@ -1,6 +1,6 @@
 """``MemoryBackend``: the in-process ``StorageBackend``, and the reference for the other two.
 
-Commit validation and application run under one ``asyncio.Lock``; each key
+A commit never awaits, so it is atomic in the event loop; each key
 keeps an MVCC chain of versions, and a snapshot reads the newest version at or
 before its ``taken_at``. History is garbage-collected down to what live
 snapshots still need (plus ``retain_versions`` newest per key, when set).
@@ -41,6 +41,7 @@ from statepact.tx import (
     Lease,
     LeaseRequest,
     LockMode,
+    Snapshot,
     StoredResource,
     StoredValue,
     StoredVersion,
@@ -55,6 +56,12 @@ __all__ = [
 ]
 
 Slot = tuple[str, str]
+
+_ABSENT = StoredValue(None, 0)
+
+
+def _version_of(entry: StoredVersion) -> int:
+    return entry.version
 
 
 # -- pessimistic locks ----------------------------------------------------------------
@@ -353,6 +360,8 @@ class MemoryBackend:
     """
 
     detects_deadlocks = True
+    pins_snapshots = True
+    in_process = True
 
     def __init__(
         self,
@@ -374,7 +383,6 @@ class MemoryBackend:
         self.serialization_window = serialization_window
         self.retain_versions = retain_versions
         self.gc = gc
-        self._commit_lock = asyncio.Lock()
         self._closed = False
         self._reset()
 
@@ -400,36 +408,62 @@ class MemoryBackend:
 
     # -- snapshots and reads ------------------------------------------------------------
 
-    async def begin(self, txn_id: str) -> int:
+    async def begin(self, txn_id: str) -> Snapshot:
+        return self._pin(txn_id)
+
+    async def begin_read(
+        self, txn_id: str, resource: str, key: str
+    ) -> tuple[Snapshot, StoredValue]:
+        snapshot = self._pin(txn_id)
+        return snapshot, self._read_latest(resource, key)
+
+    def _pin(self, txn_id: str) -> Snapshot:
         self._check_open()
-        self._snapshots[txn_id] = self._seq
-        self._snapshot_counts[self._seq] += 1
-        return self._seq
+        seq = self._seq
+        previous = self._snapshots.get(txn_id)
+        if previous is not None:  # the same transaction again: keep one pin
+            self._unpin(previous)
+        self._snapshots[txn_id] = seq
+        self._snapshot_counts[seq] += 1
+        return Snapshot(seq)
 
     async def end(self, txn_id: str) -> None:
         self.locks.release_all(txn_id)
         taken_at = self._snapshots.pop(txn_id, None)
-        if taken_at is None:
-            return
+        if taken_at is not None:
+            self._unpin(taken_at)
+
+    def _unpin(self, taken_at: int) -> None:
         self._snapshot_counts[taken_at] -= 1
         if self._snapshot_counts[taken_at] <= 0:
             del self._snapshot_counts[taken_at]
             # A snapshot sequence nobody holds any more: its versions may go.
-            self._collect(list(self._prunable))
+            if self._prunable:
+                self._collect(list(self._prunable))
 
-    async def read(self, resource: str, key: str, at: int | None) -> StoredValue:
-        self._check_open()
+    def _read_latest(self, resource: str, key: str) -> StoredValue:
         chain = self._chains.get((resource, key))
         if chain is None:
-            return StoredValue(None, 0)
+            return _ABSENT
+        newest = chain.versions[-1]
+        return StoredValue(newest.data, newest.version)
+
+    async def read(self, resource: str, key: str, at: Snapshot | None) -> StoredValue:
+        self._check_open()
         if at is None:
-            newest = chain.versions[-1]
+            return self._read_latest(resource, key)
+        chain = self._chains.get((resource, key))
+        if chain is None:
+            return _ABSENT
+        seq = at.sequence
+        newest = chain.versions[-1]
+        if newest.version <= seq:
             return StoredValue(newest.data, newest.version)
-        if at < chain.first:
-            return StoredValue(None, 0)
-        index = bisect.bisect_right(chain.versions, at, key=lambda v: v.version) - 1
-        if index < 0 or chain.until[index] <= at:
-            raise ConflictError.snapshot_too_old(resource, key, at=at, gone="garbage-collected")
+        if seq < chain.first:
+            return _ABSENT
+        index = bisect.bisect_right(chain.versions, seq, key=_version_of) - 1
+        if index < 0 or chain.until[index] <= seq:
+            raise ConflictError.snapshot_too_old(resource, key, at=seq, gone="garbage-collected")
         found = chain.versions[index]
         return StoredValue(found.data, found.version)
 
@@ -440,33 +474,35 @@ class MemoryBackend:
     # -- commit ---------------------------------------------------------------------------
 
     async def commit(self, request: CommitRequest) -> CommitResult:
+        # Atomic in the event loop: nothing below awaits, so no other task runs between
+        # the checks and the apply.
         self._check_open()
-        async with self._commit_lock:
-            if request.fencing is not None:
-                fence = request.fencing
-                highest = self._fence.get(fence.resource, 0)
-                if fence.token < highest:
-                    raise FencingError(resource=fence.resource, token=fence.token, highest=highest)
-            if request.idempotency_key is not None:
-                seen = self._idempotency.get(request.idempotency_key)
-                if seen is not None:
-                    if seen[0] != request.fingerprint:
-                        raise IdempotencyConflictError(request.idempotency_key)
-                    return replace(seen[1], replayed=True)
-            self._validate(request)
-            result = self._apply(request)
-            if request.idempotency_key is not None and request.fingerprint is not None:
-                self._idempotency[request.idempotency_key] = (request.fingerprint, result)
-            return result
+        if request.fencing is not None:
+            fence = request.fencing
+            highest = self._fence.get(fence.resource, 0)
+            if fence.token < highest:
+                raise FencingError(resource=fence.resource, token=fence.token, highest=highest)
+        if request.idempotency_key is not None:
+            seen = self._idempotency.get(request.idempotency_key)
+            if seen is not None:
+                if seen[0] != request.fingerprint:
+                    raise IdempotencyConflictError(request.idempotency_key)
+                return replace(seen[1], replayed=True)
+        taken_at = self._seq if request.snapshot is None else request.snapshot.sequence
+        self._validate(request, taken_at)
+        result = self._apply(request, taken_at)
+        if request.idempotency_key is not None and request.fingerprint is not None:
+            self._idempotency[request.idempotency_key] = (request.fingerprint, result)
+        return result
 
-    def _validate(self, request: CommitRequest) -> None:
+    def _validate(self, request: CommitRequest, taken_at: int) -> None:
         if request.isolation is Isolation.READ_COMMITTED:
             return
         for write in request.writes:
             latest = self._latest((write.resource, write.key))
-            if latest > request.taken_at:
+            if latest > taken_at:
                 raise ConflictError.write_conflict(
-                    write.resource, write.key, latest=latest, taken_at=request.taken_at
+                    write.resource, write.key, latest=latest, taken_at=taken_at
                 )
         if request.isolation is not Isolation.SERIALIZABLE:
             return
@@ -499,9 +535,9 @@ class MemoryBackend:
             writes=frozenset((w.resource, w.key) for w in request.writes),
         )
 
-    def _apply(self, request: CommitRequest) -> CommitResult:
+    def _apply(self, request: CommitRequest, taken_at: int) -> CommitResult:
         if not request.writes:
-            return CommitResult(request.taken_at)
+            return CommitResult(taken_at)
         self._seq += 1
         seq = self._seq
         written: list[Slot] = []
@@ -541,7 +577,7 @@ class MemoryBackend:
                 continue
             keep = set(range(len(versions) - floor, len(versions)))
             for taken_at in live:
-                index = bisect.bisect_right(versions, taken_at, key=lambda v: v.version) - 1
+                index = bisect.bisect_right(versions, taken_at, key=_version_of) - 1
                 if index >= 0:
                     keep.add(index)
             if len(keep) < len(versions):

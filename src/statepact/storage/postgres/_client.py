@@ -73,11 +73,13 @@ __all__ = [
     "BoundExecutor",
     "EngineExecutor",
     "Executor",
+    "Failures",
     "FirstAttemptCommitted",
     "Runner",
     "constraint_of",
     "create_engine",
     "is_connection_error",
+    "is_rolled_back",
     "refuse_closed_connections",
     "sqlstate_of",
 ]
@@ -178,7 +180,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(root).__name__}" + (f", SQLSTATE {state}" if state else "")
 
 
-class _Failures:
+class Failures:
     """How one store names its failures: state and queue raise different public errors."""
 
     def __init__(self, unavailable: Callable[[str], StatepactError], what: str) -> None:
@@ -262,7 +264,7 @@ class EngineExecutor:
         what: str,
     ) -> None:
         self._policy = policy
-        self._failures = _Failures(unavailable, what)
+        self._failures = Failures(unavailable, what)
         self._lock: asyncio.Lock | None = None
         if isinstance(target, AsyncEngine):
             # One statement per call runs in its own implicit transaction: one round
@@ -379,7 +381,7 @@ class BoundExecutor:
             )
         self._target = target
         self._kind = type(target).__name__
-        self._failures = _Failures(unavailable, what)
+        self._failures = Failures(unavailable, what)
 
     def _refuse(self, why: str) -> OutOfTurnError:
         return OutOfTurnError(

@@ -91,21 +91,25 @@ from typing import Any, Self, TypeVar
 from sqlalchemy import (
     Boolean,
     Interval,
-    Row,
     Text,
+    any_,
     bindparam,
+    case,
     cast,
+    column,
     delete,
     func,
+    literal,
     select,
+    table,
     text,
     update,
 )
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.dialects.postgresql import JSONB, insert
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.types import JSON
+from sqlalchemy.types import JSON, UserDefinedType
 
 from statepact._cancel import finish
 from statepact._retry import RetryPolicy
@@ -120,7 +124,8 @@ from statepact.errors import (
     StatePersistenceError,
 )
 from statepact.settings import PostgresStoreSettings
-from statepact.storage.postgres._client import EngineExecutor, Runner, create_engine, sqlstate_of
+from statepact.storage.postgres._client import create_engine, sqlstate_of
+from statepact.storage.postgres._direct import DirectExecutor, Prepared, Statements
 from statepact.storage.postgres.schema import metadata
 from statepact.tx import (
     CommitRequest,
@@ -129,6 +134,7 @@ from statepact.tx import (
     Lease,
     LeaseRequest,
     LockMode,
+    Snapshot,
     StoredResource,
     StoredValue,
     StoredVersion,
@@ -141,13 +147,14 @@ T = TypeVar("T")
 # Seconds to open a connection before calling the attempt failed (asyncpg waits 60).
 _CONNECT_TIMEOUT = 10.0
 _ACCEPTED_DRIVERS = ("postgresql", "postgres", "postgresql+asyncpg")
-# Everything PostgresBackend needs from revision 0002 on.
+# The functions PostgresBackend calls (revision 0002; statepact_commit rewritten in 0004).
 _REQUIRED_FUNCTIONS = (
     "statepact_commit(jsonb)",
     "statepact_try_lock(text, text, text, text, timestamptz, timestamptz)",
 )
+#: The version sequence of revision 0004: without it the commit function is 0002's.
+_VERSION_SEQUENCE = "statepact_version_seq"
 
-_meta = metadata.tables["statepact_meta"]
 _values = metadata.tables["statepact_values"]
 _history = metadata.tables["statepact_history"]
 _resources = metadata.tables["statepact_resources"]
@@ -171,8 +178,60 @@ BACKEND_TABLES = (
 # stored text byte for byte) and written from text, never through a Python dict.
 
 
+class _PgSnapshot(UserDefinedType[str]):
+    """PostgreSQL's ``pg_snapshot``, for casts only (no column has this type)."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kw: Any) -> str:
+        return "pg_snapshot"
+
+
+class _Xid8(UserDefinedType[str]):
+    """PostgreSQL's ``xid8``, for casts only (``writer_xid`` is stored as a bigint)."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kw: Any) -> str:
+        return "xid8"
+
+
+def _sequence_now() -> Any:
+    """The last version the sequence handed out (0 before the first): a snapshot's number."""
+    sequence = table(_VERSION_SEQUENCE, column("last_value"), column("is_called"))
+    return select(case((sequence.c.is_called, sequence.c.last_value), else_=0)).scalar_subquery()
+
+
+def _visible(writer_xid: Any) -> Any:
+    """Whether the snapshot bound as ``snapshot`` sees the transaction that wrote a row
+    (a row written before revision 0004, with no writer recorded, is seen by all)."""
+    return writer_xid.is_(None) | func.pg_visible_in_snapshot(
+        cast(cast(writer_xid, Text), _Xid8()),
+        cast(bindparam("snapshot", type_=Text), _PgSnapshot()),
+    )
+
+
 def _stmt_begin() -> Any:
-    return select(_meta.c.seq).where(_meta.c.id == 1)
+    # In autocommit, the statement's own snapshot is pg_current_snapshot().
+    return select(cast(func.pg_current_snapshot(), Text), _sequence_now())
+
+
+def _stmt_begin_read() -> Any:
+    # One statement: the snapshot and the key's row as that same snapshot sees it.
+    one = select(literal(1).label("one")).subquery()
+    return (
+        select(
+            cast(func.pg_current_snapshot(), Text),
+            _sequence_now(),
+            cast(_values.c.data, Text),
+            _values.c.version,
+        )
+        .select_from(one)
+        .outerjoin(
+            _values,
+            (_values.c.resource == bindparam("resource")) & (_values.c.key == bindparam("key")),
+        )
+    )
 
 
 def _stmt_read_latest() -> Any:
@@ -187,7 +246,7 @@ def _stmt_read_at() -> Any:
         .where(
             _history.c.resource == bindparam("resource"),
             _history.c.key == bindparam("key"),
-            _history.c.version <= bindparam("at"),
+            _visible(_history.c.writer_xid),
         )
         .order_by(_history.c.version.desc())
         .limit(1)
@@ -225,7 +284,7 @@ def _stmt_try_lock() -> Any:
 
 
 def _stmt_unlock() -> Any:
-    return delete(_locks).where(_locks.c.txn_id.in_(bindparam("txn_ids", expanding=True)))
+    return delete(_locks).where(_locks.c.txn_id == any_(bindparam("txn_ids", type_=ARRAY(Text))))
 
 
 def _stmt_acquire_lease() -> Any:
@@ -326,26 +385,30 @@ def _stmt_resource_info() -> Any:
 def _stmt_schema_present() -> Any:
     return select(
         func.to_regclass("statepact_meta").is_not(None),
+        func.to_regclass(_VERSION_SEQUENCE).is_not(None),
         *(func.to_regprocedure(signature).is_not(None) for signature in _REQUIRED_FUNCTIONS),
     )
 
 
-_BEGIN = _stmt_begin()
-_READ_LATEST = _stmt_read_latest()
-_READ_AT = _stmt_read_at()
-_HISTORY = _stmt_history()
-_COMMIT = _stmt_commit()
-_TRY_LOCK = _stmt_try_lock()
-_UNLOCK = _stmt_unlock()
-_ACQUIRE_LEASE = _stmt_acquire_lease()
-_RENEW_LEASE = _stmt_renew_lease()
-_RELEASE_LEASE = _stmt_release_lease()
-_REGISTER = _stmt_register()
-_RESOURCE_INFO = _stmt_resource_info()
-_SCHEMA_PRESENT = _stmt_schema_present()
-_TRUNCATE = text(f"TRUNCATE {', '.join(BACKEND_TABLES)}")
-_RESET_SEQ = update(_meta).where(_meta.c.id == 1).values(seq=0)
-_PING = text("SELECT 1")
+_BEGIN = Prepared(_stmt_begin())
+_BEGIN_READ = Prepared(_stmt_begin_read())
+_READ_LATEST = Prepared(_stmt_read_latest())
+_READ_AT = Prepared(_stmt_read_at())
+_HISTORY = Prepared(_stmt_history())
+_COMMIT = Prepared(_stmt_commit())
+_TRY_LOCK = Prepared(_stmt_try_lock())
+_UNLOCK = Prepared(_stmt_unlock())
+_ACQUIRE_LEASE = Prepared(_stmt_acquire_lease())
+_RENEW_LEASE = Prepared(_stmt_renew_lease())
+_RELEASE_LEASE = Prepared(_stmt_release_lease())
+_REGISTER = Prepared(_stmt_register())
+_RESOURCE_INFO = Prepared(_stmt_resource_info())
+_SCHEMA_PRESENT = Prepared(_stmt_schema_present())
+_TRUNCATE = Prepared(text(f"TRUNCATE {', '.join(BACKEND_TABLES)}"))
+_RESET_SEQ = Prepared(text(f"SELECT setval('{_VERSION_SEQUENCE}', 1, false)"))
+_PING_SQL = text("SELECT 1")
+_PING = Prepared(_PING_SQL)
+_ABSENT = StoredValue(None, 0)
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -417,10 +480,13 @@ def _asyncpg_url(dsn: str) -> Any:
 def _request_json(request: CommitRequest) -> dict[str, Any]:
     """The commit as the ``statepact_commit`` function reads it (writes and reads sorted)."""
     fencing = request.fencing
+    snapshot = request.snapshot
     return {
         "txn_id": request.txn_id,
         "isolation": request.isolation.value,
-        "taken_at": request.taken_at,
+        # None: the transaction read nothing, its snapshot is the commit point.
+        "snapshot": None if snapshot is None else snapshot.token,
+        "taken_at": None if snapshot is None else snapshot.sequence,
         "now": request.now.isoformat(),
         "writes": [[w.resource, w.key, w.data] for w in request.writes],
         # Only serializable validates reads: do not ship them otherwise.
@@ -439,7 +505,7 @@ class PostgresBackend:
     """Transactions' storage on PostgreSQL; see the module docstring for the commit path.
 
     ``engine`` is an SQLAlchemy ``AsyncEngine`` on asyncpg whose database has
-    the statepact tables at revision 0002 or later; the constructor does not
+    the statepact tables at revision statepact_0004 or later; the constructor does not
     check it and leaves the engine to its owner. :meth:`open` checks the schema
     first; :meth:`connect` builds its own engine from a DSN, applies the
     packaged migrations to an empty database, and disposes the engine in
@@ -457,6 +523,8 @@ class PostgresBackend:
     """
 
     detects_deadlocks = False
+    pins_snapshots = False
+    in_process = False
 
     def __init__(
         self,
@@ -485,7 +553,7 @@ class PostgresBackend:
         self.clock: Clock | None = clock
         self._engine = engine
         self._owns_engine = owns_engine
-        self._executor = EngineExecutor(
+        self._executor = DirectExecutor(
             engine,
             policy=failover or RetryPolicy(attempts=6),
             unavailable=_unavailable,
@@ -602,7 +670,7 @@ class PostgresBackend:
         return backend
 
     async def _ensure_schema(self, create: bool) -> None:
-        async def present(conn: Runner) -> Row[Any]:
+        async def present(conn: Statements) -> Any:
             return (await conn.execute(_SCHEMA_PRESENT)).one()
 
         row = await self._run(present, idempotent=True)
@@ -626,13 +694,14 @@ class PostgresBackend:
         if tables:
             raise SchemaVersionError(
                 "PostgresBackend: the statepact tables are at a revision without the commit "
-                "functions (revision 0002); run `statepact db upgrade`",
-                expected="0002",
+                "functions and version sequence of revision statepact_0004; run "
+                "`statepact db upgrade`",
+                expected="statepact_0004",
             )
         raise SchemaVersionError(
             "PostgresBackend: the statepact tables do not exist and create_schema=False; "
             "run `statepact db upgrade` (or connect with create_schema=True)",
-            expected="0002",
+            expected="statepact_0004",
         )
 
     async def _warm(self, count: int) -> None:
@@ -645,7 +714,7 @@ class PostgresBackend:
             for _ in range(count):
                 conn = await engine.connect()
                 opened.append(conn)
-                await conn.execute(_PING)
+                await conn.execute(_PING_SQL)
         except Exception:
             return  # warming is an optimisation; the first real call reports any trouble
         finally:
@@ -659,16 +728,34 @@ class PostgresBackend:
     def __repr__(self) -> str:
         return f"PostgresBackend(lock_timeout={self.lock_timeout:g})"
 
-    async def _run(self, work: Callable[[Runner], Awaitable[T]], *, idempotent: bool) -> T:
+    async def _run(self, work: Callable[[Statements], Awaitable[T]], *, idempotent: bool) -> T:
         if self._closed:
             raise RuntimeError("PostgresBackend: closed")
+        # Never abandoned mid-statement, reads included: asyncpg would cancel it on the
+        # server, and a connection closed before that settles leaves futures unanswered.
         return await self._executor.run(work, idempotent=idempotent)
 
     # -- snapshots and reads ----------------------------------------------------------------
 
-    async def begin(self, txn_id: str) -> int:
-        async def work(conn: Runner) -> int:
-            return int((await conn.execute(_BEGIN)).scalar_one())
+    async def begin(self, txn_id: str) -> Snapshot:
+        async def work(conn: Statements) -> Snapshot:
+            row: Any = (await conn.execute(_BEGIN)).one()
+            token, sequence = row
+            return Snapshot(int(sequence), token)
+
+        return await self._run(work, idempotent=True)
+
+    async def begin_read(
+        self, txn_id: str, resource: str, key: str
+    ) -> tuple[Snapshot, StoredValue]:
+        params = {"resource": resource, "key": key}
+
+        async def work(conn: Statements) -> tuple[Snapshot, StoredValue]:
+            row: Any = (await conn.execute(_BEGIN_READ, params)).one()
+            token, sequence, data, version = row
+            snapshot = Snapshot(int(sequence), token)
+            # No row, or a version-0 placeholder: absent.
+            return snapshot, StoredValue(data, 0 if version is None else int(version))
 
         return await self._run(work, idempotent=True)
 
@@ -689,7 +776,7 @@ class PostgresBackend:
         hide the outcome of a commit that has already happened.
         """
 
-        async def work(conn: Runner) -> None:
+        async def work(conn: Statements) -> None:
             await conn.execute(_UNLOCK, {"txn_ids": txn_ids})
 
         try:
@@ -697,15 +784,16 @@ class PostgresBackend:
         except StatepactError:
             return
 
-    async def read(self, resource: str, key: str, at: int | None) -> StoredValue:
-        async def work(conn: Runner) -> StoredValue:
+    async def read(self, resource: str, key: str, at: Snapshot | None) -> StoredValue:
+        async def work(conn: Statements) -> StoredValue:
             if at is None:
                 result = await conn.execute(_READ_LATEST, {"resource": resource, "key": key})
             else:
-                result = await conn.execute(_READ_AT, {"resource": resource, "key": key, "at": at})
+                params = {"resource": resource, "key": key, "snapshot": at.token}
+                result = await conn.execute(_READ_AT, params)
             row: Any = result.first()
             if row is None:
-                return StoredValue(None, 0)
+                return _ABSENT
             return StoredValue(row[0], int(row[1]))
 
         return await self._run(work, idempotent=True)
@@ -714,11 +802,16 @@ class PostgresBackend:
 
     async def commit(self, request: CommitRequest) -> CommitResult:
         payload = _request_json(request)
+        attempts = 0
 
-        async def work(conn: Runner) -> CommitResult:
+        async def work(conn: Statements) -> CommitResult:
+            nonlocal attempts
+            attempts += 1
+            # A second attempt may meet its first one applied (see "Lost replies").
+            sent = payload if attempts == 1 else {**payload, "resend": True}
             try:
-                reply = (await conn.execute(_COMMIT, {"request": payload})).scalar_one()
-            except sa_exc.DBAPIError as exc:
+                reply = (await conn.execute(_COMMIT, {"request": json.dumps(sent)})).scalar_one()
+            except Exception as exc:
                 public = _refusal(exc)
                 if public is None:
                     raise
@@ -751,7 +844,7 @@ class PostgresBackend:
             "ttl": timedelta(seconds=self.lock_ttl_seconds),
         }
 
-        async def attempt(conn: Runner) -> bool:
+        async def attempt(conn: Statements) -> bool:
             return bool((await conn.execute(_TRY_LOCK, params)).scalar_one())
 
         # Idempotent: asking again for a lock the transaction holds is a no-op.
@@ -768,7 +861,7 @@ class PostgresBackend:
             "p_now": request.now,
         }
 
-        async def work(conn: Runner) -> int | None:
+        async def work(conn: Statements) -> int | None:
             token = (await conn.execute(_ACQUIRE_LEASE, params)).scalar_one_or_none()
             return None if token is None else int(token)
 
@@ -795,7 +888,7 @@ class PostgresBackend:
             "p_ttl": request.ttl,
         }
 
-        async def work(conn: Runner) -> bool:
+        async def work(conn: Statements) -> bool:
             return (await conn.execute(_RENEW_LEASE, params)).first() is not None
 
         if not await self._run(work, idempotent=True):
@@ -811,7 +904,7 @@ class PostgresBackend:
     async def release_lease(self, lease: Lease, now: datetime) -> bool:
         params = {"p_resource": lease.resource, "p_token": lease.token, "p_now": now}
 
-        async def work(conn: Runner) -> bool:
+        async def work(conn: Statements) -> bool:
             return (await conn.execute(_RELEASE_LEASE, params)).first() is not None
 
         # Not sent again after a lost reply: a second attempt would answer False.
@@ -822,7 +915,7 @@ class PostgresBackend:
     async def history(self, resource: str, key: str, limit: int) -> list[StoredVersion]:
         params = {"resource": resource, "key": key, "limit": limit}
 
-        async def work(conn: Runner) -> list[StoredVersion]:
+        async def work(conn: Statements) -> list[StoredVersion]:
             rows: Any = (await conn.execute(_HISTORY, params)).all()
             return [StoredVersion(int(row[0]), row[1], row[2]) for row in rows]
 
@@ -831,13 +924,13 @@ class PostgresBackend:
     async def register_resource(self, name: str, metadata: str, now: datetime) -> None:
         params = {"p_name": name, "p_metadata": metadata, "p_now": now}
 
-        async def work(conn: Runner) -> None:
+        async def work(conn: Statements) -> None:
             await conn.execute(_REGISTER, params)
 
         await self._run(work, idempotent=True)
 
     async def resource_info(self, name: str) -> StoredResource | None:
-        async def work(conn: Runner) -> StoredResource | None:
+        async def work(conn: Statements) -> StoredResource | None:
             row: Any = (await conn.execute(_RESOURCE_INFO, {"name": name})).one()
             stored_metadata, version, committed_at = row
             if stored_metadata is None and version is None:
@@ -864,7 +957,7 @@ class PostgresBackend:
     async def _ping(self) -> bool:
         try:
             async with self._engine.connect() as conn:
-                await conn.execute(_PING)
+                await conn.execute(_PING_SQL)
         except Exception:
             return False
         return True
@@ -895,7 +988,7 @@ class PostgresBackend:
         is not meant to run beside them.
         """
 
-        async def work(conn: Runner) -> None:
+        async def work(conn: Statements) -> None:
             await conn.execute(_TRUNCATE)
             await conn.execute(_RESET_SEQ)
 

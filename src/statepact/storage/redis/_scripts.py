@@ -56,6 +56,7 @@ QUEUE_SCRIPTS = (
 )
 # RedisBackend (the transaction backing); prelude lua/_tx.lua.
 TX_SCRIPTS = (
+    "tx_begin_read",
     "tx_commit",
     "tx_lease_acquire",
     "tx_lease_release",
