@@ -88,24 +88,10 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any, Self, TypeVar
 
-from sqlalchemy import (
-    Boolean,
-    Interval,
-    Row,
-    Text,
-    bindparam,
-    cast,
-    delete,
-    func,
-    select,
-    text,
-    update,
-)
+from sqlalchemy import Row
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.dialects.postgresql import JSONB, insert
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.types import JSON
 
 from statepact._cancel import finish
 from statepact._retry import RetryPolicy
@@ -121,7 +107,24 @@ from statepact.errors import (
 )
 from statepact.settings import PostgresStoreSettings
 from statepact.storage.postgres._client import EngineExecutor, Runner, create_engine, sqlstate_of
-from statepact.storage.postgres.schema import metadata
+from statepact.storage.postgres._sql.tx import (
+    ACQUIRE_LEASE,
+    BEGIN,
+    COMMIT,
+    HISTORY,
+    READ_AT,
+    READ_LATEST,
+    REGISTER,
+    RELEASE_LEASE,
+    RENEW_LEASE,
+    RESET_SEQ,
+    RESOURCE_INFO,
+    TRUNCATE,
+    TRY_LOCK,
+    UNLOCK,
+)
+from statepact.storage.postgres._sql.tx import PING as _PING
+from statepact.storage.postgres._sql.tx import SCHEMA_PRESENT as _SCHEMA_PRESENT
 from statepact.tx import (
     CommitRequest,
     CommitResult,
@@ -141,212 +144,6 @@ T = TypeVar("T")
 # Seconds to open a connection before calling the attempt failed (asyncpg waits 60).
 _CONNECT_TIMEOUT = 10.0
 _ACCEPTED_DRIVERS = ("postgresql", "postgres", "postgresql+asyncpg")
-# Everything PostgresBackend needs from revision 0002 on.
-_REQUIRED_FUNCTIONS = (
-    "statepact_commit(jsonb)",
-    "statepact_try_lock(text, text, text, text, timestamptz, timestamptz)",
-)
-
-_meta = metadata.tables["statepact_meta"]
-_values = metadata.tables["statepact_values"]
-_history = metadata.tables["statepact_history"]
-_resources = metadata.tables["statepact_resources"]
-_leases = metadata.tables["statepact_leases"]
-_locks = metadata.tables["statepact_locks"]
-#: Every table ``clear`` empties (and nothing else).
-BACKEND_TABLES = (
-    "statepact_history",
-    "statepact_idempotency",
-    "statepact_leases",
-    "statepact_locks",
-    "statepact_resources",
-    "statepact_values",
-)
-
-
-# -- statements ---------------------------------------------------------------------------
-#
-# Built once from the schema's Table objects; every value is a bound parameter.
-# JSON columns are read back as text (CAST(... AS TEXT) of a json column is the
-# stored text byte for byte) and written from text, never through a Python dict.
-
-
-def _stmt_begin() -> Any:
-    return select(_meta.c.seq).where(_meta.c.id == 1)
-
-
-def _stmt_read_latest() -> Any:
-    return select(cast(_values.c.data, Text), _values.c.version).where(
-        _values.c.resource == bindparam("resource"), _values.c.key == bindparam("key")
-    )
-
-
-def _stmt_read_at() -> Any:
-    return (
-        select(cast(_history.c.data, Text), _history.c.version)
-        .where(
-            _history.c.resource == bindparam("resource"),
-            _history.c.key == bindparam("key"),
-            _history.c.version <= bindparam("at"),
-        )
-        .order_by(_history.c.version.desc())
-        .limit(1)
-    )
-
-
-def _stmt_history() -> Any:
-    return (
-        select(_history.c.version, cast(_history.c.data, Text), _history.c.committed_at)
-        .where(_history.c.resource == bindparam("resource"), _history.c.key == bindparam("key"))
-        .order_by(_history.c.version.desc())
-        .limit(bindparam("limit"))
-    )
-
-
-def _stmt_commit() -> Any:
-    return select(func.statepact_commit(bindparam("request", type_=JSONB), type_=JSONB))
-
-
-def _stmt_try_lock() -> Any:
-    # The server's time, as Redis's PX TTL: a lock row's expiry must not depend on which
-    # host's clock asked (one running ahead would take a live holder's lock). now() is
-    # the statement's start in autocommit, one value for both arguments.
-    return select(
-        func.statepact_try_lock(
-            bindparam("resource", type_=Text),
-            bindparam("key", type_=Text),
-            bindparam("txn_id", type_=Text),
-            bindparam("mode", type_=Text),
-            func.now(),
-            func.now() + bindparam("ttl", type_=Interval),
-            type_=Boolean,
-        )
-    )
-
-
-def _stmt_unlock() -> Any:
-    return delete(_locks).where(_locks.c.txn_id.in_(bindparam("txn_ids", expanding=True)))
-
-
-def _stmt_acquire_lease() -> Any:
-    stmt = insert(_leases).values(
-        resource=bindparam("p_resource"),
-        owner=bindparam("p_owner"),
-        token=1,
-        expires_at=bindparam("p_expires_at"),
-        ttl=bindparam("p_ttl"),
-        updated_at=bindparam("p_now"),
-    )
-    # ON CONFLICT DO UPDATE locks the row: two acquisitions of one resource
-    # are serialised, and the WHERE sees the winner's lease.
-    return stmt.on_conflict_do_update(
-        index_elements=[_leases.c.resource],
-        set_={
-            "owner": stmt.excluded.owner,
-            "token": _leases.c.token + 1,
-            "expires_at": stmt.excluded.expires_at,
-            "ttl": stmt.excluded.ttl,
-            "updated_at": stmt.excluded.updated_at,
-        },
-        where=(
-            _leases.c.owner.is_(None)
-            | (_leases.c.expires_at <= bindparam("p_now"))
-            | (_leases.c.owner == stmt.excluded.owner)
-        ),
-    ).returning(_leases.c.token)
-
-
-def _stmt_renew_lease() -> Any:
-    return (
-        update(_leases)
-        .where(
-            _leases.c.resource == bindparam("p_resource"),
-            _leases.c.token == bindparam("p_token"),
-            _leases.c.owner == bindparam("p_owner"),
-            _leases.c.expires_at > bindparam("p_now"),
-        )
-        .values(
-            expires_at=bindparam("p_expires_at"),
-            ttl=bindparam("p_ttl"),
-            updated_at=bindparam("p_now"),
-        )
-        .returning(_leases.c.token)
-    )
-
-
-def _stmt_release_lease() -> Any:
-    # The row stays: its token is the high-water mark the next lease counts from.
-    return (
-        update(_leases)
-        .where(
-            _leases.c.resource == bindparam("p_resource"),
-            _leases.c.token == bindparam("p_token"),
-            _leases.c.owner.is_not(None),
-        )
-        .values(owner=None, expires_at=None, ttl=None, updated_at=bindparam("p_now"))
-        .returning(_leases.c.token)
-    )
-
-
-def _stmt_register() -> Any:
-    stmt = insert(_resources).values(
-        name=bindparam("p_name"),
-        metadata=cast(bindparam("p_metadata", type_=Text), JSON),
-        registered_at=bindparam("p_now"),
-    )
-    return stmt.on_conflict_do_update(
-        index_elements=[_resources.c.name],
-        set_={"metadata": stmt.excluded.metadata, "registered_at": stmt.excluded.registered_at},
-    )
-
-
-def _stmt_resource_info() -> Any:
-    # A resource's version is its newest written key (schema.py: no hot per-resource row).
-    newest = (
-        select(_values.c.version, _values.c.committed_at)
-        .where(_values.c.resource == bindparam("name"), _values.c.version > 0)
-        .order_by(_values.c.version.desc())
-        .limit(1)
-        .subquery()
-    )
-    registered = (
-        select(cast(_resources.c.metadata, Text).label("metadata"))
-        .where(_resources.c.name == bindparam("name"))
-        .subquery()
-    )
-    one = select(text("1 AS one")).subquery()
-    return (
-        select(registered.c.metadata, newest.c.version, newest.c.committed_at)
-        .select_from(one)
-        .outerjoin(registered, text("true"))
-        .outerjoin(newest, text("true"))
-    )
-
-
-def _stmt_schema_present() -> Any:
-    return select(
-        func.to_regclass("statepact_meta").is_not(None),
-        *(func.to_regprocedure(signature).is_not(None) for signature in _REQUIRED_FUNCTIONS),
-    )
-
-
-_BEGIN = _stmt_begin()
-_READ_LATEST = _stmt_read_latest()
-_READ_AT = _stmt_read_at()
-_HISTORY = _stmt_history()
-_COMMIT = _stmt_commit()
-_TRY_LOCK = _stmt_try_lock()
-_UNLOCK = _stmt_unlock()
-_ACQUIRE_LEASE = _stmt_acquire_lease()
-_RENEW_LEASE = _stmt_renew_lease()
-_RELEASE_LEASE = _stmt_release_lease()
-_REGISTER = _stmt_register()
-_RESOURCE_INFO = _stmt_resource_info()
-_SCHEMA_PRESENT = _stmt_schema_present()
-_TRUNCATE = text(f"TRUNCATE {', '.join(BACKEND_TABLES)}")
-_RESET_SEQ = update(_meta).where(_meta.c.id == 1).values(seq=0)
-_PING = text("SELECT 1")
-
 
 # -- helpers ------------------------------------------------------------------------------
 
@@ -668,7 +465,7 @@ class PostgresBackend:
 
     async def begin(self, txn_id: str) -> int:
         async def work(conn: Runner) -> int:
-            return int((await conn.execute(_BEGIN)).scalar_one())
+            return int((await conn.execute(BEGIN)).scalar_one())
 
         return await self._run(work, idempotent=True)
 
@@ -690,7 +487,7 @@ class PostgresBackend:
         """
 
         async def work(conn: Runner) -> None:
-            await conn.execute(_UNLOCK, {"txn_ids": txn_ids})
+            await conn.execute(UNLOCK, {"txn_ids": txn_ids})
 
         try:
             await self._executor.run(work, idempotent=True)
@@ -700,9 +497,9 @@ class PostgresBackend:
     async def read(self, resource: str, key: str, at: int | None) -> StoredValue:
         async def work(conn: Runner) -> StoredValue:
             if at is None:
-                result = await conn.execute(_READ_LATEST, {"resource": resource, "key": key})
+                result = await conn.execute(READ_LATEST, {"resource": resource, "key": key})
             else:
-                result = await conn.execute(_READ_AT, {"resource": resource, "key": key, "at": at})
+                result = await conn.execute(READ_AT, {"resource": resource, "key": key, "at": at})
             row: Any = result.first()
             if row is None:
                 return StoredValue(None, 0)
@@ -717,7 +514,7 @@ class PostgresBackend:
 
         async def work(conn: Runner) -> CommitResult:
             try:
-                reply = (await conn.execute(_COMMIT, {"request": payload})).scalar_one()
+                reply = (await conn.execute(COMMIT, {"request": payload})).scalar_one()
             except sa_exc.DBAPIError as exc:
                 public = _refusal(exc)
                 if public is None:
@@ -752,7 +549,7 @@ class PostgresBackend:
         }
 
         async def attempt(conn: Runner) -> bool:
-            return bool((await conn.execute(_TRY_LOCK, params)).scalar_one())
+            return bool((await conn.execute(TRY_LOCK, params)).scalar_one())
 
         # Idempotent: asking again for a lock the transaction holds is a no-op.
         return await self._run(attempt, idempotent=True)
@@ -769,7 +566,7 @@ class PostgresBackend:
         }
 
         async def work(conn: Runner) -> int | None:
-            token = (await conn.execute(_ACQUIRE_LEASE, params)).scalar_one_or_none()
+            token = (await conn.execute(ACQUIRE_LEASE, params)).scalar_one_or_none()
             return None if token is None else int(token)
 
         # Sent again after a lost reply, the same owner re-acquires: its lease gets
@@ -796,7 +593,7 @@ class PostgresBackend:
         }
 
         async def work(conn: Runner) -> bool:
-            return (await conn.execute(_RENEW_LEASE, params)).first() is not None
+            return (await conn.execute(RENEW_LEASE, params)).first() is not None
 
         if not await self._run(work, idempotent=True):
             return None
@@ -812,7 +609,7 @@ class PostgresBackend:
         params = {"p_resource": lease.resource, "p_token": lease.token, "p_now": now}
 
         async def work(conn: Runner) -> bool:
-            return (await conn.execute(_RELEASE_LEASE, params)).first() is not None
+            return (await conn.execute(RELEASE_LEASE, params)).first() is not None
 
         # Not sent again after a lost reply: a second attempt would answer False.
         return await self._run(work, idempotent=False)
@@ -823,7 +620,7 @@ class PostgresBackend:
         params = {"resource": resource, "key": key, "limit": limit}
 
         async def work(conn: Runner) -> list[StoredVersion]:
-            rows: Any = (await conn.execute(_HISTORY, params)).all()
+            rows: Any = (await conn.execute(HISTORY, params)).all()
             return [StoredVersion(int(row[0]), row[1], row[2]) for row in rows]
 
         return await self._run(work, idempotent=True)
@@ -832,13 +629,13 @@ class PostgresBackend:
         params = {"p_name": name, "p_metadata": metadata, "p_now": now}
 
         async def work(conn: Runner) -> None:
-            await conn.execute(_REGISTER, params)
+            await conn.execute(REGISTER, params)
 
         await self._run(work, idempotent=True)
 
     async def resource_info(self, name: str) -> StoredResource | None:
         async def work(conn: Runner) -> StoredResource | None:
-            row: Any = (await conn.execute(_RESOURCE_INFO, {"name": name})).one()
+            row: Any = (await conn.execute(RESOURCE_INFO, {"name": name})).one()
             stored_metadata, version, committed_at = row
             if stored_metadata is None and version is None:
                 return None
@@ -896,8 +693,8 @@ class PostgresBackend:
         """
 
         async def work(conn: Runner) -> None:
-            await conn.execute(_TRUNCATE)
-            await conn.execute(_RESET_SEQ)
+            await conn.execute(TRUNCATE)
+            await conn.execute(RESET_SEQ)
 
         await self._run(work, idempotent=True)
         self._locking.clear()
