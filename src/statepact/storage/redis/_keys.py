@@ -191,7 +191,7 @@ class QueueKeys:
         return f"{self.prefix}op:{seg(op_id)}"
 
     def fixed(self) -> tuple[str, ...]:
-        """The KEYS every queue script gets, in the order ``lua/_queue.lua`` names them."""
+        """The KEYS every queue script gets, in the order ``lua/queue/_prelude.lua`` names them."""
         return (
             self.delayed,
             self.rotation,
@@ -259,14 +259,14 @@ class TxKeys:
     """Keys of one ``RedisBackend`` (the transaction backing): all under the tag ``{<prefix>}``.
 
     The prefix is the cluster hash tag, so every key of one backend is in one
-    slot and each ``tx_*.lua`` script is atomic on a cluster too. With
+    slot and each ``lua/tx/`` script is atomic on a cluster too. With
     ``P = {<prefix>}``, ``R = seg(resource)``, ``K = seg(key)``:
 
     ======================  ======  =====================================================
     ``P:seq``               string  the global commit sequence (INCR per writing commit)
     ``P:res``               set     resource names ever registered or written
     ``P:meta:R``            hash    ``version``, ``at`` (µs), ``metadata`` (JSON text)
-    ``P:data:R``            hash    key -> its latest entry (see ``lua/_tx.lua``)
+    ``P:data:R``            hash    key -> its latest entry (see ``lua/tx/_prelude.lua``)
     ``P:hist:R:K``          list    the key's entries, newest first, capped
     ``P:trim:R``            hash    key -> the newest version trimmed from its history
     ``P:idem:<seg(idem)>``  string  ``fingerprint:version:µs:txn_id`` (TTL)

@@ -27,13 +27,13 @@ cluster too; ``R``/``K`` are the length-prefixed resource and key)::
                                 after two minutes
 
 An entry is ``<version>:<µs>:<txn_id>\\0`` followed by ``=<JSON text>`` or ``-``
-for a delete (``lua/_tx.lua``). No ``{"v", "ver", "d"}`` JSON wrapper (see
+for a delete (``lua/tx/_prelude.lua``). No ``{"v", "ver", "d"}`` JSON wrapper (see
 docs/backings.md): wrapping would make the script decode and re-encode the value, which
 cjson does lossily, and the contract is to hand the text back byte for byte.
 
 Round trips: ``begin`` is one ``GET``, a latest read one ``HGET``, a snapshot
 read, a commit, a lock attempt and every lease call one ``EVALSHA`` each
-(``lua/tx_*.lua``). A commit does fencing, idempotency, validation, the writes,
+(``lua/tx/``). A commit does fencing, idempotency, validation, the writes,
 the capped history, the registry and the idempotency record in that one
 script, and advances ``P:seq`` only when it writes. A commit that changed
 something leaves an outcome record under its transaction id in the same
@@ -41,7 +41,7 @@ script, kept two minutes (far past the failover budget), so a commit sent
 again after its reply was lost (our failover, or a client's own retry) finds
 itself and reports its version instead of applying twice or conflicting with
 itself, however many versions of its keys were committed and trimmed from the
-history in between (``lua/tx_commit.lua`` says what a resend of a refused or
+history in between (``lua/tx/tx_commit.lua`` says what a resend of a refused or
 read-only commit answers).
 
 A lock attempt never waits; the front polls it with backoff until the timeout
@@ -100,10 +100,10 @@ __all__ = ["RedisBackend"]
 
 T = TypeVar("T")
 
-# Replies of lua/tx_commit.lua.
+# Replies of lua/tx/tx_commit.lua.
 _COMMITTED, _REPLAYED, _FENCED, _IDEMPOTENCY_CONFLICT, _CONFLICT = range(5)
 _WRITE, _READ = 1, 2
-_TOO_OLD = -1  # lua/tx_read.lua: the version the snapshot needs was trimmed
+_TOO_OLD = -1  # lua/tx/tx_read.lua: the version the snapshot needs was trimmed
 _CLEAR_BATCH = 500
 # The pool of connect()'s own client: its size, and how long a call waits for a
 # free connection before PoolExhaustedError (PostgresBackend.connect waits 30 s too).

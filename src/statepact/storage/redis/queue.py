@@ -5,7 +5,7 @@ the front has validated and encoded everything, read the clock and asked
 ``QueuePolicy`` what a failure means. Semantics are the memory reference's
 (``statepact.storage.memory.queue``) exactly; the conformance suite checks it.
 
-Layout (``_keys.QueueKeys``, written out in ``lua/_queue.lua``): the whole
+Layout (``_keys.QueueKeys``, written out in ``lua/queue/_prelude.lua``): the whole
 queue lives under one hash tag ``{<ns>:queue}``, one cluster slot, because a
 claim chooses between tenants in one script. Per item a hash; per tenant a
 ready sorted set scored ``(1000 - priority) * 2**42 + enqueue order`` (highest

@@ -13,7 +13,7 @@ status, per session and per session-and-status, scored by ``seq``, make
 ``list_runs`` a range read. Sessions are a blob plus a hash and a per-tenant
 sorted set.
 
-Round trips: every call is one ``EVALSHA`` (``lua/*.lua``): a put checks the
+Round trips: every call is one ``EVALSHA`` (``lua/state/``): a put checks the
 version, writes blob and hash, moves index entries and returns the stored
 record; a patch is ``HINCRBY`` per counter plus the version bump; a page
 reads its index and every record on it. Each write script is atomic and
@@ -45,7 +45,7 @@ from statepact.storage.redis.preflight import check
 
 __all__ = ["RedisStateStore"]
 
-# The order of the fields in a record reply (lua/_state.lua RUN_FIELDS, SESSION_FIELDS).
+# The order of the fields in a record reply (lua/state/_prelude.lua RUN_FIELDS, SESSION_FIELDS).
 _VERSION, _SEQ, _CREATED, _UPDATED = 0, 1, 2, 3
 _STATUS, _SESSION, _INPUT, _OUTPUT, _COST, _ITERATIONS, _CURSOR, _RUN_BLOB = range(4, 12)
 _SESSION_BLOB = 4
