@@ -51,6 +51,7 @@ from statepact._codec import (
     encode_json,
     encode_json_value,
     require_id,
+    require_limit,
     require_seconds,
 )
 from statepact._limits import DEFAULT_MAX_VALUE_BYTES, MAX_HISTORY
@@ -519,14 +520,6 @@ def _require_lease(field: str, value: object) -> Lease:
     return value
 
 
-def _require_limit(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"limit: must be an int, got {type(value).__name__}")
-    if not 1 <= value <= MAX_HISTORY:
-        raise ValueError(f"limit: must be between 1 and {MAX_HISTORY}, got {value}")
-    return value
-
-
 def _decode(data: str | None) -> Any:
     return None if data is None else decode_json(data)
 
@@ -974,7 +967,9 @@ class TransactionManager:
     async def history(self, resource: str, key: str, limit: int = 100) -> list[VersionEntry]:
         """Retained committed versions of the key, newest first (deletes included)."""
         rows = await self._backend.history(
-            require_id("resource", resource), require_id("key", key), _require_limit(limit)
+            require_id("resource", resource),
+            require_id("key", key),
+            require_limit(limit, MAX_HISTORY),
         )
         return [
             VersionEntry(

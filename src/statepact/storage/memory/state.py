@@ -39,14 +39,13 @@ from statepact.models import RunRecord, RunStatus, SessionRecord
 from statepact.state import (
     BaseStateStore,
     CounterDelta,
+    CounterOverflow,
     ListQuery,
     RunWrite,
     SessionWrite,
 )
 
 __all__ = ["MemoryStateStore"]
-
-# What a BIGINT column and a Redis HINCRBY hold; memory refuses the same overflow.
 
 K = TypeVar("K")
 
@@ -167,7 +166,7 @@ class MemoryStateStore(BaseStateStore):
 
     async def _patch_run(
         self, tenant: str, run_id: str, delta: CounterDelta, now: datetime
-    ) -> RunRecord:
+    ) -> RunRecord | CounterOverflow:
         row = self._runs.get((tenant, run_id))
         if row is None:
             raise RunNotFoundError(tenant=tenant, run_id=run_id)
@@ -181,10 +180,7 @@ class MemoryStateStore(BaseStateStore):
         }
         for field, total in sums.items():
             if total > MAX_COUNTER:
-                raise ValueError(
-                    f"{field}: run {run_id!r} of tenant {tenant!r} would pass the counter's "
-                    f"limit of {MAX_COUNTER}{' nano-units' if field == 'cost' else ''}"
-                )
+                return CounterOverflow(field)
         row.input_tokens = sums["input_tokens"]
         row.output_tokens = sums["output_tokens"]
         row.cost_nanos = sums["cost"]

@@ -109,15 +109,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from statepact._cancel import finish
 from statepact._codec import decode_json
 from statepact.clock import Clock
-from statepact.errors import LeaseLostError, QueueUnavailableError
+from statepact.errors import QueueUnavailableError
 from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem
 from statepact.queue import (
     BaseWorkQueue,
     FailOutcome,
+    LapseOutcome,
     QueuePolicy,
     SleepWatch,
     WorkWatch,
-    lease_lost,
 )
 from statepact.settings import PostgresStoreSettings
 from statepact.storage.postgres._client import BoundExecutor, EngineExecutor, Executor, Runner
@@ -203,6 +203,10 @@ class _ListenWatch:
             await conn.close()
         except (OSError, SQLAlchemyError, asyncpg.PostgresError):
             await conn.invalidate()
+
+
+def _item_or_none(row: RowMapping | None) -> WorkItem | None:
+    return None if row is None else _item(row)
 
 
 def _item(row: RowMapping) -> WorkItem:
@@ -406,29 +410,24 @@ class PostgresWorkQueue(BaseWorkQueue):
             return None
         return {**self._key(lease.item.tenant, lease.item.item_id), "p_token": lease.token}
 
-    def _lost(self, lease: Lease, action: str) -> LeaseLostError:
-        return lease_lost(self.name, lease, action)
-
     async def _settle(
-        self, lease: Lease, action: str, statement: Any, extra: Mapping[str, Any]
-    ) -> RowMapping:
+        self, lease: Lease, statement: Any, extra: Mapping[str, Any]
+    ) -> RowMapping | None:
+        """Run a fenced write; its row, or ``None`` when the lease no longer holds the item."""
         fence = self._fence(lease)
         if fence is None:
-            raise self._lost(lease, action)
+            return None
         params = {**fence, **extra}
 
         async def work(conn: Runner) -> RowMapping | None:
             return (await conn.execute(statement, params)).mappings().first()
 
-        row = await self._executor.run(work, idempotent=False)
-        if row is None:
-            raise self._lost(lease, action)
-        return row
+        return await self._executor.run(work, idempotent=False)
 
-    async def _heartbeat(self, lease: Lease, now: datetime, expires_at: datetime) -> Lease:
-        row = await self._settle(
-            lease, "heartbeat", self._sql.heartbeat, {"p_expires_at": expires_at}
-        )
+    async def _heartbeat(self, lease: Lease, now: datetime, expires_at: datetime) -> Lease | None:
+        row = await self._settle(lease, self._sql.heartbeat, {"p_expires_at": expires_at})
+        if row is None:
+            return None
         return Lease(
             item=_item(row),
             worker_id=lease.worker_id,
@@ -437,12 +436,10 @@ class PostgresWorkQueue(BaseWorkQueue):
             lease_seconds=lease.lease_seconds,
         )
 
-    async def _ack(self, lease: Lease, now: datetime) -> WorkItem:
-        return _item(await self._settle(lease, "ack", self._sql.ack, {"p_now": now}))
+    async def _ack(self, lease: Lease, now: datetime) -> WorkItem | None:
+        return _item_or_none(await self._settle(lease, self._sql.ack, {"p_now": now}))
 
-    async def _ack_many(
-        self, leases: list[Lease], now: datetime
-    ) -> list[WorkItem | LeaseLostError]:
+    async def _ack_many(self, leases: list[Lease], now: datetime) -> list[WorkItem | None]:
         # A lease of another queue is lost at once; the rest go in one statement.
         mine = [lease for lease in leases if lease.item.queue == self.name]
         acked: dict[tuple[str, str], WorkItem] = {}
@@ -460,17 +457,16 @@ class PostgresWorkQueue(BaseWorkQueue):
 
             for row in await self._executor.run(work, idempotent=False):
                 acked[(row["tenant"], row["item_id"])] = _item(row)
-        done: list[WorkItem | LeaseLostError] = []
-        for lease in leases:
-            item = None
-            if lease.item.queue == self.name:
-                item = acked.get((lease.item.tenant, lease.item.item_id))
-            done.append(self._lost(lease, "ack") if item is None else item)
-        return done
+        return [
+            acked.get((lease.item.tenant, lease.item.item_id))
+            if lease.item.queue == self.name
+            else None
+            for lease in leases
+        ]
 
     async def _fail(
         self, lease: Lease, now: datetime, error: str, outcome: FailOutcome
-    ) -> WorkItem:
+    ) -> WorkItem | None:
         status = ItemStatus.DEAD if outcome.dead else ItemStatus.QUEUED
         extra = {
             "p_status": status.value,
@@ -478,17 +474,18 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_available_at": outcome.available_at,
             "p_now": now,
         }
-        return _item(await self._settle(lease, "fail", self._sql.fail, extra))
+        return _item_or_none(await self._settle(lease, self._sql.fail, extra))
 
-    async def _release(self, lease: Lease, now: datetime) -> WorkItem:
-        return _item(await self._settle(lease, "release", self._sql.release, {"p_now": now}))
+    async def _release(self, lease: Lease, now: datetime) -> WorkItem | None:
+        return _item_or_none(await self._settle(lease, self._sql.release, {"p_now": now}))
 
-    async def _reap(self, now: datetime) -> list[WorkItem]:
+    async def _reap(self, now: datetime, outcome: LapseOutcome) -> list[WorkItem]:
         params = {
             "p_queue": self.name,
             "p_now": now,
             "p_batch": REAP_BATCH,
-            "p_max_attempts": self.policy.max_attempts,
+            "p_dead_at": outcome.dead_at,
+            "p_error": outcome.error,
         }
 
         async def work(conn: Runner) -> list[RowMapping]:
@@ -515,19 +512,17 @@ class PostgresWorkQueue(BaseWorkQueue):
 
         return await self._executor.run(work, idempotent=True)
 
-    async def _requeue(self, tenant: str, item_id: str, now: datetime) -> WorkItem:
+    async def _requeue(
+        self, tenant: str, item_id: str, now: datetime
+    ) -> WorkItem | ItemStatus | None:
         params = {**self._key(tenant, item_id), "p_now": now}
 
-        async def work(conn: Runner) -> WorkItem:
+        async def work(conn: Runner) -> WorkItem | ItemStatus | None:
             row = (await conn.execute(self._sql.requeue, params)).mappings().first()
             if row is not None:
                 return _item(row)
             found = (await conn.execute(self._sql.get_item, params)).mappings().first()
-            state = "does not exist" if found is None else f"is {found['status']}, not dead"
-            raise ValueError(
-                f"item_id: {item_id!r} of tenant {tenant!r} in queue {self.name!r} {state}; "
-                "only a dead item can be requeued"
-            )
+            return None if found is None else ItemStatus(found["status"])
 
         return await self._executor.run(work, idempotent=False)
 

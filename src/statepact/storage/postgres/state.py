@@ -59,7 +59,14 @@ from statepact.clock import Clock
 from statepact.errors import RunNotFoundError, StateConflictError, StatePersistenceError
 from statepact.models import RunRecord, RunStatus, SessionRecord
 from statepact.settings import PostgresStoreSettings
-from statepact.state import BaseStateStore, CounterDelta, ListQuery, RunWrite, SessionWrite
+from statepact.state import (
+    BaseStateStore,
+    CounterDelta,
+    CounterOverflow,
+    ListQuery,
+    RunWrite,
+    SessionWrite,
+)
 from statepact.storage.postgres._client import (
     BoundExecutor,
     EngineExecutor,
@@ -254,7 +261,7 @@ class PostgresStateStore(BaseStateStore):
 
     async def _patch_run(
         self, tenant: str, run_id: str, delta: CounterDelta, now: datetime
-    ) -> RunRecord:
+    ) -> RunRecord | CounterOverflow:
         deltas = {
             "input_tokens": delta.input_tokens,
             "output_tokens": delta.output_tokens,
@@ -277,7 +284,7 @@ class PostgresStateStore(BaseStateStore):
                 params[f"p_{name}"] = amount
                 params[f"p_max_{name}"] = room
 
-        async def work(conn: Runner) -> RunRecord:
+        async def work(conn: Runner) -> RunRecord | CounterOverflow:
             while True:
                 row = await self._write(conn, self._sql.patch_run, params)
                 if row is not None:
@@ -293,11 +300,7 @@ class PostgresStateStore(BaseStateStore):
                     stored = found[name]
                     stored_units = decimal_to_nanos(stored) if name == "cost" else stored
                     if stored_units + deltas[name] > MAX_COUNTER:
-                        unit = " nano-units" if name == "cost" else ""
-                        raise ValueError(
-                            f"{name}: run {run_id!r} of tenant {tenant!r} would pass the "
-                            f"counter's limit of {MAX_COUNTER}{unit}"
-                        )
+                        return CounterOverflow(name)
                 # Neither: the run changed between the two statements; apply again.
 
         return await self._executor.run(work, idempotent=False, resend_safe=True)

@@ -48,18 +48,17 @@ from redis.exceptions import RedisError
 from statepact._codec import decode_json
 from statepact._retry import new_op_id
 from statepact.clock import Clock, from_micros, to_micros
-from statepact.errors import LeaseLostError, QueueUnavailableError
+from statepact.errors import QueueUnavailableError
 from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem
-from statepact.queue import BaseWorkQueue, FailOutcome, QueuePolicy, WorkWatch, lease_lost
+from statepact.queue import BaseWorkQueue, FailOutcome, LapseOutcome, QueuePolicy, WorkWatch
 from statepact.settings import RedisStoreSettings
 from statepact.storage.redis._client import Failover, as_text
 from statepact.storage.redis._keys import QueueKeys, ref
 from statepact.storage.redis._scripts import QUEUE_SCRIPTS, ScriptRunner
 from statepact.storage.redis.preflight import check
 
-__all__ = ["LEASE_EXPIRED", "RedisWorkQueue"]
+__all__ = ["RedisWorkQueue"]
 
-LEASE_EXPIRED = "lease expired"
 # Most delayed items promoted, half-claims finished, leases reaped or dead items
 # purged by one script call: bounds how long one call can hold the server.
 _STEP = 1000
@@ -221,8 +220,10 @@ class RedisWorkQueue(BaseWorkQueue):
 
     # -- settle -------------------------------------------------------------
 
-    async def _heartbeat(self, lease: Lease, now: datetime, expires_at: datetime) -> Lease:
-        item = self._held(lease, "heartbeat")
+    async def _heartbeat(self, lease: Lease, now: datetime, expires_at: datetime) -> Lease | None:
+        item = lease.item
+        if item.queue != self.name:
+            return None
         reply = await self._run(
             f"heartbeat of item {item.item_id!r} (tenant {item.tenant!r})",
             "heartbeat",
@@ -233,7 +234,7 @@ class RedisWorkQueue(BaseWorkQueue):
             op=new_op_id(),
         )
         if int(reply[0]) == 0:
-            raise self._lost(lease, "heartbeat")
+            return None
         return Lease(
             item=self._item(reply[2]),
             worker_id=lease.worker_id,
@@ -242,12 +243,10 @@ class RedisWorkQueue(BaseWorkQueue):
             lease_seconds=lease.lease_seconds,
         )
 
-    async def _ack(self, lease: Lease, now: datetime) -> WorkItem:
+    async def _ack(self, lease: Lease, now: datetime) -> WorkItem | None:
         return await self._settle(lease, now, "ack", ItemStatus.DONE)
 
-    async def _ack_many(
-        self, leases: list[Lease], now: datetime
-    ) -> list[WorkItem | LeaseLostError]:
+    async def _ack_many(self, leases: list[Lease], now: datetime) -> list[WorkItem | None]:
         # A lease of another queue is lost at once; the rest go in one script.
         mine = [lease for lease in leases if lease.item.queue == self.name]
         args: list[str | int | bytes] = []
@@ -259,27 +258,24 @@ class RedisWorkQueue(BaseWorkQueue):
                 f"ack of {len(mine)} items", "ack_many", now, *args, op=new_op_id()
             )
         answers = iter(range(0, len(reply), 2))
-        done: list[WorkItem | LeaseLostError] = []
+        done: list[WorkItem | None] = []
         for lease in leases:
             if lease.item.queue != self.name:
-                done.append(self._lost(lease, "ack"))
+                done.append(None)
                 continue
             at = next(answers)
-            if int(reply[at]) == 1:
-                done.append(self._item(reply[at + 1]))
-            else:
-                done.append(self._lost(lease, "ack"))
+            done.append(self._item(reply[at + 1]) if int(reply[at]) == 1 else None)
         return done
 
     async def _fail(
         self, lease: Lease, now: datetime, error: str, outcome: FailOutcome
-    ) -> WorkItem:
+    ) -> WorkItem | None:
         status = ItemStatus.DEAD if outcome.dead else ItemStatus.QUEUED
         return await self._settle(
             lease, now, "fail", status, available_at=outcome.available_at, error=error
         )
 
-    async def _release(self, lease: Lease, now: datetime) -> WorkItem:
+    async def _release(self, lease: Lease, now: datetime) -> WorkItem | None:
         return await self._settle(
             lease, now, "release", ItemStatus.QUEUED, available_at=now, attempts_change=-1
         )
@@ -294,8 +290,10 @@ class RedisWorkQueue(BaseWorkQueue):
         available_at: datetime | None = None,
         error: str | None = None,
         attempts_change: int = 0,
-    ) -> WorkItem:
-        item = self._held(lease, action)
+    ) -> WorkItem | None:
+        item = lease.item
+        if item.queue != self.name:
+            return None
         reply = await self._run(
             f"{action} of item {item.item_id!r} (tenant {item.tenant!r})",
             "settle",
@@ -310,15 +308,13 @@ class RedisWorkQueue(BaseWorkQueue):
             op=new_op_id(),
         )
         if int(reply[0]) == 0:
-            raise self._lost(lease, action)
+            return None
         return self._item(reply[1])
 
-    async def _reap(self, now: datetime) -> list[WorkItem]:
+    async def _reap(self, now: datetime, outcome: LapseOutcome) -> list[WorkItem]:
         moved: list[WorkItem] = []
         while True:
-            reply = await self._run(
-                "reap", "reap", now, self.policy.max_attempts, _STEP, LEASE_EXPIRED
-            )
+            reply = await self._run("reap", "reap", now, outcome.dead_at, _STEP, outcome.error)
             moved.extend(self._item(fields) for fields in reply[1:])
             if int(reply[0]) == 0:
                 return moved
@@ -335,7 +331,9 @@ class RedisWorkQueue(BaseWorkQueue):
         )
         return [self._item(fields) for fields in reply]
 
-    async def _requeue(self, tenant: str, item_id: str, now: datetime) -> WorkItem:
+    async def _requeue(
+        self, tenant: str, item_id: str, now: datetime
+    ) -> WorkItem | ItemStatus | None:
         reply = await self._run(
             f"requeue of item {item_id!r} (tenant {tenant!r})",
             "requeue",
@@ -344,11 +342,7 @@ class RedisWorkQueue(BaseWorkQueue):
             op=new_op_id(),
         )
         if int(reply[0]) == 0:
-            state = "does not exist" if len(reply) == 1 else f"is {as_text(reply[1])}, not dead"
-            raise ValueError(
-                f"item_id: {item_id!r} of tenant {tenant!r} in queue {self.name!r} {state}; "
-                "only a dead item can be requeued"
-            )
+            return None if len(reply) == 1 else ItemStatus(as_text(reply[1]))
         return self._item(reply[1])
 
     async def _purge_dead(self, tenant: str) -> int:
@@ -420,15 +414,6 @@ class RedisWorkQueue(BaseWorkQueue):
             created_at=from_micros(int(record["created"])),
             updated_at=from_micros(int(record["updated"])),
         )
-
-    def _held(self, lease: Lease, action: str) -> WorkItem:
-        """The lease's item, refusing at once a lease from another queue."""
-        if lease.item.queue != self.name:
-            raise self._lost(lease, action)
-        return lease.item
-
-    def _lost(self, lease: Lease, action: str) -> LeaseLostError:
-        return lease_lost(self.name, lease, action)
 
 
 def _as_dict(fields: Any) -> dict[str, str]:

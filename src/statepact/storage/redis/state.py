@@ -37,7 +37,14 @@ from statepact.clock import Clock, from_micros, to_micros
 from statepact.errors import RunNotFoundError, StateConflictError, StatePersistenceError
 from statepact.models import RunRecord, RunStatus, SessionRecord
 from statepact.settings import RedisStoreSettings
-from statepact.state import BaseStateStore, CounterDelta, ListQuery, RunWrite, SessionWrite
+from statepact.state import (
+    BaseStateStore,
+    CounterDelta,
+    CounterOverflow,
+    ListQuery,
+    RunWrite,
+    SessionWrite,
+)
 from statepact.storage.redis._client import Failover, as_text
 from statepact.storage.redis._keys import StateKeys
 from statepact.storage.redis._scripts import STATE_SCRIPTS, ScriptRunner
@@ -49,7 +56,6 @@ __all__ = ["RedisStateStore"]
 _VERSION, _SEQ, _CREATED, _UPDATED = 0, 1, 2, 3
 _STATUS, _SESSION, _INPUT, _OUTPUT, _COST, _ITERATIONS, _CURSOR, _RUN_BLOB = range(4, 12)
 _SESSION_BLOB = 4
-_MAX_COUNTER = 2**63 - 1
 
 
 def _unavailable(message: str) -> StatePersistenceError:
@@ -150,7 +156,7 @@ class RedisStateStore(BaseStateStore):
 
     async def _patch_run(
         self, tenant: str, run_id: str, delta: CounterDelta, now: datetime
-    ) -> RunRecord:
+    ) -> RunRecord | CounterOverflow:
         reply = await self._run(
             f"patch_run of run {run_id!r} (tenant {tenant!r})",
             "patch_run",
@@ -174,12 +180,7 @@ class RedisStateStore(BaseStateStore):
         if code == 0:
             raise RunNotFoundError(tenant=tenant, run_id=run_id)
         if code == 2:
-            field = as_text(reply[1])
-            unit = " nano-units" if field == "cost" else ""
-            raise ValueError(
-                f"{field}: run {run_id!r} of tenant {tenant!r} would pass the counter's "
-                f"limit of {_MAX_COUNTER}{unit}"
-            )
+            return CounterOverflow(as_text(reply[1]))
         return _run_record(tenant, run_id, reply[1:])
 
     async def _list_runs(self, query: ListQuery) -> list[RunRecord]:

@@ -50,8 +50,6 @@ from statepact.storage.postgres.schema import Tables
 
 __all__ = ["QueueStatements", "statements"]
 
-LEASE_EXPIRED = "lease expired"
-
 # Status constants are rendered as SQL literals, not bound: the planner matches
 # a partial index (WHERE status = 'queued') only against a constant.
 QUEUED: ColumnElement[str] = literal_column("'queued'")
@@ -706,7 +704,8 @@ def requeue(tables: Tables) -> Select[Any]:
 
 
 def reap(tables: Tables) -> Select[Any]:
-    """Up to ``p_batch`` lapsed leases back to the queue, or dead per the policy's limit."""
+    """Up to ``p_batch`` lapsed leases back to the queue, or dead from ``p_dead_at`` attempts
+    on, each with ``last_error = p_error``: the front's decision (``LapseOutcome``)."""
     work = tables.work
     expired = (
         select(work.c.id, work.c.expires_at, work.c.token)
@@ -728,9 +727,8 @@ def reap(tables: Tables) -> Select[Any]:
             work.c.expires_at <= param("now", TZ),
         )
         .values(
-            # QueuePolicy.lapse_is_dead(attempts) is attempts >= max_attempts.
-            status=case((work.c.attempts >= param("max_attempts", Integer()), DEAD), else_=QUEUED),
-            last_error=LEASE_EXPIRED,
+            status=case((work.c.attempts >= param("dead_at", Integer()), DEAD), else_=QUEUED),
+            last_error=param("error", Text()),
             available_at=param("now", TZ),
             token=null(),
             worker_id=null(),
