@@ -710,8 +710,7 @@ class BaseWorkQueue(ABC):
 
     @abstractmethod
     async def _reap(self, now: datetime, outcome: LapseOutcome) -> list[WorkItem]:
-        """Expired leases back to queued (due now) or dead, as ``outcome`` says, in the
-        order they lapsed."""
+        """Expired leases back to queued (due now) or dead, as ``outcome`` says."""
 
     @abstractmethod
     async def _dead_letters(self, tenant: str, limit: int) -> list[WorkItem]: ...

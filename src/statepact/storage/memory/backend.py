@@ -1,20 +1,12 @@
 """``MemoryBackend``: the in-process ``StorageBackend``, and the reference for the other two.
 
-Commit validation and application run under one ``asyncio.Lock``; each key
-keeps an MVCC chain of versions, and a snapshot reads the newest version at or
-before its ``taken_at``. History is garbage-collected down to what live
-snapshots still need (plus ``retain_versions`` newest per key, when set).
-Pessimistic locks go through :class:`LockManager`, whose wait-for graph turns a
-cycle into ``DeadlockError`` for the one waiter that would close it.
-``serializable`` commits are validated backwards in full; one that writes is
-then audited: a search for a cycle of ww/wr/rw dependencies through it in the
-graph of the last ``serialization_window`` writing commits. The audit is a
-second, independent check. After full backward validation it is not expected
-to refuse, and its cost is one index lookup per slot the commit touched.
+Commits are validated and applied under one ``asyncio.Lock``, each key keeps a
+chain of versions that garbage collection trims to what live snapshots need,
+locks go through the lock manager (``_locks.py``) and ``serializable`` commits
+through the audit (``_serialization.py``): docs/backings.md#memory.
 
-Nothing here is safe across processes or OS threads, nothing reads a clock
-(times arrive in the requests), and nothing validates a caller's input: the
-front in ``statepact.tx`` did that.
+Nothing here is safe across processes or OS threads, reads a clock (times
+arrive in the requests), or validates a caller's input (``statepact.tx`` did).
 """
 
 from __future__ import annotations

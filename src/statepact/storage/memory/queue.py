@@ -1,50 +1,14 @@
 """``MemoryWorkQueue``: the reference ``WorkQueue``, held in this process.
 
-It implements only the ``_``-methods of :class:`~statepact.queue.BaseWorkQueue`;
-the front has validated and encoded everything, read the clock and asked
-``QueuePolicy`` what a failure means. This module stores what it is told,
-fenced on the lease token, and decides only the order of claims.
+It implements the ``_``-methods of :class:`~statepact.queue.BaseWorkQueue`,
+which has validated and encoded everything, read the clock and asked
+``QueuePolicy`` what a failure or a lapse means: this module stores what it is
+told, fenced on the lease token, and decides only the order of claims. The
+rules it pins for every backing: docs/backings.md#memory.
 
-Atomicity: no ``_``-method awaits anything, so each call runs to completion in
-one step of the event loop; concurrent tasks cannot interleave inside a claim or
-a settle. It must never gain an ``await`` inside a read-modify-write (use an
-``asyncio.Lock`` if one is ever needed), and it must never scan the backlog to
-claim. Not safe across OS threads or processes.
-
-Semantics pinned here (and by ``statepact.testing.queue_suite``):
-
-- **Due** means ``status == queued`` and ``available_at <= now``.
-- **Rotation.** The queue keeps a turn counter. Serving a tenant bumps it and
-  stores the new value as that tenant's turn (0 if never served). A claim
-  serves, among tenants with due work, the lowest ``(turn, tenant)``: the tenant
-  served longest ago (a never-served tenant counts as longest ago), ties by
-  tenant id in code-point order. ``claim_batch`` repeats this per item.
-- **Within a tenant**: highest ``priority`` first, then enqueue order (a retried
-  item keeps its original place).
-- **Claim** counts an attempt, sets ``status=leased`` and ``updated_at=now``,
-  and gives a token from a per-queue counter, so it is greater than any token
-  the item had. A leased item is never claimed again, even after its lease
-  lapsed: only ``reap`` (or the holder) moves it.
-- **Heartbeat** gives a new token and ``expires_at = now + lease_seconds`` and
-  leaves the item's record as it was (``updated_at`` included).
-- **Fencing.** ack/fail/release/heartbeat need the item to be leased with
-  exactly the lease's token, else ``LeaseLostError`` and nothing changes. A
-  lapsed lease still settles until ``reap`` or a new claim moves the item on.
-- **fail** writes ``last_error`` and ``available_at`` from the policy's outcome
-  (dead: ``status=dead``; else ``queued``). **release**: ``queued``, due now,
-  ``attempts - 1``, ``last_error`` unchanged. **ack**: ``done``; done items are
-  kept (enqueue of the same id returns them) but not counted in ``stats``.
-- **reap** moves every leased item with ``expires_at <= now``: to ``dead`` when
-  ``policy.lapse_is_dead(attempts)``, else ``queued`` due now; either way
-  ``last_error = "lease expired"``. It returns the moved items.
-- **requeue** takes a dead item back to ``queued``, due now, ``attempts=0``,
-  keeping ``last_error``; anything else raises ``ValueError`` naming ``item_id``.
-- **purge_dead** deletes the tenant's dead items outright (record, dead index,
-  count), so their ids are free for a new ``enqueue``; it returns how many.
-- **dead_letters** are ordered by the time the item died (its ``updated_at``),
-  then by ``item_id`` in code-point order.
-- **stats** count ``queued`` (due or not), ``leased`` (lapsed or not) and
-  ``dead`` per tenant, leaving out tenants with all three at zero.
+It must never await inside a read-modify-write (each call is one step of the
+event loop) and never scan the backlog to claim; it is not safe across OS
+threads or processes.
 """
 
 from __future__ import annotations

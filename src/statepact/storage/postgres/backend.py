@@ -1,84 +1,14 @@
 """``PostgresBackend``: the ``StorageBackend`` under ``TransactionManager``, on PostgreSQL.
 
-Keyed JSON values with their full MVCC history, resource leases with fencing
-tokens, pessimistic lock rows and durable idempotency records, in the
-``statepact_*`` tables of ``schema.py`` (SQLAlchemy Core over asyncpg). The
-front (``statepact.tx``) has validated, encoded and size-checked everything and
-read the clock; this module stores what it is told and hands the JSON text back
-verbatim (``json`` columns keep the text as sent).
-
-Round trips. Every call is ONE autocommit statement on a pooled connection (no
-BEGIN, no COMMIT): ``begin`` reads ``statepact_meta.seq``; a latest read is the
-``statepact_values`` row; a snapshot read is the newest ``statepact_history``
-row with ``version <= taken_at`` (a backward scan of the primary key); a
-commit is ``SELECT statepact_commit(:request)``, a PL/pgSQL function created by
-Alembic revision 0002 that checks fencing, claims the idempotency key, locks,
-validates and applies in one server-side transaction; a lock attempt is
-``statepact_try_lock(...)``; each lease call is one ``INSERT ... ON CONFLICT``
-or ``UPDATE ... RETURNING``. ``end`` costs nothing unless the transaction
-took pessimistic locks.
-
-The commit path, and why version order is commit order. The seed serialised
-whole commits on one advisory lock. Here a commit locks only what it touches,
-in this order: the fencing lease row (``FOR SHARE``: an acquisition cannot
-issue a token until the commit is over), the idempotency key (its unique index
-entry: a concurrent commit with the same key waits, then replays), each
-written key (``FOR NO KEY UPDATE``) and, for ``serializable``, each read key
-(``FOR SHARE``) in ``(resource, key)`` byte order, creating a version-0
-placeholder row for a key that has none so that absence is lockable too. Then
-it validates, and only then takes the one global serialisation point:
-``UPDATE statepact_meta SET seq = seq + 1 RETURNING seq``. That row lock is
-held through the writes of values and history and the COMMIT, so:
-
-- the commit that got ``n`` is visible before the commit that gets ``n + 1``
-  can even read the meta row (the second waits on the row lock, which
-  PostgreSQL releases only after the first transaction is visible). Version
-  order is commit order;
-- ``begin`` reads ``seq`` in its own statement: every commit numbered at or
-  below it is already visible, and every commit still in flight will get a
-  larger number. A snapshot read ``version <= taken_at`` therefore sees
-  exactly the commits that finished before ``begin``, never a later one and
-  never a hole: consistent snapshots, linearizable commits;
-- independent commits overlap in everything but that short tail (lock, validate,
-  write, commit); commits that touch the same keys queue on the key rows, and
-  the second one sees the first one's version (first committer wins).
-
-``serializable`` is full backward validation under locks: every read and
-written key is locked at commit and every read version is checked current, so
-the commit is equivalent to running at its commit point (strict two-phase
-locking at commit). That is why the process-local serialization-graph audit of
-the memory backing is not run here, and ``serialization_window`` is accepted
-for signature compatibility only. A read-only ``serializable`` commit checks
-its read versions in one statement and takes no lock or sequence number.
-
-Lost replies. A commit is safe to send again: with an idempotency key, the
-record carries the ``txn_id`` that claimed it (the same transaction sent again
-gets its result with ``replayed=False``, another one a replay); without one,
-the function finds its own first attempt by ``txn_id`` in the history of its
-first written key (looked up only when that key moved past the snapshot). A
-commit whose connection died after it applied is never applied twice,
-whichever attempt reaches the rows first. The executor
-(``_client.EngineExecutor``) retries connection errors within the failover
-budget, then raises ``StatePersistenceError(reason="unavailable")``; a pool
-timeout is ``PoolExhaustedError`` at once. A deadlock or serialization failure
-reported by PostgreSQL inside a commit is a ``ConflictError``.
-
-Locks are rows in ``statepact_locks``: a transaction spans several pooled
-calls, so a lock cannot be a session lock. Each attempt is one statement that
-never waits; the front polls it with backoff until its timeout
-(``LockTimeoutError``; there is no wait-for graph, so ``detects_deadlocks`` is
-``False`` and a cycle ends as a timeout). A lock row expires
-``lock_ttl_seconds`` after it was granted, by the server's ``now()`` (as a
-Redis lock's PX TTL runs on Redis's clock), so a crashed process frees its
-keys and a host whose clock runs ahead cannot take a live holder's lock; a
-holder slower than the TTL can lose its lock unknowingly. The lock rows a
-transaction may hold are tracked in this process until ``end`` deleted them;
-``close`` deletes those of transactions still live. Lease times are bound
-parameters from the injected clock, never the server's ``now()``.
+Keyed JSON values with their full MVCC history, leases with fencing tokens,
+lock rows and durable idempotency records in the ``statepact_*`` tables; every
+call is one autocommit statement of ``_sql/tx.py`` (a commit is one call of the
+``statepact_commit`` function). Why version order is commit order, resends and
+locks: docs/backings.md#the-commit-function.
 
 This module must never create or alter a table except through the packaged
-Alembic revisions (:meth:`PostgresBackend.connect` on an empty database), never
-print a DSN, and never let an SQLAlchemy or asyncpg exception out.
+Alembic revisions (:meth:`PostgresBackend.connect` on an empty database),
+never print a DSN, and never let an SQLAlchemy or asyncpg exception out.
 """
 
 from __future__ import annotations

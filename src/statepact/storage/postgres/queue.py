@@ -1,93 +1,14 @@
 """``PostgresWorkQueue``: work items in ``adk_work``, the tenant rotation in ``adk_queue_turns``.
 
-It implements only the ``_``-methods of :class:`~statepact.queue.BaseWorkQueue`
-(the front validated, encoded, read the clock and asked ``QueuePolicy``), with
-the semantics of the memory reference (``storage/memory/queue.py``). Every
-statement is a small function of Core expressions built once per table naming.
+It implements the ``_``-methods of :class:`~statepact.queue.BaseWorkQueue`
+with the memory reference's semantics, by running the statements of
+``_sql/queue.py``: a claim, a batch claim and every settle is one statement.
+How the claim walks the rotation and why claims never deadlock:
+docs/backings.md#the-claim.
 
-The claim is ONE statement (one round trip on an engine):
-
-1. ``rotation``: the tenants that may have due work, in turn order
-   ``(last_turn, tenant)``, walked lazily by a recursive CTE: each step is one
-   LIMIT-1 probe of the ``ready`` index (queued work that was due when last
-   written) and one of the ``waking`` index (all work was delayed, and the
-   earliest delay has passed since). Tenants with nothing queued are in
-   neither index, so the claim never looks at idle tenants; and it stops at the
-   first tenant that yields an item, so it does not read the tenants behind it.
-2. ``picked``: for each tenant in that order, a LATERAL probe of its best due
-   item (``priority DESC, id``: the claim index) ``FOR UPDATE SKIP LOCKED``;
-   the first tenant that yields one wins, and only that row is locked. Every
-   predicate (queue, tenant, status, due) is on the locked relation itself, as
-   in River's ``JobGetAvailable``: under READ COMMITTED, PostgreSQL re-checks
-   them against the newest row version when the row was claimed and committed
-   underneath us, so two workers can never take one item. No window function,
-   no scan of the backlog.
-
-   Concurrent claims read the same snapshot of the rotation, so on their own
-   they would all walk to the same front tenant and SKIP LOCKED would only
-   hand them different items of it. So the walk first tries, without waiting,
-   a transaction-scoped advisory lock per ``(queue, tenant)``
-   (``pg_try_advisory_xact_lock``, as the Que job queue does in its walk) and
-   passes over a tenant another claim holds: claims that overlap in time take
-   the tenants at the front one each. The try sits in the filter of the
-   rotation's scan, so it runs on each tenant as the walk reaches it, before
-   that tenant's item probe, and LIMIT 1 stops the walk at the first tenant
-   locked and served: a claim tries the tenants up to its own and holds the
-   locks of the ones it got (its own, and any whose probe found nothing) until
-   its transaction ends; a failed try holds nothing. When every tenant with due
-   work is held, the second branch of a UNION ALL walks the rotation again
-   without the try (the Append runs its branches in order and the LIMIT stops
-   it at the first row, so that branch runs only then) and takes the best
-   unlocked item of the first tenant that has one: a claim never comes back
-   empty while an item it could take is due. Either walk reads only tenants
-   with due work, and the first passes over only those other running claims
-   hold (about one each): the cost grows with the claims in flight, not with
-   the tenants.
-
-   What this does not fix: a claim whose snapshot was taken before another
-   claim of the front tenant committed, and which tries that tenant's lock
-   after the commit released it, still takes the same tenant (rare, and the
-   rotation sends that tenant to the back, so it evens out over the next
-   claims). The key is two ``int4`` (a lock space apart from the one-bigint
-   keys, the migrations' among them): a hash of the table naming and the
-   queue, and ``hashtext(tenant)``. Two tenants whose keys collide keep each
-   other's concurrent claims apart: that costs fairness, never correctness,
-   since the item's row lock alone makes a claim exclusive. Inside ``bound``
-   the locks last until the caller commits: a ``claim_batch`` there holds one
-   per tenant it walked (mind ``max_locks_per_transaction`` for large batches
-   over many tenants); on an engine each claim is its own transaction.
-3. ``claimed``: the item becomes ``leased``, ``attempts + 1``, a new token from
-   the sequence.
-4. ``turn``: the tenant goes to the back (``last_turn`` = the claim's token),
-   ``queued - 1``, and ``next_due_at`` becomes the earliest queued item but
-   this one in our snapshot. That may count items other workers are claiming
-   right now (too early: harmless, the next claim of the tenant corrects it);
-   it misses items put back in the queue after our snapshot, but their writers
-   bumped ``additions``, and when it moved the old bound is kept (``LEAST``).
-   So ``next_due_at`` is never later than the truth: no item is stranded.
-   (Locking the rows read here would hide them from concurrent claims.)
-
-Claims lock one ``adk_work`` row, then one ``adk_queue_turns`` row; every
-settle and enqueue writes in the same order (item, then turn), and the
-multi-row writes (reap) take turns rows in ``(queue, tenant)`` order, so claims
-and settles cannot deadlock each other. The advisory tenant locks add no wait:
-a claim only tries them, and nothing here waits on one.
-
-``claim_batch`` (``claim_many``) is the same walk read ``limit`` tenants deep,
-each offering up to ``limit`` items, taken round by round in turn order: what
-``limit`` successive claims take, in one statement (see its docstring).
-
-Round trips on an engine: ``enqueue`` 1 (2 when the item already exists),
-``enqueue_many`` 1 (more only for items a concurrent enqueue stored after its
-snapshot), ``claim`` 1, ``claim_batch`` 1, ``ack_many`` 1,
-``heartbeat``/``ack``/``fail``/``release`` 1, ``requeue`` 1
-(2 when refused), ``reap`` 1 per 500 expired leases plus one, ``get_item``,
-``dead_letters``, ``purge_dead``, ``stats`` 1.
-
-This module must never read the server's clock, never use a window function
-over the backlog or a scan of it in a claim (``claim_many`` numbers only the
-rows its tenants offered, at most ``limit`` each), never wait on an advisory lock (try it
-only), and never retry inside a caller's transaction (``bound``).
+This module must never read the server's clock, never decide a retry or the
+dead letter (the front passes ``QueuePolicy``'s decision), and never retry
+inside a caller's transaction (``bound``).
 """
 
 from __future__ import annotations

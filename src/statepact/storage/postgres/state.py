@@ -1,42 +1,13 @@
 """``PostgresStateStore``: runs and sessions in ``adk_runs`` / ``adk_sessions``.
 
-It implements only the ``_``-methods of :class:`~statepact.state.BaseStateStore`;
-the front has validated, encoded and size-checked everything and read the
-injected clock (every timestamp is a bound parameter, never the server's
-``now()``). Statements are built once per table naming, as small functions of
-Core expressions, and executed with bound parameters.
+It implements the ``_``-methods of :class:`~statepact.state.BaseStateStore`
+(the front has validated, encoded and size-checked everything and read the
+clock) by running the statements of ``_sql/state.py``, one per call; a run
+write carries a call id so the failover may send it again. Round trips and
+resends: docs/backings.md#run-writes-sent-again.
 
-Round trips per call on an engine (AUTOCOMMIT, prepared statements cached):
-``get_run``, ``put_run``, ``patch_run``, ``list_runs``, ``delete_run``, the
-session calls: one statement each. Only a refused write takes a second: a
-put that conflicts reads the stored version to report ``actual``, a patch that
-matched no row reads whether the run exists and which counter would overflow.
-
-Run writes sent again (``put_run``, ``patch_run``): each call draws a call id
-(``new_op_id``), the same across the failover's resends. Its one statement,
-in CTEs: the write, guarded by "this call's row in ``adk_run_writes`` is not
-there"; the insert of that row from the rows the write produced (a refused
-write leaves none); the sweep of the run's rows older than
-``WRITE_RETENTION``; then the written run, or, when the row was there (a
-resend after the first attempt committed), the run as it is now, reported as
-the success the first attempt was. A resend that arrives while its first
-attempt is still running on the server waits on the run's row lock, applies
-on top, and its insert of the call's row hits the primary key (23505): the
-statement aborts, nothing of it applied, and the executor sends it again
-(``FirstAttemptCommitted``). A refused resend's follow-up read also asks for
-the call's row, so a put whose first attempt bumped the version is not
-reported as a conflict with itself. So a write lands once however the
-connection was cut, and the executor resends these writes (``resend_safe``).
-``delete_run`` deletes the run's rows with it. ``put_session`` and
-``delete_run`` carry no call id: a cut after they were sent is reported
-(``reason="unavailable"``, outcome unknown), not resent.
-
-Blobs are stored in ``json`` columns as the exact text the front encoded, and
-read back as text and decoded here: a caller gets what the memory reference
-gives back, whatever JSON (de)serializer the engine was configured with.
-
-This module must never create or alter a table, never read the server's
-clock, and never retry inside a caller's transaction (``bound``).
+This module must never create or alter a table, never read the server's clock,
+and never retry inside a caller's transaction (``bound``).
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
-"""The Lua scripts of the Redis backings: one folder per protocol under ``lua/``.
+"""The registry of the Redis backings' Lua scripts: one folder per protocol under ``lua/``.
 
-``lua/state/``, ``lua/queue/`` and ``lua/tx/`` each hold that protocol's
-scripts, one ``<name>.lua`` per script, each starting with its KEYS, ARGV and
-return header, and the protocol's ``_prelude.lua`` (its key layout and shared
-helpers). What is sent for a script is ``lua/_common.lua``, its folder's
-prelude, then the script. The registry is the folders' contents: a new file is
-a new script, with no list to update; a name in two folders is refused at
-import. Design notes: docs/backings.md#redis.
+A script is a file of ``lua/state/``, ``lua/queue/`` or ``lua/tx/``; what is
+sent is ``lua/_common.lua``, its folder's ``_prelude.lua``, then the file. The
+registry is the folders' contents (a name in two folders is refused at
+import), read once with :mod:`importlib.resources`, so the scripts ship in the
+wheel. How scripts are written and run: docs/backings.md#scripts.
 
-Scripts run through redis-py's ``Script`` objects (``register_script``), which
-turn a ``NOSCRIPT`` into a load and a second try; the files are read once per
-process with :mod:`importlib.resources`, so they ship inside the wheel. This
-module must never build keys or interpret replies: it turns a name into a
-callable script.
+This module must never build keys or interpret replies: it turns a name into
+a callable script.
 """
 
 from __future__ import annotations

@@ -1,38 +1,13 @@
 """``RedisWorkQueue``: fair, fenced work queues on Redis (standalone or cluster).
 
-It implements only the ``_``-methods of :class:`~statepact.queue.BaseWorkQueue`;
-the front has validated and encoded everything, read the clock and asked
-``QueuePolicy`` what a failure means. Semantics are the memory reference's
-(``statepact.storage.memory.queue``) exactly; the conformance suite checks it.
+It implements the ``_``-methods of :class:`~statepact.queue.BaseWorkQueue`
+with the memory reference's semantics: each call is one script of
+``lua/queue/`` (a claim is two), the whole queue in one slot. Layout, the
+two-script claim and replays: docs/backings.md#the-claim-in-two-scripts.
 
-Layout (``_keys.QueueKeys``, written out in ``lua/queue/_prelude.lua``): the whole
-queue lives under one hash tag ``{<ns>:queue}``, one cluster slot, because a
-claim chooses between tenants in one script. Per item a hash; per tenant a
-ready sorted set scored ``(1000 - priority) * 2**42 + enqueue order`` (highest
-priority first, then enqueue order, kept across retries); one delayed set
-scored by ``available_at`` and promoted lazily by claims; a rotation set of
-the tenants that have ready work, scored by the turn each was last served at
-(0 for never), with a hash remembering turns while a tenant is idle; a lease
-set scored by expiry with a hash of live lease tokens, which is what every
-heartbeat and settle is fenced on; per-tenant dead sets; per-status counts.
-
-A claim is two scripts (docs/backings.md says why): ``claim.lua`` moves items
-from their tenants' ready sets to the lease set and records their tokens;
-``claimed.lua`` then writes the items' records (status, attempts, updated). A
-claimer that dies in between leaves items leased whose records still say
-queued; the next ``reap`` finishes those writes first. Claim cost is O(log n)
-per item claimed plus the items that came due since the last claim; the
-backlog and idle tenants are never scanned.
-
-Times are the injected clock's, passed to every script as µs; the server's
-TIME is never read. Each write names a replay key by a fresh call id, so a
-call retried after a lost reply (a failover, redis-py's own retry) answers as
-it did the first time instead of claiming twice or reporting its own settle as
-a lost lease.
-
-This module must never format a key (``_keys``), never decide retries or the
-dead letter (``QueuePolicy`` through the front), and never let a redis-py
-exception out (``_client``).
+This module must never format a key (``_keys``), never read a clock, never
+decide a retry or the dead letter (the front passes ``QueuePolicy``'s
+decision), and never let a redis-py exception out (``_client``).
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
 """``RedisStateStore``: agent runs and sessions on Redis (standalone or cluster).
 
-It implements only the ``_``-methods of :class:`~statepact.state.BaseStateStore`;
-the front has validated, encoded and size-checked everything (an oversized blob
-never reaches this module) and read the clock.
+It implements the ``_``-methods of :class:`~statepact.state.BaseStateStore`
+(the front has validated, encoded and size-checked everything and read the
+clock): each call is one script of ``lua/state/``, every key of a tenant in
+one slot. Layout, round trips and replays: docs/backings.md#redis.
 
-Layout (keys from ``_keys.StateKeys``; all of one tenant in one cluster slot):
-a run is its JSON blob (a string) plus a small hash holding the version, the
-five counters (cost as integer nano-units, so ``HINCRBY`` is exact), ``seq``,
-created/updated (µs), status and session. ``seq`` comes from a per-tenant
-``INCR`` at creation and is never rewritten; sorted sets per tenant, per
-status, per session and per session-and-status, scored by ``seq``, make
-``list_runs`` a range read. Sessions are a blob plus a hash and a per-tenant
-sorted set.
-
-Round trips: every call is one ``EVALSHA`` (``lua/state/``): a put checks the
-version, writes blob and hash, moves index entries and returns the stored
-record; a patch is ``HINCRBY`` per counter plus the version bump; a page
-reads its index and every record on it. Each write script is atomic and
-records a replay key named by a fresh call id, so the same call retried after
-its reply was lost (within two minutes) answers as it did the first time and
-is not applied twice, however many other writes came in between.
-
-This module must never format a key (ask ``_keys``), never read a clock (the
-front passes ``now``), and never let a redis-py exception out (``_client``).
+This module must never format a key (``_keys``), never read a clock, and never
+let a redis-py exception out (``_client``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The statements of ``PostgresStateStore``: runs and sessions in ``adk_runs``/``adk_sessions``.
 
 Run writes are one statement each, made safe to send again by the call's row
-in ``adk_run_writes`` (docs/backings.md#commit-path says how). Every timestamp
+in ``adk_run_writes`` (docs/backings.md#run-writes-sent-again). Every timestamp
 is a bound parameter from the injected clock, never the server's ``now()``.
 """
 

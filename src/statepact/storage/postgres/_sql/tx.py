@@ -3,7 +3,7 @@
 A commit is one call of the PL/pgSQL function ``statepact_commit`` (Alembic
 revision 0002) and a lock attempt one of ``statepact_try_lock``; reads, leases
 and the registry are one statement each. Why the commit locks what it locks,
-and why version order is commit order: docs/backings.md#commit-path.
+and why version order is commit order: docs/backings.md#the-commit-function.
 
 Lock rows are stamped with the server's ``now()`` (a real-time TTL, as Redis's
 ``PX``); every other time is a bound parameter from the injected clock.
