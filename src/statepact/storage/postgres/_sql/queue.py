@@ -14,6 +14,7 @@ in a claim (``claim_many`` numbers only the rows its tenants offered, at most
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -91,6 +92,16 @@ def _item_key(work: Table) -> list[ColumnElement[bool]]:
 def _fenced(work: Table) -> list[ColumnElement[bool]]:
     """The item is leased under exactly the lease's token."""
     return [*_item_key(work), work.c.status == LEASED, work.c.token == param("token", BigInteger())]
+
+
+def _lease_ended() -> dict[str, Any]:
+    """The columns of a lease that ended (settled or reaped): no holder, no token, no expiry."""
+    return {
+        "token": null(),
+        "worker_id": null(),
+        "expires_at": null(),
+        "updated_at": param("now", TZ),
+    }
 
 
 def _turn_added(turns: Table, source: CTE, *, grouped: bool) -> Any:
@@ -344,24 +355,71 @@ def _try_tenant_lock(turns: Table, tenant: Any) -> ColumnElement[bool]:
     return func.pg_try_advisory_xact_lock(queue_key, func.hashtext(tenant), type_=Boolean)
 
 
-def claim(tables: Tables) -> Select[Any]:
-    """Lease the best due item of the tenant served longest ago, and send that tenant back."""
-    work, turns = tables.work, tables.queue_turns
-    order = rotation(turns)
+def _due_items(work: Table, tenant: Any, limit: Any, name: str, *more: Any) -> Any:
+    """The tenant's best due items (``priority DESC, id``: the claim index), up to ``limit``,
+    ``FOR UPDATE SKIP LOCKED`` with every predicate on the locked relation; a LATERAL
+    probe of each tenant the rotation yields."""
     candidate = work.alias("candidate")
-    best = (
-        select(candidate.c.id)
+    return (
+        select(candidate.c.id, *(candidate.c[column] for column in more))
         .where(
             candidate.c.queue == param("queue"),
-            candidate.c.tenant == order.c.tenant,
+            candidate.c.tenant == tenant,
             candidate.c.status == QUEUED,
             candidate.c.available_at <= param("now", TZ),
         )
         .order_by(candidate.c.priority.desc(), candidate.c.id)
-        .limit(_ONE)
+        .limit(limit)
         .with_for_update(skip_locked=True)
-        .lateral("best")
+        .lateral(name)
     )
+
+
+def _served(
+    tables: Tables,
+    leaving: Callable[[Any], ColumnElement[bool]],
+    *,
+    last_turn: Any,
+    taken: Any,
+    seen_additions: Any,
+) -> Update:
+    """The turns row of a tenant a claim served: ``last_turn``, ``queued`` minus ``taken``,
+    and ``next_due_at`` the earliest queued item but those ``leaving`` the queue, the old
+    bound kept when an addition raced the claim (``seen_additions``)."""
+    work, turns = tables.work, tables.queue_turns
+    rest = work.alias("rest")
+    next_due = (
+        select(rest.c.available_at)
+        .where(
+            rest.c.queue == turns.c.queue,
+            rest.c.tenant == turns.c.tenant,
+            rest.c.status == QUEUED,
+            leaving(rest),
+        )
+        .order_by(rest.c.available_at)
+        .limit(_ONE)
+        .scalar_subquery()
+    )
+    return update(turns).values(
+        last_turn=last_turn,
+        queued=turns.c.queued - taken,
+        # LEAST ignores NULL: keep the old bound only when an addition raced us.
+        next_due_at=func.least(
+            next_due,
+            case(
+                (turns.c.additions == seen_additions, null()),
+                else_=turns.c.next_due_at,
+            ),
+        ),
+        checked_at=func.greatest(turns.c.checked_at, param("now", TZ)),
+    )
+
+
+def claim(tables: Tables) -> Select[Any]:
+    """Lease the best due item of the tenant served longest ago, and send that tenant back."""
+    work, turns = tables.work, tables.queue_turns
+    order = rotation(turns)
+    best = _due_items(work, order.c.tenant, _ONE, "best")
     # No ORDER BY in either branch: the rotation's order drives the nested loop,
     # and LIMIT 1 stops it at the first tenant whose probe locked an item. The
     # lock filter references the rotation alone, so it runs on each tenant as
@@ -393,35 +451,15 @@ def claim(tables: Tables) -> Select[Any]:
         .returning(*_item_columns(work), work.c.id, picked.c.additions.label("seen_additions"))
         .cte("claimed")
     )
-    rest = work.alias("rest")
-    next_due = (
-        select(rest.c.available_at)
-        .where(
-            rest.c.queue == turns.c.queue,
-            rest.c.tenant == turns.c.tenant,
-            rest.c.status == QUEUED,
-            rest.c.id != claimed.c.id,
-        )
-        .order_by(rest.c.available_at)
-        .limit(_ONE)
-        .scalar_subquery()
-    )
     turn = (
-        update(turns)
-        .where(turns.c.queue == claimed.c.queue, turns.c.tenant == claimed.c.tenant)
-        .values(
+        _served(
+            tables,
+            lambda rest: rest.c.id != claimed.c.id,
             last_turn=claimed.c.token,
-            queued=turns.c.queued - 1,
-            # LEAST ignores NULL: keep the old bound only when an addition raced us.
-            next_due_at=func.least(
-                next_due,
-                case(
-                    (turns.c.additions == claimed.c.seen_additions, null()),
-                    else_=turns.c.next_due_at,
-                ),
-            ),
-            checked_at=func.greatest(turns.c.checked_at, param("now", TZ)),
+            taken=1,
+            seen_additions=claimed.c.seen_additions,
         )
+        .where(turns.c.queue == claimed.c.queue, turns.c.tenant == claimed.c.tenant)
         .cte("turn")
     )
     return select(*(claimed.c[c.name] for c in _item_columns(work))).add_cte(turn)
@@ -469,20 +507,7 @@ def claim_many(tables: Tables) -> Select[Any]:
     quota = (param("limit", BigInteger()) - ranked_front.c.pos + ranked_front.c.tenants) // (
         ranked_front.c.tenants
     )
-    candidate = work.alias("candidate")
-    offered = (
-        select(candidate.c.id, candidate.c.priority)
-        .where(
-            candidate.c.queue == param("queue"),
-            candidate.c.tenant == ranked_front.c.tenant,
-            candidate.c.status == QUEUED,
-            candidate.c.available_at <= param("now", TZ),
-        )
-        .order_by(candidate.c.priority.desc(), candidate.c.id)
-        .limit(quota)
-        .with_for_update(skip_locked=True)
-        .lateral("offered")
-    )
+    offered = _due_items(work, ranked_front.c.tenant, quota, "offered", "priority")
     # FOR UPDATE and a window cannot share a level: the rounds are numbered above it.
     round_ = (
         func.row_number()
@@ -543,40 +568,20 @@ def claim_many(tables: Tables) -> Select[Any]:
         .with_for_update(of=turns)
         .cte("locked_turns")
     )
-    rest = work.alias("rest")
     gone = claimed.alias("gone")
-    next_due = (
-        select(rest.c.available_at)
-        .where(
-            rest.c.queue == turns.c.queue,
-            rest.c.tenant == turns.c.tenant,
-            rest.c.status == QUEUED,
-            ~select(gone.c.id).where(gone.c.id == rest.c.id).exists(),
-        )
-        .order_by(rest.c.available_at)
-        .limit(_ONE)
-        .scalar_subquery()
-    )
     turn = (
-        update(turns)
+        _served(
+            tables,
+            lambda rest: ~select(gone.c.id).where(gone.c.id == rest.c.id).exists(),
+            last_turn=served.c.last_token,
+            taken=served.c.taken,
+            seen_additions=served.c.seen_additions,
+        )
         .where(
             turns.c.queue == served.c.queue,
             turns.c.tenant == served.c.tenant,
             turns.c.queue == locked_turns.c.queue,
             turns.c.tenant == locked_turns.c.tenant,
-        )
-        .values(
-            last_turn=served.c.last_token,
-            queued=turns.c.queued - served.c.taken,
-            # LEAST ignores NULL: keep the old bound only when an addition raced us.
-            next_due_at=func.least(
-                next_due,
-                case(
-                    (turns.c.additions == served.c.seen_additions, null()),
-                    else_=turns.c.next_due_at,
-                ),
-            ),
-            checked_at=func.greatest(turns.c.checked_at, param("now", TZ)),
         )
         .cte("turn")
     )
@@ -607,10 +612,7 @@ def ack(work: Table) -> Update:
         .where(*_fenced(work))
         .values(
             status=DONE,
-            token=null(),
-            worker_id=null(),
-            expires_at=null(),
-            updated_at=param("now", TZ),
+            **_lease_ended(),
         )
         .returning(*_item_columns(work))
     )
@@ -639,10 +641,7 @@ def ack_many(work: Table) -> Update:
         )
         .values(
             status=DONE,
-            token=null(),
-            worker_id=null(),
-            expires_at=null(),
-            updated_at=param("now", TZ),
+            **_lease_ended(),
         )
         .returning(*_item_columns(work))
     )
@@ -665,10 +664,7 @@ def fail(tables: Tables) -> Select[Any]:
             status=param("status"),
             last_error=param("error", Text()),
             available_at=param("available_at", TZ),
-            token=null(),
-            worker_id=null(),
-            expires_at=null(),
-            updated_at=param("now", TZ),
+            **_lease_ended(),
         ),
     )
 
@@ -683,10 +679,7 @@ def release(tables: Tables) -> Select[Any]:
             status=QUEUED,
             attempts=work.c.attempts - 1,
             available_at=param("now", TZ),
-            token=null(),
-            worker_id=null(),
-            expires_at=null(),
-            updated_at=param("now", TZ),
+            **_lease_ended(),
         ),
     )
 
@@ -730,10 +723,7 @@ def reap(tables: Tables) -> Select[Any]:
             status=case((work.c.attempts >= param("dead_at", Integer()), DEAD), else_=QUEUED),
             last_error=param("error", Text()),
             available_at=param("now", TZ),
-            token=null(),
-            worker_id=null(),
-            expires_at=null(),
-            updated_at=param("now", TZ),
+            **_lease_ended(),
         )
         .returning(
             *_item_columns(work),
