@@ -21,7 +21,6 @@ from datetime import datetime, timedelta
 from typing import Any, Self, TypeVar
 
 from sqlalchemy import exc as sa_exc
-from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -73,7 +72,6 @@ TRUNCATE = Prepared(sql.TRUNCATE)
 TRY_LOCK = Prepared(sql.TRY_LOCK)
 UNLOCK = Prepared(sql.UNLOCK)
 _PING = Prepared(sql.PING)
-_PING_SQL = text("SELECT 1")  # on the engine itself (warming the pool, health_check)
 _SCHEMA_PRESENT = Prepared(sql.SCHEMA_PRESENT)
 _ABSENT = StoredValue(None, 0)
 
@@ -386,7 +384,7 @@ class PostgresBackend:
             for _ in range(count):
                 conn = await engine.connect()
                 opened.append(conn)
-                await conn.execute(_PING_SQL)
+                await conn.execute(sql.PING)
         except Exception:
             return  # warming is an optimisation; the first real call reports any trouble
         finally:
@@ -626,7 +624,7 @@ class PostgresBackend:
     async def _ping(self) -> bool:
         try:
             async with self._engine.connect() as conn:
-                await conn.execute(_PING_SQL)
+                await conn.execute(sql.PING)
         except Exception:
             return False
         return True

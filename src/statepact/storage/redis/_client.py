@@ -115,18 +115,19 @@ class CallGate:
     """
 
     def __init__(self, size: int, wait: float) -> None:
+        self.size = size
+        self.wait = wait
         self._slots = asyncio.Semaphore(size)
-        self._wait = wait
 
     async def run(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
         slots = self._slots
         if slots.locked():
             try:
-                async with asyncio.timeout(self._wait):
+                async with asyncio.timeout(self.wait):
                     await slots.acquire()
             except TimeoutError:
                 raise PoolExhaustedError(
-                    f"no free Redis connection for {what} within {self._wait:g} s: every "
+                    f"no free Redis connection for {what} within {self.wait:g} s: every "
                     "connection of the pool is in use; size the pool to the concurrent calls"
                 ) from None
         else:

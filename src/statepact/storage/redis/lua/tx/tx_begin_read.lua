@@ -5,7 +5,7 @@ KEYS[2]  P:data:R      key -> latest entry
 ARGV[1]  key
 
 Returns  {sequence, entry}: the committed sequence (the snapshot's taken_at) and
-         the key's latest entry (see _tx.lua), or {sequence} when the key has
+         the key's latest entry (see _prelude.lua), or {sequence} when the key has
          none. One script, so the entry is exactly the one at that sequence.
          Reads only.
 ]]
