@@ -42,6 +42,11 @@ from statepact.tx import (
 __all__ = ["MemoryBackend"]
 
 _ABSENT = StoredValue(None, 0)
+# Garbage collection is batched: the versions no snapshot needs any more are dropped once
+# this many snapshot sequences were released (or when none is left), and a key's chain is
+# trimmed at once when it grows this many versions past what it keeps.
+_GC_EVERY = 64
+_GC_SLACK = 32
 
 
 def _version_of(entry: StoredVersion) -> int:
@@ -112,7 +117,9 @@ class MemoryBackend:
     def _reset(self) -> None:
         self._seq = 0
         self._chains: dict[Slot, _Chain] = {}
+        # Keys holding more versions than retain_versions; released, not yet collected.
         self._prunable: set[Slot] = set()
+        self._released = 0
         self._snapshots: dict[str, int] = {}
         self._snapshot_counts: Counter[int] = Counter()
         self._idempotency: dict[str, tuple[str, CommitResult]] = {}
@@ -157,12 +164,18 @@ class MemoryBackend:
             self._unpin(taken_at)
 
     def _unpin(self, taken_at: int) -> None:
-        self._snapshot_counts[taken_at] -= 1
-        if self._snapshot_counts[taken_at] <= 0:
-            del self._snapshot_counts[taken_at]
-            # A snapshot sequence nobody holds any more: its versions may go.
-            if self._prunable:
-                self._collect(list(self._prunable))
+        counts = self._snapshot_counts
+        counts[taken_at] -= 1
+        if counts[taken_at] <= 0:
+            del counts[taken_at]
+            # A snapshot sequence nobody holds any more: its versions may go, in a batch.
+            self._released += 1
+            if self._prunable and (self._released >= _GC_EVERY or not counts):
+                self._collect_all()
+
+    def _collect_all(self) -> None:
+        self._released = 0
+        self._collect(list(self._prunable))
 
     def _read_latest(self, resource: str, key: str) -> StoredValue:
         chain = self._chains.get((resource, key))
@@ -279,7 +292,13 @@ class MemoryBackend:
                 last_commit_at=request.now,
             )
         self._graph.add(self._footprint(request, seq))
-        self._collect(written)
+        floor = self.retain_versions or 1
+        for slot in written:
+            length = len(self._chains[slot].versions)
+            if length > floor:
+                self._prunable.add(slot)
+                if length > floor + _GC_SLACK or not self._snapshot_counts:
+                    self._collect((slot,))
         return CommitResult(seq)
 
     # -- garbage collection ---------------------------------------------------------------
@@ -373,6 +392,8 @@ class MemoryBackend:
 
     async def history(self, resource: str, key: str, limit: int) -> list[StoredVersion]:
         self._check_open()
+        if self._prunable:
+            self._collect_all()  # what is retained is what GC leaves, batched or not
         chain = self._chains.get((resource, key))
         if chain is None:
             return []
@@ -416,5 +437,7 @@ class MemoryBackend:
 
     def retained_versions(self, resource: str, key: str) -> list[int]:
         """The versions of a key still held in memory, oldest first."""
+        if self._prunable:
+            self._collect_all()
         chain = self._chains.get((resource, key))
         return [] if chain is None else [v.version for v in chain.versions]
