@@ -1,13 +1,17 @@
 """The direct executor: a backing's statements on the asyncpg connection of a pooled connection.
 
-Each call checks a connection out of the backing's SQLAlchemy ``AsyncEngine``
-pool, runs its statement (a Core expression compiled once to its SQL text, see
-:class:`Prepared`) on the asyncpg connection underneath, and checks it back in.
+Each call takes a connection checked out of the backing's SQLAlchemy
+``AsyncEngine`` pool, runs its statement (a Core expression compiled once to its
+SQL text, see :class:`Prepared`) on the asyncpg connection underneath, and puts
+it back. While calls keep coming, connections go from one call to the next
+without a trip through the pool; as soon as no call is running they are checked
+back in (before the event loop runs anything else), and a caller waiting on the
+pool gets the next one given back.
 That skips what SQLAlchemy does around a statement (an ``AsyncConnection``, two
 greenlet hops, result processing), which costs several times the round trip on
 a loopback server, while everything else stays the engine's: its pool and its
 limits, its checkout and connect events (``statement_timeout``, refusing a
-closed connection), its type codecs. Nothing is held between calls.
+closed connection), its type codecs. Nothing is held while the backing is idle.
 
 :class:`DirectExecutor` has the contract of ``_client.EngineExecutor``
 (``await executor.run(work, idempotent=...)``, ``work`` gets something with
@@ -27,6 +31,7 @@ and never let an asyncpg or SQLAlchemy exception out. See docs/backings.md
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
@@ -136,16 +141,45 @@ class DirectExecutor:
         self._pool = engine.sync_engine.pool
         self._policy = policy
         self._failures = Failures(unavailable, what)
+        # Checked-out connections between two calls; checked in once none is running.
+        self._free: list[PoolProxiedConnection] = []
+        self._running = 0
+        self._waiting = 0  # calls inside the pool's checkout (opening, or waiting for one)
+        self._check_in_soon: asyncio.Handle | None = None
 
     @property
     def engine(self) -> AsyncEngine:
         return self._engine
 
     async def _checkout(self) -> PoolProxiedConnection:
+        if self._free:
+            return self._free.pop()
         # The pool's own checkout, with its events, its waiting and its timeout (I/O when
-        # it opens, pings or replaces a connection, hence the greenlet). The check-in is
-        # plain code: the driver never began a transaction, so resetting it sends nothing.
-        return await greenlet_spawn(self._pool.connect)
+        # it opens, pings or replaces a connection, hence the greenlet).
+        self._waiting += 1
+        try:
+            return await greenlet_spawn(self._pool.connect)
+        finally:
+            self._waiting -= 1
+
+    def _give_back(self, connection: PoolProxiedConnection) -> None:
+        if self._waiting:
+            connection.close()  # a call waits on the pool: this one is its next
+            return
+        self._free.append(connection)
+
+    def _check_in_idle(self) -> None:
+        self._check_in_soon = None
+        if not self._running:
+            self.check_in()
+
+    def check_in(self) -> None:
+        """Give every connection held between calls back to the pool (the backing closing).
+        Checking in is plain code: the driver never began a transaction, so its reset sends
+        nothing."""
+        free, self._free = self._free, []
+        for connection in free:
+            connection.close()
 
     async def run(
         self,
@@ -164,18 +198,27 @@ class DirectExecutor:
         async def attempt() -> T:
             nonlocal sent
             sent = False
-            connection = await self._checkout()
-            sent = True
+            self._running += 1
             try:
-                result = await work(Statements(connection.driver_connection))
-            except BaseException as exc:
-                if is_connection_error(exc):
-                    # Never pooled again; closing the dead socket is I/O.
-                    await greenlet_spawn(connection.invalidate, exc)
-                connection.close()
-                raise
-            connection.close()
-            return result
+                connection = await self._checkout()
+                sent = True
+                try:
+                    result = await work(Statements(connection.driver_connection))
+                except BaseException as exc:
+                    if is_connection_error(exc):
+                        # Never pooled again; closing the dead socket is I/O.
+                        await greenlet_spawn(connection.invalidate, exc)
+                        connection.close()
+                    else:
+                        self._give_back(connection)
+                    raise
+                self._give_back(connection)
+                return result
+            finally:
+                self._running -= 1
+                if not self._running and self._free and self._check_in_soon is None:
+                    loop = asyncio.get_running_loop()
+                    self._check_in_soon = loop.call_soon(self._check_in_idle)
 
         def transient(exc: BaseException) -> bool:
             if is_rolled_back(exc):

@@ -642,6 +642,7 @@ class PostgresBackend:
         if self._locking:
             await self._unlock(sorted(self._locking))
         self._locking.clear()
+        self._executor.check_in()
         if self._owns_engine:
             try:
                 await self._engine.dispose()
