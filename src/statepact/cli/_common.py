@@ -30,6 +30,7 @@ from statepact.errors import (
 from statepact.queue import QueuePolicy, WorkQueue
 from statepact.settings import redact_dsn
 from statepact.state import StateStore
+from statepact.storage import Backing
 from statepact.tx import TransactionManager
 
 __all__ = [
@@ -226,6 +227,27 @@ class Backings:
     # The raw client under the backing (redis-py client, SQLAlchemy engine), for bench floors.
     raw: Any = None
 
+    @classmethod
+    def of(
+        cls,
+        backing: Backing[Any, Any, Any],
+        *,
+        kind: str,
+        where: str,
+        new_queue: Callable[[str, QueuePolicy], Awaitable[WorkQueue]],
+    ) -> Backings:
+        """The three of an ``open_backing``, on its manager's clock and its client."""
+        return cls(
+            kind=kind,
+            where=where,
+            state=backing.state,
+            queue=backing.queue,
+            manager=backing.manager,
+            clock=backing.manager.clock,
+            new_queue=new_queue,
+            raw=backing.client,
+        )
+
 
 @asynccontextmanager
 async def open_backings(
@@ -256,15 +278,8 @@ async def open_backings(
             return await MemoryWorkQueue.open(clock=clock, settings=named, policy=queue_policy)
 
         async with await open_backing(settings, clock=clock, policy=policy) as backing:
-            yield Backings(
-                kind="memory",
-                where="in-process memory",
-                state=backing.state,
-                queue=backing.queue,
-                manager=backing.manager,
-                clock=clock,
-                new_queue=new_queue,
-            )
+            where = "in-process memory"
+            yield Backings.of(backing, kind="memory", where=where, new_queue=new_queue)
         return
     if url is None:
         raise CommandError(f"--{kind} URL is needed for the {kind} backing")
@@ -348,16 +363,8 @@ async def _redis_backings(
 
         backing = await open_backing(settings, clock=clock, policy=policy, client=client)
         try:
-            yield Backings(
-                kind="redis",
-                where=f"Redis at {redact_dsn(url)}, namespace {tag!r}",
-                state=backing.state,
-                queue=backing.queue,
-                manager=backing.manager,
-                clock=clock,
-                new_queue=new_queue,
-                raw=client,
-            )
+            where = f"Redis at {redact_dsn(url)}, namespace {tag!r}"
+            yield Backings.of(backing, kind="redis", where=where, new_queue=new_queue)
         finally:
             # The scratch namespace goes whatever ended the command, a cancellation included.
             await finish(_clear_redis(backing.backend, client, tag))
@@ -444,15 +451,11 @@ async def _postgres_backings(
 
             backing = await open_backing(settings, clock=clock, policy=policy, client=engine)
             try:
-                yield Backings(
+                yield Backings.of(
+                    backing,
                     kind="postgres",
                     where=f"PostgreSQL at {where}, schema {tag!r}",
-                    state=backing.state,
-                    queue=backing.queue,
-                    manager=backing.manager,
-                    clock=clock,
                     new_queue=new_queue,
-                    raw=engine,
                 )
             finally:
                 await backing.close()
