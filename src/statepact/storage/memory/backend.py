@@ -353,8 +353,9 @@ class MemoryBackend:
     committed footprints the serializable audit looks back over;
     ``retain_versions`` keeps at least that many newest versions per key
     whatever the snapshots (for history and tests); ``gc=False`` keeps every
-    version. Those four are accepted as keywords too (the seed's
-    ``MemoryBackend(lock_timeout=5.0, ...)``), and win over ``settings``.
+    version. Those four are accepted as keywords too
+    (``MemoryBackend(lock_timeout=5.0, ...)``, see docs/backings.md), and win
+    over ``settings``.
     ``clock`` is the clock a ``TransactionManager`` on this backend uses unless
     given one (else ``SystemClock``); never read here.
     """
