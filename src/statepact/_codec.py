@@ -50,6 +50,7 @@ __all__ = [
     "plain_str",
     "require_count",
     "require_id",
+    "require_limit",
     "require_seconds",
     "to_nanos",
 ]
@@ -323,6 +324,15 @@ def require_count(field: str, value: object) -> int:
         raise ValueError(f"{field}: must not be negative, got {value}")
     if value >= 2**62:
         raise ValueError(f"{field}: {value} is too large")
+    return plain_int(value)
+
+
+def require_limit(value: object, most: int) -> int:
+    """A ``limit`` (a page or batch size): an int from 1 to ``most``, bool refused."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"limit: must be an int, got {type(value).__name__}")
+    if not 1 <= value <= most:
+        raise ValueError(f"limit: must be between 1 and {most}, got {value}")
     return plain_int(value)
 
 

@@ -32,9 +32,15 @@ from statepact._codec import (
     plain_json,
     require_count,
     require_id,
+    require_limit,
     require_seconds,
 )
-from statepact._limits import DEFAULT_MAX_VALUE_BYTES, MAX_BATCH_BYTES, MAX_ENQUEUE_BATCH
+from statepact._limits import (
+    DEFAULT_MAX_VALUE_BYTES,
+    LEASE_EXPIRED,
+    MAX_BATCH_BYTES,
+    MAX_ENQUEUE_BATCH,
+)
 from statepact.clock import Clock, SystemClock, read_clock
 from statepact.errors import LeaseLostError, StatePersistenceError
 from statepact.models import ItemStatus, Lease, QueueStats, WorkItem
@@ -44,10 +50,10 @@ __all__ = [
     "MAX_PRIORITY",
     "BaseWorkQueue",
     "FailOutcome",
+    "LapseOutcome",
     "QueuePolicy",
     "WorkQueue",
     "WorkWatch",
-    "lease_lost",
 ]
 
 MAX_PRIORITY = 1000
@@ -95,9 +101,13 @@ class QueuePolicy(BaseModel):
             return FailOutcome(dead=True, available_at=now)
         return FailOutcome(dead=False, available_at=now + self.retry_delay(attempts, rand=rand))
 
+    def after_lapse(self) -> LapseOutcome:
+        """What ``reap`` does with an item whose lease lapsed (see :class:`LapseOutcome`)."""
+        return LapseOutcome(dead_at=self.max_attempts, error=LEASE_EXPIRED)
+
     def lapse_is_dead(self, attempts: int) -> bool:
         """Whether an item whose lease lapsed after ``attempts`` tries goes to the dead letter."""
-        return attempts >= self.max_attempts
+        return self.after_lapse().is_dead(attempts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +116,21 @@ class FailOutcome:
 
     dead: bool
     available_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class LapseOutcome:
+    """What ``QueuePolicy`` decided for the items ``reap`` moves, handed to the backing.
+
+    An item claimed ``dead_at`` times or more goes to the dead letter, any other
+    back to the queue, due now; each gets ``last_error = error``.
+    """
+
+    dead_at: int
+    error: str
+
+    def is_dead(self, attempts: int) -> bool:
+        return attempts >= self.dead_at
 
 
 class WorkWatch(Protocol):
@@ -257,14 +282,6 @@ class WorkQueue(Protocol):
         ...
 
 
-def _require_limit(limit: object) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        raise TypeError(f"limit: must be an int, got {type(limit).__name__}")
-    if not 1 <= limit <= MAX_BATCH:
-        raise ValueError(f"limit: must be between 1 and {MAX_BATCH}, got {limit}")
-    return plain_int(limit)
-
-
 def _require_lease(lease: object, field: str = "lease") -> Lease:
     """A lease whose fields a backing reads have the right types and ranges.
 
@@ -305,17 +322,6 @@ class SleepWatch:
     async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - the fallback poll
         await asyncio.sleep(timeout)
         return False
-
-
-def lease_lost(queue: str, lease: Lease, action: str) -> LeaseLostError:
-    """The one ``LeaseLostError`` every backing raises (or reports) for a stale lease."""
-    item = lease.item
-    return LeaseLostError(
-        f"{action} of item {item.item_id!r} of tenant {item.tenant!r} in queue {queue!r}: "
-        f"lease token {lease.token} no longer holds it; it lapsed and was moved on, or was "
-        "settled already",
-        item_id=item.item_id,
-    )
 
 
 class BaseWorkQueue(ABC):
@@ -433,7 +439,7 @@ class BaseWorkQueue(ABC):
     ) -> list[Lease]:
         worker = require_id("worker_id", worker_id)
         seconds = require_seconds("lease_for", lease_for)
-        count = _require_limit(limit)
+        count = require_limit(limit, MAX_BATCH)
         now = read_clock(self._clock)
         return await self._claim(worker, now, seconds, count)
 
@@ -446,19 +452,17 @@ class BaseWorkQueue(ABC):
             # int: the backings build the next lease from this one, so hand them seconds.
             checked = checked.model_copy(update={"lease_seconds": seconds})
         now = read_clock(self._clock)
-        try:
-            return await self._heartbeat(checked, now, now + timedelta(seconds=seconds))
-        except LeaseLostError:
-            self._lease_lost("heartbeat", checked)
-            raise
+        renewed = await self._heartbeat(checked, now, now + timedelta(seconds=seconds))
+        if renewed is None:
+            raise self._lost("heartbeat", checked)
+        return renewed
 
     async def ack(self, lease: Lease) -> WorkItem:
         checked = _require_lease(lease)
-        try:
-            return await self._ack(checked, read_clock(self._clock))
-        except LeaseLostError:
-            self._lease_lost("ack", checked)
-            raise
+        done = await self._ack(checked, read_clock(self._clock))
+        if done is None:
+            raise self._lost("ack", checked)
+        return done
 
     async def ack_many(self, leases: Sequence[Lease]) -> list[WorkItem | LeaseLostError]:
         if isinstance(leases, str | bytes) or not isinstance(leases, Sequence):
@@ -478,10 +482,10 @@ class BaseWorkQueue(ABC):
                 )
             seen[key] = index
         done = await self._ack_many(list(leases), read_clock(self._clock))
-        for lease, answer in zip(leases, done, strict=True):
-            if isinstance(answer, LeaseLostError):
-                self._lease_lost("ack", lease)
-        return done
+        return [
+            self._lost("ack", lease) if answer is None else answer
+            for lease, answer in zip(leases, done, strict=True)
+        ]
 
     async def fail(
         self,
@@ -502,11 +506,9 @@ class BaseWorkQueue(ABC):
         outcome = self._policy.after_failure(checked.item.attempts, now, retryable=retryable)
         if wait is not None and not outcome.dead:
             outcome = FailOutcome(dead=False, available_at=now + timedelta(seconds=wait))
-        try:
-            failed = await self._fail(checked, now, message, outcome)
-        except LeaseLostError:
-            self._lease_lost("fail", checked)
-            raise
+        failed = await self._fail(checked, now, message, outcome)
+        if failed is None:
+            raise self._lost("fail", checked)
         if failed.status == ItemStatus.DEAD:
             _log.warning(
                 "queue %r: item %r of tenant %r dead-lettered after %d attempt(s)%s: %s",
@@ -532,11 +534,9 @@ class BaseWorkQueue(ABC):
 
     async def release(self, lease: Lease) -> WorkItem:
         checked = _require_lease(lease)
-        try:
-            released = await self._release(checked, read_clock(self._clock))
-        except LeaseLostError:
-            self._lease_lost("release", checked)
-            raise
+        released = await self._release(checked, read_clock(self._clock))
+        if released is None:
+            raise self._lost("release", checked)
         _log.debug(
             "queue %r: item %r of tenant %r released by %r",
             self._name,
@@ -548,7 +548,7 @@ class BaseWorkQueue(ABC):
         return released
 
     async def reap(self) -> list[WorkItem]:
-        moved = await self._reap(read_clock(self._clock))
+        moved = await self._reap(read_clock(self._clock), self._policy.after_lapse())
         for item in moved:
             if item.status == ItemStatus.DEAD:
                 _log.warning(
@@ -571,16 +571,22 @@ class BaseWorkQueue(ABC):
         return moved
 
     async def dead_letters(self, tenant: str, *, limit: int = 100) -> list[WorkItem]:
-        return await self._dead_letters(require_id("tenant", tenant), _require_limit(limit))
+        return await self._dead_letters(
+            require_id("tenant", tenant), require_limit(limit, MAX_BATCH)
+        )
 
     async def requeue(self, item: WorkItem) -> WorkItem:
         if not isinstance(item, WorkItem):
             raise TypeError(f"item: must be a WorkItem, got {type(item).__name__}")
-        back = await self._requeue(
-            require_id("tenant", item.tenant),
-            require_id("item_id", item.item_id),
-            read_clock(self._clock),
-        )
+        tenant = require_id("tenant", item.tenant)
+        item_id = require_id("item_id", item.item_id)
+        back = await self._requeue(tenant, item_id, read_clock(self._clock))
+        if not isinstance(back, WorkItem):
+            state = "does not exist" if back is None else f"is {back.value}, not dead"
+            raise ValueError(
+                f"item_id: {item_id!r} of tenant {tenant!r} in queue {self._name!r} {state}; "
+                "only a dead item can be requeued"
+            )
         _log.info(
             "queue %r: dead item %r of tenant %r requeued",
             self._name,
@@ -634,7 +640,8 @@ class BaseWorkQueue(ABC):
             **more,
         }
 
-    def _lease_lost(self, operation: str, lease: Lease) -> None:
+    def _lost(self, operation: str, lease: Lease) -> LeaseLostError:
+        """The one ``LeaseLostError`` of a stale lease, logged; the caller raises or reports it."""
         _log.warning(
             "queue %r: %s of item %r of tenant %r by %r refused: the lease (token %d) was lost",
             self._name,
@@ -646,6 +653,13 @@ class BaseWorkQueue(ABC):
             extra=self._fields(
                 lease.item, operation=operation, worker_id=lease.worker_id, token=lease.token
             ),
+        )
+        item = lease.item
+        return LeaseLostError(
+            f"{operation} of item {item.item_id!r} of tenant {item.tenant!r} in queue "
+            f"{self._name!r}: lease token {lease.token} no longer holds it; it lapsed and was "
+            "moved on, or was settled already",
+            item_id=item.item_id,
         )
 
     # -- what a backing implements ---------------------------------------
@@ -671,37 +685,42 @@ class BaseWorkQueue(ABC):
     ) -> list[Lease]:
         """Lease up to ``limit`` due items by tenant rotation, counting an attempt on each."""
 
-    @abstractmethod
-    async def _heartbeat(self, lease: Lease, now: datetime, expires_at: datetime) -> Lease:
-        """Move the expiry and the token, fenced on ``lease.token``."""
+    # Every settle is fenced on ``lease.token``: a lease that no longer holds its item
+    # (another token, another status, another queue) changes nothing and answers None.
 
     @abstractmethod
-    async def _ack(self, lease: Lease, now: datetime) -> WorkItem: ...
+    async def _heartbeat(self, lease: Lease, now: datetime, expires_at: datetime) -> Lease | None:
+        """Move the expiry and the token; ``None`` for a stale lease."""
 
     @abstractmethod
-    async def _ack_many(
-        self, leases: list[Lease], now: datetime
-    ) -> list[WorkItem | LeaseLostError]:
+    async def _ack(self, lease: Lease, now: datetime) -> WorkItem | None: ...
+
+    @abstractmethod
+    async def _ack_many(self, leases: list[Lease], now: datetime) -> list[WorkItem | None]:
         """Ack every lease that still holds its item, in one round trip; each stale one is
-        reported in its place (``lease_lost``) and changes nothing."""
+        ``None`` in its place and changes nothing."""
 
     @abstractmethod
     async def _fail(
         self, lease: Lease, now: datetime, error: str, outcome: FailOutcome
-    ) -> WorkItem: ...
+    ) -> WorkItem | None: ...
 
     @abstractmethod
-    async def _release(self, lease: Lease, now: datetime) -> WorkItem: ...
+    async def _release(self, lease: Lease, now: datetime) -> WorkItem | None: ...
 
     @abstractmethod
-    async def _reap(self, now: datetime) -> list[WorkItem]:
-        """Expired leases back to queued (due now) or dead per ``self.policy.lapse_is_dead``."""
+    async def _reap(self, now: datetime, outcome: LapseOutcome) -> list[WorkItem]:
+        """Expired leases back to queued (due now) or dead, as ``outcome`` says."""
 
     @abstractmethod
     async def _dead_letters(self, tenant: str, limit: int) -> list[WorkItem]: ...
 
     @abstractmethod
-    async def _requeue(self, tenant: str, item_id: str, now: datetime) -> WorkItem: ...
+    async def _requeue(
+        self, tenant: str, item_id: str, now: datetime
+    ) -> WorkItem | ItemStatus | None:
+        """A dead item back to queued, due now, attempts 0: the item; else nothing is
+        written and the answer is the status it has, or ``None`` when there is none."""
 
     @abstractmethod
     async def _purge_dead(self, tenant: str) -> int:

@@ -22,15 +22,17 @@ from statepact._codec import (
     plain_int,
     require_count,
     require_id,
+    require_limit,
     to_nanos,
 )
-from statepact._limits import DEFAULT_MAX_VALUE_BYTES, MAX_PAGE
+from statepact._limits import DEFAULT_MAX_VALUE_BYTES, MAX_COUNTER, MAX_PAGE
 from statepact.clock import Clock, SystemClock, read_clock
 from statepact.models import Page, RunRecord, RunStatus, SessionRecord
 
 __all__ = [
     "BaseStateStore",
     "CounterDelta",
+    "CounterOverflow",
     "ListQuery",
     "RunWrite",
     "SessionWrite",
@@ -153,20 +155,20 @@ class CounterDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class CounterOverflow:
+    """A backing's answer to a patch that would take ``counter`` past ``MAX_COUNTER``
+    (cost in nano-units): nothing was written, and the front raises ``ValueError``."""
+
+    counter: str
+
+
+@dataclass(frozen=True, slots=True)
 class ListQuery:
     tenant: str
     session_id: str | None
     status: RunStatus | None
     limit: int
     after_seq: int
-
-
-def _require_limit(limit: object) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        raise TypeError(f"limit: must be an int, got {type(limit).__name__}")
-    if not 1 <= limit <= MAX_PAGE:
-        raise ValueError(f"limit: must be between 1 and {MAX_PAGE}, got {limit}")
-    return plain_int(limit)
 
 
 def _parse_after(after: object) -> int:
@@ -271,12 +273,16 @@ class BaseStateStore(ABC):
             iterations=require_count("iterations", iterations),
             cursor=require_count("cursor", cursor),
         )
-        return await self._patch_run(
-            require_id("tenant", tenant),
-            require_id("run_id", run_id),
-            delta,
-            read_clock(self._clock),
-        )
+        tenant = require_id("tenant", tenant)
+        run_id = require_id("run_id", run_id)
+        patched = await self._patch_run(tenant, run_id, delta, read_clock(self._clock))
+        if isinstance(patched, CounterOverflow):
+            unit = " nano-units" if patched.counter == "cost" else ""
+            raise ValueError(
+                f"{patched.counter}: run {run_id!r} of tenant {tenant!r} would pass the "
+                f"counter's limit of {MAX_COUNTER}{unit}"
+            )
+        return patched
 
     async def list_runs(
         self,
@@ -291,7 +297,7 @@ class BaseStateStore(ABC):
             tenant=require_id("tenant", tenant),
             session_id=None if session_id is None else require_id("session_id", session_id),
             status=None if status is None else _require_status(status),
-            limit=_require_limit(limit),
+            limit=require_limit(limit, MAX_PAGE),
             after_seq=_parse_after(after),
         )
         items = await self._list_runs(query)
@@ -325,7 +331,7 @@ class BaseStateStore(ABC):
     async def list_sessions(
         self, tenant: str, *, limit: int = 50, after: str | None = None
     ) -> Page[SessionRecord]:
-        checked_limit = _require_limit(limit)
+        checked_limit = require_limit(limit, MAX_PAGE)
         items = await self._list_sessions(
             require_id("tenant", tenant), checked_limit, _parse_after(after)
         )
@@ -343,8 +349,10 @@ class BaseStateStore(ABC):
     @abstractmethod
     async def _patch_run(
         self, tenant: str, run_id: str, delta: CounterDelta, now: datetime
-    ) -> RunRecord:
-        """Apply the increments atomically or raise ``RunNotFoundError``."""
+    ) -> RunRecord | CounterOverflow:
+        """Apply every increment atomically, or none: ``CounterOverflow`` naming the first
+        counter (in ``CounterDelta`` order) that would pass ``MAX_COUNTER``; raise
+        ``RunNotFoundError`` for a missing run."""
 
     @abstractmethod
     async def _list_runs(self, query: ListQuery) -> list[RunRecord]:

@@ -1,31 +1,14 @@
 """Coordination transactions: the ``StorageBackend`` protocol and the ``TransactionManager`` front.
 
-A ``StorageBackend`` keeps keyed JSON values with MVCC history, resource
-leases with fencing tokens, pessimistic locks and idempotency records. It is
-deliberately thin: everything that can be decided before a request reaches a
-server lives here, once, in :class:`TransactionManager` and
-:class:`Transaction`: validation and JSON encoding (``statepact._codec``), the
-idempotency fingerprint, read-your-own-writes buffering, the clock reading,
-and retries with backoff (``statepact._retry.RetryPolicy``). A backing stores
+Everything that can be decided before a request reaches a server lives here,
+once: validation and encoding, the idempotency fingerprint, read-your-own-writes
+buffering, the clock, the lock wait and retries with backoff. A backing stores
 what it is told and validates a commit in ONE atomic call; it never reads a
-clock, never validates an id or a JSON value, and never retries a conflict.
+clock, validates an id or a JSON value, or retries a conflict. Versions and the
+two ``Lease`` classes: docs/transactions.md; what is logged:
+docs/observability.md.
 
-Versions and sequences. Every backing keeps one global commit sequence,
-starting at 0. A commit that writes gets ``sequence + 1``; that number is its
-``CommitResult.version`` and the version of every key it wrote (a delete
-writes a tombstone with that version). A key never written has version 0. A
-read-only commit does not advance the sequence.
-
-Two classes are called ``Lease`` in statepact: ``statepact.Lease`` (from
-``statepact.models``) is a claim on a work item; :class:`statepact.tx.Lease`
-here is a lease on a *resource*, whose ``token`` fences commits. The latter is
-deliberately not exported at the top level; import it from ``statepact.tx``.
-
-Logged on ``statepact.tx`` (docs/observability.md): each re-run of
-``TransactionManager.run`` at DEBUG, the last one given up at WARNING, a commit
-refused for a stale fencing token at WARNING.
-
-This module must never import a driver (redis, asyncpg, SQLAlchemy).
+This module must never import a driver (redis, asyncpg, SQLAlchemy) or a backing.
 """
 
 from __future__ import annotations
@@ -51,6 +34,7 @@ from statepact._codec import (
     encode_json,
     encode_json_value,
     require_id,
+    require_limit,
     require_seconds,
 )
 from statepact._limits import DEFAULT_MAX_VALUE_BYTES, MAX_HISTORY
@@ -519,14 +503,6 @@ def _require_lease(field: str, value: object) -> Lease:
     return value
 
 
-def _require_limit(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"limit: must be an int, got {type(value).__name__}")
-    if not 1 <= value <= MAX_HISTORY:
-        raise ValueError(f"limit: must be between 1 and {MAX_HISTORY}, got {value}")
-    return value
-
-
 def _decode(data: str | None) -> Any:
     return None if data is None else decode_json(data)
 
@@ -974,7 +950,9 @@ class TransactionManager:
     async def history(self, resource: str, key: str, limit: int = 100) -> list[VersionEntry]:
         """Retained committed versions of the key, newest first (deletes included)."""
         rows = await self._backend.history(
-            require_id("resource", resource), require_id("key", key), _require_limit(limit)
+            require_id("resource", resource),
+            require_id("key", key),
+            require_limit(limit, MAX_HISTORY),
         )
         return [
             VersionEntry(

@@ -51,6 +51,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
 from statepact._codec import MAX_DEPTH, MAX_ID_BYTES
+from statepact._limits import DEFAULT_MAX_VALUE_BYTES
 from statepact.errors import QueueUnavailableError, StatepactError, StatePersistenceError
 from statepact.models import ItemStatus, RunRecord, RunStatus, SessionRecord, WorkItem
 from statepact.queue import WorkQueue
@@ -79,7 +80,7 @@ from tests.fuzz.conftest import (
 from tests.model._harness import raw_changes
 
 EXAMPLES = 60
-LIMIT = 262_144  # the default max_value_bytes every fuzzed store is built with
+LIMIT = DEFAULT_MAX_VALUE_BYTES  # what every fuzzed store is built with
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,

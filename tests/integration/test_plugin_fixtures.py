@@ -26,11 +26,13 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from statepact.clock import ManualClock
 from statepact.models import RunRecord, WorkItem
 from statepact.settings import RedisStoreSettings
+from statepact.storage.postgres import migrate
 from statepact.storage.redis import RedisBackend, RedisStateStore, RedisWorkQueue
 from statepact.testing.cluster import LocalRedisCluster
 from statepact.testing.databases import (
     build_template,
     create_database,
+    database_url,
     drop_database,
     run_in_thread,
     unique_database_name,
@@ -279,22 +281,27 @@ async def test_a_hook_that_leaves_a_connection_open_fails_the_session_saying_so(
 
 
 def _timed(work: Callable[[str], Awaitable[object]], kind: str, server_url: str) -> float:
-    """Seconds ``work(name)`` took on a new database name; the database is dropped after."""
+    """Seconds ``work(name)`` took on a new database name. The database it made must be at the
+    head revision (usable by the stores); it is dropped after."""
     name = unique_database_name(kind)
     started = time.perf_counter()
     try:
         run_in_thread(lambda: work(name))
-        return time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        url = database_url(server_url, name)
+        assert run_in_thread(lambda: migrate.current(url)) == migrate.head()
+        return seconds
     finally:
         run_in_thread(lambda: drop_database(server_url, name))
 
 
-def test_a_clone_of_the_template_is_faster_than_migrating(
+def test_a_clone_of_the_template_is_a_migrated_database(
     statepact_postgres_url: str, statepact_postgres_template: str
 ) -> None:
     """A per-test database as the fixture makes it (its own loop in a thread, a connection,
-    CREATE DATABASE ... TEMPLATE, the timeout) against building one by the migrations:
-    medians of ten clones and three builds, printed for the record."""
+    CREATE DATABASE ... TEMPLATE, the timeout) is at the head revision, as one built by the
+    migrations is. What each costs (medians of ten clones and three builds) is printed for
+    the record, not asserted: timings are a benchmark's business on a shared machine."""
     server = statepact_postgres_url
     clones = [
         _timed(
@@ -307,7 +314,6 @@ def test_a_clone_of_the_template_is_faster_than_migrating(
     builds = [_timed(lambda name: build_template(server, name), "build", server) for _ in range(3)]
     clone, build = statistics.median(clones), statistics.median(builds)
     print(f"per-test database: clone {clone * 1000:.0f} ms, migrate {build * 1000:.0f} ms")
-    assert clone < build
 
 
 async def _fill_namespace(redis: Redis | RedisCluster, namespace: str, clock: ManualClock) -> None:

@@ -21,6 +21,7 @@ from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.pool import NullPool
 
+from statepact._limits import DEFAULT_MAX_VALUE_BYTES
 from statepact.clock import ManualClock
 from statepact.errors import (
     PoolExhaustedError,
@@ -37,7 +38,7 @@ from statepact.storage.postgres.schema import WRITE_RETENTION, tables_for
 
 pytestmark = pytest.mark.integration
 
-LIMIT = 262_144
+LIMIT = DEFAULT_MAX_VALUE_BYTES
 FAST_FAILOVER = {"failover_attempts": 3, "failover_base_delay": 0.01, "failover_max_delay": 0.02}
 
 

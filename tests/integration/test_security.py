@@ -480,14 +480,30 @@ FAMILIES = {
 
 
 def test_every_script_is_the_lua_files_and_nothing_else() -> None:
-    """What is sent for a script is its prelude files and its own file, verbatim; every
-    file on disk is one of them."""
-    files = {path.stem: path.read_text("utf-8") for path in LUA_DIR.glob("*.lua")}
+    """What is sent for a script is ``_common.lua``, its folder's ``_prelude.lua`` and its own
+    file, verbatim; every file on disk is one of them, and every script file is registered."""
+    files = {
+        path.relative_to(LUA_DIR).as_posix(): path.read_text("utf-8")
+        for path in LUA_DIR.rglob("*.lua")
+    }
     for name, family in FAMILIES.items():
         assert script_source(name) == "\n".join(
-            (files["_common"], files[f"_{family}"], files[name])
+            (files["_common.lua"], files[f"{family}/_prelude.lua"], files[f"{family}/{name}.lua"])
         )
-    assert set(files) == {*FAMILIES, "_common", "_state", "_queue", "_tx"}
+    preludes = {f"{family}/_prelude.lua" for family in ("state", "queue", "tx")}
+    scripts = {f"{family}/{name}.lua" for name, family in FAMILIES.items()}
+    assert set(files) == {"_common.lua", *preludes, *scripts}
+    assert len(FAMILIES) == len(STATE_SCRIPTS) + len(QUEUE_SCRIPTS) + len(TX_SCRIPTS)
+    assert "put_run" in STATE_SCRIPTS and "claim" in QUEUE_SCRIPTS and "tx_commit" in TX_SCRIPTS
+
+
+def test_every_script_file_starts_with_its_header() -> None:
+    """Each script names itself, then lists its KEYS, its ARGV and what it returns."""
+    for name, family in FAMILIES.items():
+        text = (LUA_DIR / family / f"{name}.lua").read_text("utf-8")
+        head = text.split("]]", 1)[0]
+        assert text.startswith(f"--[[ {name}"), name
+        assert "KEYS" in head and "ARGV" in head and "Returns" in head, name
 
 
 @pytest.mark.integration

@@ -83,6 +83,17 @@ def _backing(name: str) -> str | None:
     return parts[2] if len(parts) > 2 and parts[1] == "storage" else None
 
 
+def _private_to_a_backing(name: str) -> bool:
+    """``storage/<backing>/_x.py`` or anything under ``storage/<backing>/_x/``."""
+    return _backing(name) is not None and any(
+        part.startswith("_") and part != "__init__" for part in name.split(".")[3:]
+    )
+
+
+# The modules holding a backing's protocol classes; its private helpers sit below them.
+CLASS_MODULES = frozenset({"state", "queue", "backend"})
+
+
 def _broken_rule(importer: str, imported: str) -> str | None:
     """Why ``importer`` may not import ``imported``, or None when it may."""
     if imported == importer:
@@ -100,14 +111,13 @@ def _broken_rule(importer: str, imported: str) -> str | None:
         return f"a {source} module imports a {target} module"
     if source == "backing" and target == "backing" and _backing(importer) != _backing(imported):
         return "a backing imports another backing"
-    leaf = imported.rsplit(".", 1)[-1]
-    if (
-        target == "backing"
-        and leaf.startswith("_")
-        and leaf != "__init__"
-        and _backing(importer) != _backing(imported)
-    ):
+    if _private_to_a_backing(imported) and _backing(importer) != _backing(imported):
         return "a backing's private module is imported from outside its package"
+    backing = _backing(importer)
+    if _private_to_a_backing(importer) and imported in {
+        f"statepact.storage.{backing}.{name}" for name in CLASS_MODULES
+    }:
+        return "a backing's private module imports the classes it sits below"
     if target == "cli" and source != "cli":
         return "a module outside cli/ imports cli/"
     if source == "cli" and target == "cli":
@@ -151,6 +161,12 @@ def test_no_module_imports_across_its_layers_rules() -> None:
         ("statepact.storage.redis.backing", "statepact.storage", None),
         ("statepact.storage", "statepact.storage.memory", "a storage module imports a backing"),
         ("statepact.storage", "statepact.worker", "a storage module imports a runtime module"),
+        ("statepact.cli.bench", "statepact.storage.postgres._sql.queue", "private module"),
+        ("statepact.storage.postgres.queue", "statepact.storage.postgres._sql.queue", None),
+        ("statepact.storage.postgres._sql.tx", "statepact.storage.postgres.schema", None),
+        ("statepact.storage.postgres._sql.queue", "statepact.storage.postgres.queue", "sits below"),
+        ("statepact.storage.memory._locks", "statepact.storage.memory.backend", "sits below"),
+        ("statepact.storage.memory._serialization", "statepact.storage.memory._locks", None),
     ],
 )
 def test_the_rules_refuse_what_the_page_forbids(
@@ -162,6 +178,28 @@ def test_the_rules_refuse_what_the_page_forbids(
         assert got is None
     else:
         assert got is not None and reason in got
+
+
+# What builds SQL: a PostgreSQL backing's classes run the statements of ``_sql/``.
+SQL_BUILDERS = frozenset(
+    {"bindparam", "case", "cast", "delete", "func", "insert", "literal_column", "select"}
+    | {"text", "union_all", "update"}
+)
+
+
+@pytest.mark.parametrize("module", sorted(CLASS_MODULES))
+def test_the_postgres_classes_build_no_sql(module: str) -> None:
+    """``storage/postgres/{state,queue,backend}.py`` import no statement builder: every
+    statement lives in ``storage/postgres/_sql/``."""
+    path = PACKAGE / "storage" / "postgres" / f"{module}.py"
+    builders = [
+        f"{node.module}.{alias.name}"
+        for node in ast.walk(ast.parse(path.read_text("utf-8")))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sqlalchemy")
+        for alias in node.names
+        if alias.name in SQL_BUILDERS
+    ]
+    assert builders == []
 
 
 def test_import_statepact_loads_no_driver() -> None:

@@ -7,6 +7,7 @@ not for Redis or PostgreSQL, which are only ever tested for real).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from datetime import datetime, timedelta
 from typing import Any
@@ -28,11 +29,19 @@ from statepact.queue import (
     MAX_ERROR_CHARS,
     BaseWorkQueue,
     FailOutcome,
+    LapseOutcome,
     QueuePolicy,
     SleepWatch,
     WorkWatch,
 )
-from statepact.state import BaseStateStore, CounterDelta, ListQuery, RunWrite, SessionWrite
+from statepact.state import (
+    BaseStateStore,
+    CounterDelta,
+    CounterOverflow,
+    ListQuery,
+    RunWrite,
+    SessionWrite,
+)
 
 
 class RecordingStore(BaseStateStore):
@@ -40,6 +49,7 @@ class RecordingStore(BaseStateStore):
         super().__init__(**kwargs)
         self.calls: list[tuple[str, Any]] = []
         self.listed: list[RunRecord] = []
+        self.overflow: CounterOverflow | None = None
 
     async def _get_run(self, tenant: str, run_id: str) -> RunRecord | None:
         self.calls.append(("get_run", (tenant, run_id)))
@@ -51,9 +61,9 @@ class RecordingStore(BaseStateStore):
 
     async def _patch_run(
         self, tenant: str, run_id: str, delta: CounterDelta, now: datetime
-    ) -> RunRecord:
+    ) -> RunRecord | CounterOverflow:
         self.calls.append(("patch_run", (tenant, run_id, delta, now)))
-        return RunRecord(tenant=tenant, run_id=run_id, version=2)
+        return self.overflow or RunRecord(tenant=tenant, run_id=run_id, version=2)
 
     async def _list_runs(self, query: ListQuery) -> list[RunRecord]:
         self.calls.append(("list_runs", query))
@@ -77,9 +87,13 @@ class RecordingStore(BaseStateStore):
 
 
 class RecordingQueue(BaseWorkQueue):
+    """Answers every settle as if the lease held, or, with ``lost``, as if it did not."""
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.calls: list[tuple[str, Any]] = []
+        self.lost = False
+        self.requeued: WorkItem | ItemStatus | None = None
 
     async def _enqueue(self, item: WorkItem, payload: bytes) -> WorkItem:
         self.calls.append(("enqueue", (item, payload)))
@@ -88,11 +102,9 @@ class RecordingQueue(BaseWorkQueue):
     def _watch(self) -> AbstractAsyncContextManager[WorkWatch]:
         return nullcontext(SleepWatch())
 
-    async def _ack_many(
-        self, leases: list[Lease], now: datetime
-    ) -> list[WorkItem | LeaseLostError]:
+    async def _ack_many(self, leases: list[Lease], now: datetime) -> list[WorkItem | None]:
         self.calls.append(("ack_many", (leases, now)))
-        return [lease.item for lease in leases]
+        return [None if self.lost else lease.item for lease in leases]
 
     async def _enqueue_many(self, batch: list[tuple[WorkItem, bytes]]) -> list[WorkItem]:
         self.calls.append(("enqueue_many", batch))
@@ -104,35 +116,37 @@ class RecordingQueue(BaseWorkQueue):
         self.calls.append(("claim", (worker_id, now, seconds, limit)))
         return []
 
-    async def _heartbeat(self, lease: Lease, now: datetime, expires_at: datetime) -> Lease:
+    async def _heartbeat(self, lease: Lease, now: datetime, expires_at: datetime) -> Lease | None:
         self.calls.append(("heartbeat", (lease, now, expires_at)))
-        return lease
+        return None if self.lost else lease
 
-    async def _ack(self, lease: Lease, now: datetime) -> WorkItem:
+    async def _ack(self, lease: Lease, now: datetime) -> WorkItem | None:
         self.calls.append(("ack", (lease, now)))
-        return lease.item
+        return None if self.lost else lease.item
 
     async def _fail(
         self, lease: Lease, now: datetime, error: str, outcome: FailOutcome
-    ) -> WorkItem:
+    ) -> WorkItem | None:
         self.calls.append(("fail", (lease, now, error, outcome)))
-        return lease.item
+        return None if self.lost else lease.item
 
-    async def _release(self, lease: Lease, now: datetime) -> WorkItem:
+    async def _release(self, lease: Lease, now: datetime) -> WorkItem | None:
         self.calls.append(("release", (lease, now)))
-        return lease.item
+        return None if self.lost else lease.item
 
-    async def _reap(self, now: datetime) -> list[WorkItem]:
-        self.calls.append(("reap", now))
+    async def _reap(self, now: datetime, outcome: LapseOutcome) -> list[WorkItem]:
+        self.calls.append(("reap", (now, outcome)))
         return []
 
     async def _dead_letters(self, tenant: str, limit: int) -> list[WorkItem]:
         self.calls.append(("dead_letters", (tenant, limit)))
         return []
 
-    async def _requeue(self, tenant: str, item_id: str, now: datetime) -> WorkItem:
+    async def _requeue(
+        self, tenant: str, item_id: str, now: datetime
+    ) -> WorkItem | ItemStatus | None:
         self.calls.append(("requeue", (tenant, item_id, now)))
-        return WorkItem(tenant=tenant, item_id=item_id)
+        return self.requeued
 
     async def _purge_dead(self, tenant: str) -> int:
         self.calls.append(("purge_dead", tenant))
@@ -202,6 +216,18 @@ async def test_patch_run_hands_down_nanos(clock: ManualClock) -> None:
     ((_, (tenant, run_id, delta, now)),) = store.calls
     assert (tenant, run_id, now) == ("acme", "r1", clock.now())
     assert delta == CounterDelta(input_tokens=1, cost_nanos=500_000_000, cursor=3)
+
+
+async def test_patch_run_words_a_counter_overflow_the_backing_reports(clock: ManualClock) -> None:
+    """A backing only names the counter; the front raises the one ValueError."""
+    store = RecordingStore(clock=clock)
+    store.overflow = CounterOverflow("cost")
+    with pytest.raises(ValueError, match=r"^cost: run 'r1' of tenant 'acme' would pass") as info:
+        await store.patch_run("acme", "r1", cost=1)
+    assert str(info.value).endswith("limit of 9223372036854775807 nano-units")
+    store.overflow = CounterOverflow("cursor")
+    with pytest.raises(ValueError, match=r"^cursor: .*limit of 9223372036854775807$"):
+        await store.patch_run("acme", "r1", cursor=1)
 
 
 async def test_bad_state_input_never_reaches_the_backing(clock: ManualClock) -> None:
@@ -308,6 +334,56 @@ async def test_fail_asks_the_policy(clock: ManualClock) -> None:
         FailOutcome(dead=True, available_at=clock.now()),
         FailOutcome(dead=True, available_at=clock.now()),
     ]
+
+
+async def test_reap_hands_down_the_policys_decision(clock: ManualClock) -> None:
+    """The backing is told from how many attempts a lapsed item is dead, and its error."""
+    queue = RecordingQueue(clock=clock, policy=QueuePolicy(max_attempts=4))
+    await queue.reap()
+    assert queue.calls == [("reap", (clock.now(), LapseOutcome(dead_at=4, error="lease expired")))]
+    assert queue.policy.after_lapse().is_dead(4) and not queue.policy.after_lapse().is_dead(3)
+
+
+async def test_a_settle_the_backing_finds_stale_raises_the_one_lease_lost(
+    clock: ManualClock,
+) -> None:
+    """Heartbeat, ack, fail and release of a lease that no longer holds its item raise
+    LeaseLostError with one wording; ack_many reports it in the lease's place."""
+    queue = RecordingQueue(clock=clock)
+    queue.lost = True
+    lease = _lease(clock)
+    wording = (
+        r"of item 'job-1' of tenant 'acme' in queue 'default': lease token 5 no longer "
+        r"holds it; it lapsed and was moved on, or was settled already$"
+    )
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
+        "heartbeat": lambda: queue.heartbeat(lease),
+        "ack": lambda: queue.ack(lease),
+        "fail": lambda: queue.fail(lease, "boom"),
+        "release": lambda: queue.release(lease),
+    }
+    for action, call in calls.items():
+        with pytest.raises(LeaseLostError, match=f"^{action} {wording}") as info:
+            await call()
+        assert info.value.item_id == "job-1"
+    (answer,) = await queue.ack_many([lease])
+    assert isinstance(answer, LeaseLostError)
+    assert str(answer).startswith("ack of item 'job-1'")
+
+
+async def test_requeue_words_why_the_backing_refused(clock: ManualClock) -> None:
+    """A backing answers the status it found (or None); the front raises the one ValueError."""
+    queue = RecordingQueue(clock=clock)
+    item = WorkItem(tenant="acme", item_id="j1")
+    with pytest.raises(ValueError, match=r"^item_id: 'j1' .* does not exist; only a dead"):
+        await queue.requeue(item)
+    queue.requeued = ItemStatus.QUEUED
+    with pytest.raises(
+        ValueError, match=r"in queue 'default' is queued, not dead; only a dead item"
+    ):
+        await queue.requeue(item)
+    queue.requeued = item
+    assert await queue.requeue(item) == item
 
 
 async def test_fail_cleans_and_bounds_the_error(clock: ManualClock) -> None:

@@ -1,4 +1,5 @@
-"""The sdist and the wheel carry what a user of the package is owed: the licence and the revisions.
+"""The sdist and the wheel carry what a user of the package is owed: the licence, the revisions
+and the Lua scripts.
 
 ``python -m build`` builds both from this checkout, the way a release is built
 (an isolated environment with the declared build backend), and the archives are
@@ -64,4 +65,11 @@ def test_the_sdist_and_the_wheel_carry_the_license(tmp_path: Path) -> None:
         assert "License-File: LICENSE" in headers
         # The revisions ride along too (statepact db upgrade from an installed wheel).
         assert "statepact/_migrations/alembic.ini" in names
+        # And every Lua script of every folder, which statepact.storage.redis reads at import.
+        lua = REPO / "src" / "statepact" / "storage" / "redis" / "lua"
+        scripts = {
+            f"statepact/storage/redis/lua/{p.relative_to(lua).as_posix()}"
+            for p in lua.rglob("*.lua")
+        }
+        assert len(scripts) > 20 and scripts <= set(names), scripts - set(names)
     assert in_sdist == in_wheel == LICENSE.read_bytes()

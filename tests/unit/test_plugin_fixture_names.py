@@ -22,9 +22,9 @@ INI = "[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = funct
 # No PostgreSQL on this machine either: the empty PATH hides redis-server, and this hides the
 # binaries the local provider would find under /usr/lib/postgresql.
 CONFTEST = """
-import statepact.testing.servers
+import statepact.testing.local_servers
 
-statepact.testing.servers._POSTGRES_GLOB = "/nonexistent/postgresql/*/bin"
+statepact.testing.local_servers._POSTGRES_GLOB = "/nonexistent/postgresql/*/bin"
 
 
 def pytest_statepact_postgres_template(url, config):

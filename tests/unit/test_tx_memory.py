@@ -12,11 +12,11 @@ from statepact._retry import RetryPolicy
 from statepact.clock import ManualClock
 from statepact.errors import ConflictError, DeadlockError, LockTimeoutError
 from statepact.storage.memory import MemoryBackend
-from statepact.storage.memory.backend import (
+from statepact.storage.memory._locks import LockManager
+from statepact.storage.memory._serialization import (
     Footprint,
-    LockManager,
     SerializationGraph,
-    _depends,
+    depends,
     find_serialization_cycle,
 )
 from statepact.tx import LockMode, StorageBackend, Transaction, TransactionManager
@@ -234,7 +234,7 @@ def test_audit_ignores_a_cycle_that_avoids_the_candidate() -> None:
 
 
 def test_indexed_edges_match_the_definition() -> None:
-    """The graph's indexes find exactly the edges ``_depends`` defines, on random footprints."""
+    """The graph's indexes find exactly the edges ``depends`` defines, on random footprints."""
     rng = random.Random(4)
     slots = [("r", f"k{i}") for i in range(5)]
     for _ in range(50):
@@ -247,7 +247,7 @@ def test_indexed_edges_match_the_definition() -> None:
         for footprint in footprints:
             graph.add(footprint)
         for node in footprints:
-            expected = {f.txn_id for f in footprints if f is not node and _depends(node, f)}
+            expected = {f.txn_id for f in footprints if f is not node and depends(node, f)}
             found = {f.txn_id for f in graph._successors(node) if f is not node}
             assert found == expected, node
 

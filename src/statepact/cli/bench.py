@@ -2,7 +2,7 @@
 
 Scenarios, on each backing asked for:
 
-- the seed's three transaction scenarios: ``--concurrency`` agents each
+- the three transaction scenarios of docs/benchmarks.md: ``--concurrency`` agents each
   committing ``--ops`` times on its own key; the same on ONE hot key with no
   backoff between retries; read-only commits;
 - the state store's ``get_run``, ``put_run`` and ``patch_run`` with
@@ -72,7 +72,7 @@ from statepact.tx import (
 __all__ = ["BenchResult", "Progress", "RoundTrips", "add_arguments", "command", "run_bench"]
 
 DESCRIPTION = """\
-Measure statepact on the backings asked for: the seed's transaction scenarios
+Measure statepact on the backings asked for: the transaction scenarios
 (independent keys, one hot key without backoff, read-only commits), the state
 store's get/put/patch under concurrent callers, the queue's enqueue and
 claim+ack with 1 and 10 workers, and claim cost as tenants and queued items
@@ -530,7 +530,7 @@ class _Runner:
     async def tx_hot_key(self) -> None:
         c, n = self.p.concurrency, self.p.ops
         self.progress.start(f"{self.b.kind}: tx one hot key, no backoff ({c} agents x {n})")
-        # No backoff: a conflicting commit is re-run at once (the seed's scenario).
+        # No backoff: a conflicting commit is re-run at once (the hot-key scenario).
         manager = self.manager(backoff=RetryPolicy(attempts=1, base_delay=0.0, max_delay=0.0))
         resource = f"bench_hot_{self.tag}"
         attempts = 0
@@ -1072,7 +1072,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_positive,
         default=10,
         metavar="N",
-        help="operations per caller (default 10: the seed's 40 agents x 10 commits); the queue "
+        help="operations per caller (default 10: 40 agents x 10 commits); the queue "
         "scenarios move concurrency x ops items",
     )
     parser.add_argument(

@@ -2,14 +2,14 @@
 
 :class:`LocalRedisCluster` starts ``masters * (1 + replicas)`` nodes (three
 masters and three replicas by default), each a
-:class:`~statepact.testing.servers.RedisServer` with ``--cluster-enabled yes``
+:class:`~statepact.testing.local_servers.RedisServer` with ``--cluster-enabled yes``
 and ``--appendonly yes`` in its own temporary directory on a free loopback
 port (the cluster bus port is chosen free too, not ``port + 10000``), joins them
 with ``redis-cli --cluster create ... --cluster-replicas N --cluster-yes``, and
 waits until every node says ``cluster_state:ok``, covers all 16384 slots, sees
 every other node, and every replica's link to its master is up. Everything it
 waits for is bounded by ``startup_timeout``; a cluster that does not form raises
-:class:`~statepact.testing.servers.ServerStartError` with what was missing.
+:class:`~statepact.testing.local_servers.ServerStartError` with what was missing.
 
 It can describe itself (:meth:`LocalRedisCluster.nodes`: role, master, slots
 per node, from ``CLUSTER NODES``), find the master of a slot, and run a manual
@@ -33,13 +33,13 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Self
 
-from statepact.testing.resp import RedisReplyError, info_field, redis_call
-from statepact.testing.servers import (
+from statepact.testing.local_servers import (
     RedisServer,
     ServerStartError,
     find_redis_server,
     free_port,
 )
+from statepact.testing.resp import RedisReplyError, info_field, redis_call
 
 __all__ = [
     "CLUSTER_SLOTS",

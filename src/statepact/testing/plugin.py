@@ -55,14 +55,16 @@ from typing import Protocol
 import pytest
 
 from statepact.testing import fixtures, hookspecs
-from statepact.testing.servers import (
+from statepact.testing.local_servers import (
     PostgresServer,
-    ProvidedServer,
     RedisServer,
     ServerKind,
     ServerStartError,
-    ServerUnavailableError,
     local_unavailable_reason,
+)
+from statepact.testing.servers import (
+    ProvidedServer,
+    ServerUnavailableError,
     missing_server,
     provide_server,
 )

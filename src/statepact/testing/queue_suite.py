@@ -3,8 +3,8 @@
 Subclass it in a test module and provide these fixtures:
 
 - ``work_queue``: a fresh, empty ``WorkQueue`` built with the test's ``clock``,
-  the ``queue_policy`` fixture's policy and the default ``max_value_bytes``
-  (262_144). It must see nothing another test wrote.
+  the ``queue_policy`` fixture's policy and the default ``max_value_bytes``.
+  It must see nothing another test wrote.
 - ``clock``: the ``ManualClock`` the queue was built with. The class defines it
   as the plugin's ``statepact_clock``, so a fixture built with
   ``statepact_clock`` (or with ``clock``, inside the class) needs nothing more.
@@ -68,6 +68,7 @@ from typing import Any
 
 import pytest
 
+from statepact._limits import DEFAULT_MAX_VALUE_BYTES
 from statepact.clock import ManualClock
 from statepact.errors import LeaseLostError, StatePersistenceError
 from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem
@@ -87,7 +88,7 @@ from statepact.testing._inputs import (
 __all__ = ["SUITE_POLICY", "WorkQueueConformance"]
 
 SUITE_POLICY = QueuePolicy(max_attempts=3, backoff_base=10, backoff_cap=40, jitter=0)
-LIMIT = 262_144
+LIMIT = DEFAULT_MAX_VALUE_BYTES
 LEASE = 30.0
 
 

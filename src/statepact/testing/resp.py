@@ -1,6 +1,6 @@
 """A few lines of RESP: one Redis command on a fresh socket, with no redis-py and no event loop.
 
-What starts and watches test servers uses it (:mod:`statepact.testing.servers`,
+What starts and watches test servers uses it (:mod:`statepact.testing.local_servers`,
 :mod:`statepact.testing.cluster`), so it needs no optional dependency and can run in a
 synchronous fixture. It must never bind or connect anywhere but the host it is given.
 """

@@ -3,8 +3,7 @@
 Subclass it in a test module and provide two fixtures:
 
 - ``state_store``: a fresh, empty ``StateStore`` built with the test's ``clock``
-  and the default ``max_value_bytes`` (262_144). It must see nothing another
-  test wrote.
+  and the default ``max_value_bytes``. It must see nothing another test wrote.
 - ``clock``: the ``ManualClock`` the store was built with. The class defines it
   as the plugin's ``statepact_clock``, so a fixture built with
   ``statepact_clock`` (or with ``clock``, inside the class) needs nothing more.
@@ -55,6 +54,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from statepact._limits import DEFAULT_MAX_VALUE_BYTES
 from statepact.clock import ManualClock
 from statepact.errors import RunNotFoundError, StateConflictError, StatePersistenceError
 from statepact.models import RunRecord, RunStatus, SessionRecord
@@ -74,7 +74,7 @@ from statepact.testing._inputs import (
 
 __all__ = ["StateStoreConformance"]
 
-LIMIT = 262_144
+LIMIT = DEFAULT_MAX_VALUE_BYTES
 T = TypeVar("T")
 
 

@@ -1,28 +1,20 @@
 """``MemoryBackend``: the in-process ``StorageBackend``, and the reference for the other two.
 
-Commit validation and application run under one ``asyncio.Lock``; each key
-keeps an MVCC chain of versions, and a snapshot reads the newest version at or
-before its ``taken_at``. History is garbage-collected down to what live
-snapshots still need (plus ``retain_versions`` newest per key, when set).
-Pessimistic locks go through :class:`LockManager`, whose wait-for graph turns a
-cycle into ``DeadlockError`` for the one waiter that would close it.
-``serializable`` commits are validated backwards in full; one that writes is
-then audited: a search for a cycle of ww/wr/rw dependencies through it in the
-graph of the last ``serialization_window`` writing commits. The audit is a
-second, independent check. After full backward validation it is not expected
-to refuse, and its cost is one index lookup per slot the commit touched.
+Commits are validated and applied under one ``asyncio.Lock``, each key keeps a
+chain of versions that garbage collection trims to what live snapshots need,
+locks go through the lock manager (``_locks.py``) and ``serializable`` commits
+through the audit (``_serialization.py``): docs/backings.md#memory.
 
-Nothing here is safe across processes or OS threads, nothing reads a clock
-(times arrive in the requests), and nothing validates a caller's input: the
-front in ``statepact.tx`` did that.
+Nothing here is safe across processes or OS threads, reads a clock (times
+arrive in the requests), or validates a caller's input (``statepact.tx`` did).
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-from collections import Counter, deque
-from collections.abc import Iterable, Iterator
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Self
@@ -30,12 +22,13 @@ from typing import Self
 from statepact.clock import Clock
 from statepact.errors import (
     ConflictError,
-    DeadlockError,
     FencingError,
     IdempotencyConflictError,
     LockTimeoutError,
 )
 from statepact.settings import MemoryStoreSettings
+from statepact.storage.memory._locks import LockManager, Slot
+from statepact.storage.memory._serialization import Footprint, SerializationGraph
 from statepact.tx import (
     CommitRequest,
     CommitResult,
@@ -48,277 +41,7 @@ from statepact.tx import (
     StoredVersion,
 )
 
-__all__ = [
-    "Footprint",
-    "LockManager",
-    "MemoryBackend",
-    "SerializationGraph",
-    "find_serialization_cycle",
-]
-
-Slot = tuple[str, str]
-
-
-# -- pessimistic locks ----------------------------------------------------------------
-
-
-@dataclass(eq=False)
-class _Waiter:
-    txn_id: str
-    mode: LockMode
-    granted: asyncio.Future[None]
-
-
-class LockManager:
-    """Shared/exclusive locks per ``(resource, key)`` with wait-for cycle detection.
-
-    A request compatible with the current holders is granted at once (there is
-    no queueing ahead of compatible requests). Otherwise the requester waits;
-    its wait-for edges point at the holders in its way. If the requester is
-    already reachable from one of those holders, waiting would close a cycle,
-    and the requester (only it) gets ``DeadlockError``. Releases grant waiters
-    that became compatible, in arrival order.
-    """
-
-    def __init__(self) -> None:
-        self._holders: dict[Slot, dict[str, LockMode]] = {}
-        self._waiters: dict[Slot, list[_Waiter]] = {}
-        self._held: dict[str, set[Slot]] = {}
-        self._waits_for: dict[str, set[str]] = {}
-
-    def _blockers(self, slot: Slot, txn_id: str, mode: LockMode) -> set[str]:
-        holders = self._holders.get(slot, {})
-        if mode is LockMode.SHARED:
-            return {t for t, m in holders.items() if t != txn_id and m is LockMode.EXCLUSIVE}
-        return {t for t in holders if t != txn_id}
-
-    def _grant(self, slot: Slot, txn_id: str, mode: LockMode) -> None:
-        holders = self._holders.setdefault(slot, {})
-        if holders.get(txn_id) is not LockMode.EXCLUSIVE:
-            holders[txn_id] = mode
-        self._held.setdefault(txn_id, set()).add(slot)
-
-    def _reaches(self, start: Iterable[str], target: str) -> bool:
-        seen: set[str] = set()
-        stack = list(start)
-        while stack:
-            txn = stack.pop()
-            if txn == target:
-                return True
-            if txn in seen:
-                continue
-            seen.add(txn)
-            stack.extend(self._waits_for.get(txn, ()))
-        return False
-
-    def holders(self, slot: Slot) -> dict[str, LockMode]:
-        """Who holds the slot, and how (a copy)."""
-        return dict(self._holders.get(slot, {}))
-
-    async def acquire(
-        self,
-        txn_id: str,
-        slot: Slot,
-        mode: LockMode,
-        timeout: float,  # noqa: ASYNC109 - the wait budget is part of the request
-    ) -> None:
-        held = self._holders.get(slot, {}).get(txn_id)
-        if held is LockMode.EXCLUSIVE or held is mode:
-            return
-        blockers = self._blockers(slot, txn_id, mode)
-        if not blockers:
-            self._grant(slot, txn_id, mode)
-            return
-        if self._reaches(blockers, txn_id):
-            raise DeadlockError(resource=slot[0], key=slot[1])
-        if timeout <= 0:
-            raise LockTimeoutError(resource=slot[0], key=slot[1], timeout=timeout)
-        waiter = _Waiter(txn_id, mode, asyncio.get_running_loop().create_future())
-        self._waiters.setdefault(slot, []).append(waiter)
-        self._waits_for[txn_id] = blockers
-        try:
-            await asyncio.wait_for(waiter.granted, timeout)
-        except TimeoutError:
-            raise LockTimeoutError(resource=slot[0], key=slot[1], timeout=timeout) from None
-        finally:
-            self._waits_for.pop(txn_id, None)
-            queue = self._waiters.get(slot)
-            if queue is not None and waiter in queue:
-                queue.remove(waiter)
-                if not queue:
-                    del self._waiters[slot]
-
-    def release_all(self, txn_id: str) -> None:
-        """Release every lock ``txn_id`` holds and grant the waiters that became compatible."""
-        for slot in self._held.pop(txn_id, set()):
-            holders = self._holders.get(slot)
-            if holders is None:
-                continue
-            holders.pop(txn_id, None)
-            if not holders:
-                del self._holders[slot]
-            self._wake(slot)
-
-    def _wake(self, slot: Slot) -> None:
-        for waiter in list(self._waiters.get(slot, ())):
-            if waiter.granted.done():
-                continue  # timed out or cancelled; its own cleanup removes it
-            blockers = self._blockers(slot, waiter.txn_id, waiter.mode)
-            if blockers:
-                # Still waiting, possibly on someone new: keep its wait-for edges current.
-                self._waits_for[waiter.txn_id] = blockers
-                continue
-            self._grant(slot, waiter.txn_id, waiter.mode)
-            waiter.granted.set_result(None)
-
-
-# -- the serialization-graph audit ----------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Footprint:
-    """What one committed transaction read (with versions observed) and wrote, at ``seq``."""
-
-    txn_id: str
-    seq: int
-    reads: dict[Slot, int]
-    writes: frozenset[Slot]
-
-
-def _depends(before: Footprint, after: Footprint) -> bool:
-    """Whether the serialization graph has an edge ``before -> after`` (ww, wr or rw).
-
-    This is the definition; :class:`SerializationGraph` finds the same edges
-    through its indexes.
-    """
-    if before.writes:
-        if before.seq < after.seq and not before.writes.isdisjoint(after.writes):
-            return True  # ww: after overwrote before's write
-        for slot, version in after.reads.items():
-            if version == before.seq and slot in before.writes:
-                return True  # wr: after read before's write
-    for slot, version in before.reads.items():
-        if slot in after.writes and after.seq > version:
-            return True  # rw: before read a version that after replaced
-    return False
-
-
-class SerializationGraph:
-    """The footprints of the last ``window`` writing commits, and a cycle search through a new one.
-
-    Footprints are indexed by the slots they wrote (in ``seq`` order) and by
-    the ``(slot, version)`` pairs they read, so the edges leaving a footprint
-    are found by looking up its own slots rather than by comparing it with the
-    whole window. ``audits`` counts the searches run and ``examined`` the
-    footprints they entered (statistics for tests and operators).
-    """
-
-    def __init__(self, window: int) -> None:
-        if window < 1:
-            raise ValueError("window: must be at least 1")
-        self.window = window
-        self.audits = 0
-        self.examined = 0
-        self._footprints: deque[Footprint] = deque()
-        self._writers: dict[Slot, deque[Footprint]] = {}
-        self._readers: dict[tuple[Slot, int], list[Footprint]] = {}
-
-    def __len__(self) -> int:
-        return len(self._footprints)
-
-    def footprints(self) -> list[Footprint]:
-        """The retained footprints, oldest first (a copy)."""
-        return list(self._footprints)
-
-    def add(self, footprint: Footprint) -> None:
-        """Retain a committed footprint, dropping the oldest beyond ``window``.
-
-        Footprints arrive in commit order: ``seq`` never goes down.
-        """
-        if self._footprints and footprint.seq < self._footprints[-1].seq:
-            raise ValueError(
-                f"footprint {footprint.txn_id!r}: seq {footprint.seq} is below the newest "
-                f"retained seq {self._footprints[-1].seq}"
-            )
-        self._footprints.append(footprint)
-        for slot in footprint.writes:
-            self._writers.setdefault(slot, deque()).append(footprint)
-        for read in footprint.reads.items():
-            self._readers.setdefault(read, []).append(footprint)
-        while len(self._footprints) > self.window:
-            self._drop(self._footprints.popleft())
-
-    def _drop(self, old: Footprint) -> None:
-        for slot in old.writes:
-            writers = self._writers[slot]
-            writers.popleft()  # the oldest retained writer of the slot is ``old``
-            if not writers:
-                del self._writers[slot]
-        for read in old.reads.items():
-            readers = self._readers[read]
-            readers.remove(old)
-            if not readers:
-                del self._readers[read]
-
-    def _writers_after(self, slot: Slot, seq: int) -> Iterator[Footprint]:
-        for writer in reversed(self._writers.get(slot, ())):
-            if writer.seq <= seq:
-                return
-            yield writer
-
-    def _successors(self, node: Footprint) -> Iterator[Footprint]:
-        """Retained footprints ``x`` with an edge ``node -> x`` (maybe repeated)."""
-        for slot in node.writes:
-            yield from self._writers_after(slot, node.seq)  # ww
-            yield from self._readers.get((slot, node.seq), ())  # wr
-        for slot, version in node.reads.items():
-            yield from self._writers_after(slot, version)  # rw
-
-    def cycle_through(self, candidate: Footprint) -> list[str] | None:
-        """A cycle through ``candidate`` (not retained yet) in the graph of the window + it.
-
-        Returns the transaction ids along the cycle, starting at the
-        candidate, or ``None``. A cycle means no serial order explains what
-        the transactions saw. A depth-first walk from the candidate: a
-        footprint fully explored without reaching the candidate cannot reach
-        it by another path either, so each is entered at most once.
-        """
-        self.audits += 1
-        seen = {candidate.txn_id}
-        path = [candidate]
-        pending = [self._successors(candidate)]
-        while pending:
-            nxt = next(pending[-1], None)
-            if nxt is None:
-                pending.pop()
-                path.pop()
-                continue
-            if nxt.txn_id in seen:
-                continue
-            self.examined += 1
-            seen.add(nxt.txn_id)
-            path.append(nxt)
-            if _depends(nxt, candidate):
-                return [f.txn_id for f in path]
-            pending.append(self._successors(nxt))
-        return None
-
-
-def find_serialization_cycle(window: Iterable[Footprint], candidate: Footprint) -> list[str] | None:
-    """A cycle through ``candidate`` in the dependency graph of ``window`` + it, or ``None``.
-
-    The same search the commit path runs (:meth:`SerializationGraph.cycle_through`),
-    over a graph built from ``window``.
-    """
-    footprints = sorted(window, key=lambda f: f.seq)
-    graph = SerializationGraph(max(1, len(footprints)))
-    for footprint in footprints:
-        graph.add(footprint)
-    return graph.cycle_through(candidate)
-
-
-# -- the backend ------------------------------------------------------------------------
-
+__all__ = ["MemoryBackend"]
 
 _CURRENT = 2**63  # "not superseded yet"
 

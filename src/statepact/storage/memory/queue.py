@@ -1,50 +1,14 @@
 """``MemoryWorkQueue``: the reference ``WorkQueue``, held in this process.
 
-It implements only the ``_``-methods of :class:`~statepact.queue.BaseWorkQueue`;
-the front has validated and encoded everything, read the clock and asked
-``QueuePolicy`` what a failure means. This module stores what it is told,
-fenced on the lease token, and decides only the order of claims.
+It implements the ``_``-methods of :class:`~statepact.queue.BaseWorkQueue`,
+which has validated and encoded everything, read the clock and asked
+``QueuePolicy`` what a failure or a lapse means: this module stores what it is
+told, fenced on the lease token, and decides only the order of claims. The
+rules it pins for every backing: docs/backings.md#memory.
 
-Atomicity: no ``_``-method awaits anything, so each call runs to completion in
-one step of the event loop; concurrent tasks cannot interleave inside a claim or
-a settle. It must never gain an ``await`` inside a read-modify-write (use an
-``asyncio.Lock`` if one is ever needed), and it must never scan the backlog to
-claim. Not safe across OS threads or processes.
-
-Semantics pinned here (and by ``statepact.testing.queue_suite``):
-
-- **Due** means ``status == queued`` and ``available_at <= now``.
-- **Rotation.** The queue keeps a turn counter. Serving a tenant bumps it and
-  stores the new value as that tenant's turn (0 if never served). A claim
-  serves, among tenants with due work, the lowest ``(turn, tenant)``: the tenant
-  served longest ago (a never-served tenant counts as longest ago), ties by
-  tenant id in code-point order. ``claim_batch`` repeats this per item.
-- **Within a tenant**: highest ``priority`` first, then enqueue order (a retried
-  item keeps its original place).
-- **Claim** counts an attempt, sets ``status=leased`` and ``updated_at=now``,
-  and gives a token from a per-queue counter, so it is greater than any token
-  the item had. A leased item is never claimed again, even after its lease
-  lapsed: only ``reap`` (or the holder) moves it.
-- **Heartbeat** gives a new token and ``expires_at = now + lease_seconds`` and
-  leaves the item's record as it was (``updated_at`` included).
-- **Fencing.** ack/fail/release/heartbeat need the item to be leased with
-  exactly the lease's token, else ``LeaseLostError`` and nothing changes. A
-  lapsed lease still settles until ``reap`` or a new claim moves the item on.
-- **fail** writes ``last_error`` and ``available_at`` from the policy's outcome
-  (dead: ``status=dead``; else ``queued``). **release**: ``queued``, due now,
-  ``attempts - 1``, ``last_error`` unchanged. **ack**: ``done``; done items are
-  kept (enqueue of the same id returns them) but not counted in ``stats``.
-- **reap** moves every leased item with ``expires_at <= now``: to ``dead`` when
-  ``policy.lapse_is_dead(attempts)``, else ``queued`` due now; either way
-  ``last_error = "lease expired"``. It returns the moved items.
-- **requeue** takes a dead item back to ``queued``, due now, ``attempts=0``,
-  keeping ``last_error``; anything else raises ``ValueError`` naming ``item_id``.
-- **purge_dead** deletes the tenant's dead items outright (record, dead index,
-  count), so their ids are free for a new ``enqueue``; it returns how many.
-- **dead_letters** are ordered by the time the item died (its ``updated_at``),
-  then by ``item_id`` in code-point order.
-- **stats** count ``queued`` (due or not), ``leased`` (lapsed or not) and
-  ``dead`` per tenant, leaving out tenants with all three at zero.
+It must never await inside a read-modify-write (each call is one step of the
+event loop) and never scan the backlog to claim; it is not safe across OS
+threads or processes.
 """
 
 from __future__ import annotations
@@ -58,11 +22,9 @@ from datetime import datetime, timedelta
 from typing import Self
 
 from statepact._codec import decode_json
-from statepact._limits import LEASE_EXPIRED
 from statepact.clock import Clock
-from statepact.errors import LeaseLostError
 from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem
-from statepact.queue import BaseWorkQueue, FailOutcome, QueuePolicy, WorkWatch, lease_lost
+from statepact.queue import BaseWorkQueue, FailOutcome, LapseOutcome, QueuePolicy, WorkWatch
 from statepact.settings import MemoryStoreSettings
 
 __all__ = ["MemoryWorkQueue"]
@@ -208,34 +170,35 @@ class MemoryWorkQueue(BaseWorkQueue):
 
     # -- settle -------------------------------------------------------------
 
-    async def _heartbeat(self, lease: Lease, now: datetime, expires_at: datetime) -> Lease:
-        entry = self._held(lease, "heartbeat")
+    async def _heartbeat(self, lease: Lease, now: datetime, expires_at: datetime) -> Lease | None:
+        entry = self._held(lease)
+        if entry is None:
+            return None
         return self._grant(entry, lease.worker_id, now, lease.lease_seconds)
 
-    async def _ack(self, lease: Lease, now: datetime) -> WorkItem:
-        entry = self._held(lease, "ack")
+    async def _ack(self, lease: Lease, now: datetime) -> WorkItem | None:
+        entry = self._held(lease)
+        if entry is None:
+            return None
         self._end_lease(entry, ItemStatus.DONE, now)
         return self._record(entry)
 
-    async def _ack_many(
-        self, leases: list[Lease], now: datetime
-    ) -> list[WorkItem | LeaseLostError]:
+    async def _ack_many(self, leases: list[Lease], now: datetime) -> list[WorkItem | None]:
         # No await between the acks: the batch is one step of the loop.
-        done: list[WorkItem | LeaseLostError] = []
+        done: list[WorkItem | None] = []
         for lease in leases:
-            try:
-                entry = self._held(lease, "ack")
-            except LeaseLostError as lost:
-                done.append(lost)
-                continue
-            self._end_lease(entry, ItemStatus.DONE, now)
-            done.append(self._record(entry))
+            entry = self._held(lease)
+            if entry is not None:
+                self._end_lease(entry, ItemStatus.DONE, now)
+            done.append(None if entry is None else self._record(entry))
         return done
 
     async def _fail(
         self, lease: Lease, now: datetime, error: str, outcome: FailOutcome
-    ) -> WorkItem:
-        entry = self._held(lease, "fail")
+    ) -> WorkItem | None:
+        entry = self._held(lease)
+        if entry is None:
+            return None
         entry.last_error = error
         entry.available_at = outcome.available_at
         if outcome.dead:
@@ -244,23 +207,25 @@ class MemoryWorkQueue(BaseWorkQueue):
             self._end_lease(entry, ItemStatus.QUEUED, now)
         return self._record(entry)
 
-    async def _release(self, lease: Lease, now: datetime) -> WorkItem:
-        entry = self._held(lease, "release")
+    async def _release(self, lease: Lease, now: datetime) -> WorkItem | None:
+        entry = self._held(lease)
+        if entry is None:
+            return None
         entry.attempts -= 1
         entry.available_at = now
         self._end_lease(entry, ItemStatus.QUEUED, now)
         return self._record(entry)
 
-    async def _reap(self, now: datetime) -> list[WorkItem]:
+    async def _reap(self, now: datetime, outcome: LapseOutcome) -> list[WorkItem]:
         moved: list[WorkItem] = []
         while self._expiry and self._expiry[0][0] <= now:
             _expires, token, tenant, item_id = heapq.heappop(self._expiry)
             entry = self._items.get((tenant, item_id))
             if entry is None or entry.status is not ItemStatus.LEASED or entry.token != token:
                 continue  # settled, or heartbeat/claimed since: this expiry is stale
-            entry.last_error = LEASE_EXPIRED
+            entry.last_error = outcome.error
             entry.available_at = now
-            if self.policy.lapse_is_dead(entry.attempts):
+            if outcome.is_dead(entry.attempts):
                 self._end_lease(entry, ItemStatus.DEAD, now)
             else:
                 self._end_lease(entry, ItemStatus.QUEUED, now)
@@ -277,14 +242,12 @@ class MemoryWorkQueue(BaseWorkQueue):
         )
         return [self._record(entry) for entry in entries[:limit]]
 
-    async def _requeue(self, tenant: str, item_id: str, now: datetime) -> WorkItem:
+    async def _requeue(
+        self, tenant: str, item_id: str, now: datetime
+    ) -> WorkItem | ItemStatus | None:
         entry = self._items.get((tenant, item_id))
         if entry is None or entry.status is not ItemStatus.DEAD:
-            state = "does not exist" if entry is None else f"is {entry.status.value}, not dead"
-            raise ValueError(
-                f"item_id: {item_id!r} of tenant {tenant!r} in queue {self.name!r} {state}; "
-                "only a dead item can be requeued"
-            )
+            return None if entry is None else entry.status
         self._set_status(entry, ItemStatus.QUEUED)
         entry.attempts = 0
         entry.available_at = now
@@ -407,12 +370,12 @@ class MemoryWorkQueue(BaseWorkQueue):
             lease_seconds=seconds,
         )
 
-    def _held(self, lease: Lease, action: str) -> _Item:
-        """The leased item if ``lease`` still holds it; else ``LeaseLostError``, nothing changed."""
+    def _held(self, lease: Lease) -> _Item | None:
+        """The leased item if ``lease`` still holds it, else ``None``."""
         item = lease.item
         entry = None if item.queue != self.name else self._items.get((item.tenant, item.item_id))
         if entry is None or entry.status is not ItemStatus.LEASED or entry.token != lease.token:
-            raise lease_lost(self.name, lease, action)
+            return None
         return entry
 
     def _end_lease(self, entry: _Item, status: ItemStatus, now: datetime) -> None:

@@ -1,26 +1,11 @@
 """``MemoryStateStore``: the reference ``StateStore``, held in this process.
 
-It implements only the ``_``-methods of :class:`~statepact.state.BaseStateStore`;
-the front has already validated, encoded and size-checked everything it is
-handed and read the clock. Blobs are kept as the encoded JSON bytes the front
-produced and decoded on every read, so a caller sees exactly what a server
-backing would give back (tuples come back as lists, and nothing a caller still
-holds can change a stored run).
+It implements the ``_``-methods of :class:`~statepact.state.BaseStateStore`,
+which has validated, encoded and size-checked everything and read the clock.
+The rules it pins for every backing: docs/backings.md#memory.
 
-Atomicity: no ``_``-method awaits anything, so each call runs to completion in
-one step of the event loop and concurrent tasks can never interleave inside
-one. It must never gain an ``await`` inside a read-modify-write; if one is ever
-needed, guard the section with an ``asyncio.Lock``. Not safe across OS threads
-or processes.
-
-Semantics pinned here (and by ``statepact.testing.state_suite``):
-
-- ``seq`` comes from one counter per store, shared by runs and sessions; it is
-  assigned at creation and never rewritten. A run deleted and created again
-  gets a new ``seq``.
-- Each counter stays at most ``2**63 - 1`` (cost in nano-units too): a patch
-  that would pass it raises ``ValueError`` naming the counter and writes nothing.
-- A run may name a session that was never stored; there is no referential check.
+It must never await inside a read-modify-write (each call is one step of the
+event loop), and is not safe across OS threads or processes.
 """
 
 from __future__ import annotations
@@ -40,14 +25,13 @@ from statepact.settings import MemoryStoreSettings
 from statepact.state import (
     BaseStateStore,
     CounterDelta,
+    CounterOverflow,
     ListQuery,
     RunWrite,
     SessionWrite,
 )
 
 __all__ = ["MemoryStateStore"]
-
-# What a BIGINT column and a Redis HINCRBY hold; memory refuses the same overflow.
 
 K = TypeVar("K")
 
@@ -186,7 +170,7 @@ class MemoryStateStore(BaseStateStore):
 
     async def _patch_run(
         self, tenant: str, run_id: str, delta: CounterDelta, now: datetime
-    ) -> RunRecord:
+    ) -> RunRecord | CounterOverflow:
         row = self._runs.get((tenant, run_id))
         if row is None:
             raise RunNotFoundError(tenant=tenant, run_id=run_id)
@@ -200,10 +184,7 @@ class MemoryStateStore(BaseStateStore):
         }
         for field, total in sums.items():
             if total > MAX_COUNTER:
-                raise ValueError(
-                    f"{field}: run {run_id!r} of tenant {tenant!r} would pass the counter's "
-                    f"limit of {MAX_COUNTER}{' nano-units' if field == 'cost' else ''}"
-                )
+                return CounterOverflow(field)
         row.input_tokens = sums["input_tokens"]
         row.output_tokens = sums["output_tokens"]
         row.cost_nanos = sums["cost"]

@@ -1,49 +1,16 @@
 """The PostgreSQL boundary: every statement the stores run goes through an executor here.
 
-Two executors, one contract (``await executor.run(work, ...)`` where ``work``
-takes something with SQLAlchemy's async ``execute``):
+:class:`EngineExecutor` owns its connections (an ``AsyncEngine`` in
+AUTOCOMMIT, or calls taking turns on an ``AsyncConnection``) and waits out a
+failover with the one retry policy; :class:`BoundExecutor` runs inside a
+transaction the caller opened and never begins, commits, rolls back or retries.
+Every driver error becomes a public one here; which becomes what:
+docs/backings.md#errors-at-the-postgresql-boundary.
 
-- :class:`EngineExecutor` owns its connections: it checks one out of an
-  ``AsyncEngine`` (in AUTOCOMMIT, so a one-statement call is one round trip:
-  no BEGIN, no COMMIT) or serialises calls on an ``AsyncConnection`` it was
-  given (each call in its own transaction there), and waits out a failover with
-  the one retry policy (``statepact._retry.call_with_failover``).
-- :class:`BoundExecutor` runs inside a transaction the caller opened (an
-  ``AsyncSession`` or ``AsyncConnection``): it never begins, commits, rolls back
-  or retries anything: a failed statement has poisoned the caller's
-  transaction, and retrying inside it would only fail again. Before sending it
-  refuses, with ``OutOfTurnError``, a session or connection that is not inside
-  a transaction (``in_transaction()``: SQLAlchemy would autobegin one nobody
-  commits), is closed, lost its connection, holds a transaction that can no
-  longer run statements, or is running another task's bound call; a refusal
-  the server or SQLAlchemy reports instead (``25P02``, ``PendingRollbackError``,
-  a concurrent-use error) is ``OutOfTurnError`` too, never an outage.
-
-Error translation (driver exceptions never get past this module):
-
-- connection errors (refused, reset, closed, admin shutdown, ``08xxx``,
-  ``57P01-03``, too many connections) are transient. A call is retried only if
-  it is safe: it is idempotent (a read, an enqueue), it is ``resend_safe`` (a
-  state write carrying a call id from ``statepact._retry.new_op_id``, whose statement
-  recognises its own first attempt), or the error came before its statement
-  could reach the server (while checking out a connection). A resend_safe
-  call whose resend met its first attempt still running on the server raises
-  :class:`FirstAttemptCommitted` from its work once that attempt committed;
-  that is retried too, and the next resend answers as the first attempt did.
-  Past the budget, or when retrying is not safe, ``StatePersistenceError(
-  reason="unavailable")`` for state, ``QueueUnavailableError`` for the queue;
-- deadlock (``40P01``) and serialization failure (``40001``) abort the statement
-  without applying anything, so an owned single-statement call retries them
-  too; bound, they are ``DeadlockError`` / ``ConflictError`` for the caller's
-  transaction to retry;
-- SQLAlchemy's pool ``TimeoutError`` is ``PoolExhaustedError`` at once;
-- a missing table or column is ``SchemaVersionError`` (run the migrations);
-- anything else is the unavailable error at once, with the SQLSTATE.
-
-Messages name the error type and the SQLSTATE, never the URL or a password.
 This module must never retry a call whose statement may have reached the
-server unless the call is idempotent or resend_safe (its statement recognises
-its own first attempt by a call id).
+server unless the call is idempotent or ``resend_safe`` (its statement
+recognises its own first attempt by a call id), and never put a URL or a
+password in a message.
 """
 
 from __future__ import annotations

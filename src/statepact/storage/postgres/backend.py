@@ -1,84 +1,14 @@
 """``PostgresBackend``: the ``StorageBackend`` under ``TransactionManager``, on PostgreSQL.
 
-Keyed JSON values with their full MVCC history, resource leases with fencing
-tokens, pessimistic lock rows and durable idempotency records, in the
-``statepact_*`` tables of ``schema.py`` (SQLAlchemy Core over asyncpg). The
-front (``statepact.tx``) has validated, encoded and size-checked everything and
-read the clock; this module stores what it is told and hands the JSON text back
-verbatim (``json`` columns keep the text as sent).
-
-Round trips. Every call is ONE autocommit statement on a pooled connection (no
-BEGIN, no COMMIT): ``begin`` reads ``statepact_meta.seq``; a latest read is the
-``statepact_values`` row; a snapshot read is the newest ``statepact_history``
-row with ``version <= taken_at`` (a backward scan of the primary key); a
-commit is ``SELECT statepact_commit(:request)``, a PL/pgSQL function created by
-Alembic revision 0002 that checks fencing, claims the idempotency key, locks,
-validates and applies in one server-side transaction; a lock attempt is
-``statepact_try_lock(...)``; each lease call is one ``INSERT ... ON CONFLICT``
-or ``UPDATE ... RETURNING``. ``end`` costs nothing unless the transaction
-took pessimistic locks.
-
-The commit path, and why version order is commit order. The seed serialised
-whole commits on one advisory lock. Here a commit locks only what it touches,
-in this order: the fencing lease row (``FOR SHARE``: an acquisition cannot
-issue a token until the commit is over), the idempotency key (its unique index
-entry: a concurrent commit with the same key waits, then replays), each
-written key (``FOR NO KEY UPDATE``) and, for ``serializable``, each read key
-(``FOR SHARE``) in ``(resource, key)`` byte order, creating a version-0
-placeholder row for a key that has none so that absence is lockable too. Then
-it validates, and only then takes the one global serialisation point:
-``UPDATE statepact_meta SET seq = seq + 1 RETURNING seq``. That row lock is
-held through the writes of values and history and the COMMIT, so:
-
-- the commit that got ``n`` is visible before the commit that gets ``n + 1``
-  can even read the meta row (the second waits on the row lock, which
-  PostgreSQL releases only after the first transaction is visible). Version
-  order is commit order;
-- ``begin`` reads ``seq`` in its own statement: every commit numbered at or
-  below it is already visible, and every commit still in flight will get a
-  larger number. A snapshot read ``version <= taken_at`` therefore sees
-  exactly the commits that finished before ``begin``, never a later one and
-  never a hole: consistent snapshots, linearizable commits;
-- independent commits overlap in everything but that short tail (lock, validate,
-  write, commit); commits that touch the same keys queue on the key rows, and
-  the second one sees the first one's version (first committer wins).
-
-``serializable`` is full backward validation under locks: every read and
-written key is locked at commit and every read version is checked current, so
-the commit is equivalent to running at its commit point (strict two-phase
-locking at commit). That is why the process-local serialization-graph audit of
-the memory backing is not run here, and ``serialization_window`` is accepted
-for signature compatibility only. A read-only ``serializable`` commit checks
-its read versions in one statement and takes no lock or sequence number.
-
-Lost replies. A commit is safe to send again: with an idempotency key, the
-record carries the ``txn_id`` that claimed it (the same transaction sent again
-gets its result with ``replayed=False``, another one a replay); without one,
-the function finds its own first attempt by ``txn_id`` in the history of its
-first written key (looked up only when that key moved past the snapshot). A
-commit whose connection died after it applied is never applied twice,
-whichever attempt reaches the rows first. The executor
-(``_client.EngineExecutor``) retries connection errors within the failover
-budget, then raises ``StatePersistenceError(reason="unavailable")``; a pool
-timeout is ``PoolExhaustedError`` at once. A deadlock or serialization failure
-reported by PostgreSQL inside a commit is a ``ConflictError``.
-
-Locks are rows in ``statepact_locks``: a transaction spans several pooled
-calls, so a lock cannot be a session lock. Each attempt is one statement that
-never waits; the front polls it with backoff until its timeout
-(``LockTimeoutError``; there is no wait-for graph, so ``detects_deadlocks`` is
-``False`` and a cycle ends as a timeout). A lock row expires
-``lock_ttl_seconds`` after it was granted, by the server's ``now()`` (as a
-Redis lock's PX TTL runs on Redis's clock), so a crashed process frees its
-keys and a host whose clock runs ahead cannot take a live holder's lock; a
-holder slower than the TTL can lose its lock unknowingly. The lock rows a
-transaction may hold are tracked in this process until ``end`` deleted them;
-``close`` deletes those of transactions still live. Lease times are bound
-parameters from the injected clock, never the server's ``now()``.
+Keyed JSON values with their full MVCC history, leases with fencing tokens,
+lock rows and durable idempotency records in the ``statepact_*`` tables; every
+call is one autocommit statement of ``_sql/tx.py`` (a commit is one call of the
+``statepact_commit`` function). Why version order is commit order, resends and
+locks: docs/backings.md#the-commit-function.
 
 This module must never create or alter a table except through the packaged
-Alembic revisions (:meth:`PostgresBackend.connect` on an empty database), never
-print a DSN, and never let an SQLAlchemy or asyncpg exception out.
+Alembic revisions (:meth:`PostgresBackend.connect` on an empty database),
+never print a DSN, and never let an SQLAlchemy or asyncpg exception out.
 """
 
 from __future__ import annotations
@@ -88,24 +18,10 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any, Self, TypeVar
 
-from sqlalchemy import (
-    Boolean,
-    Interval,
-    Row,
-    Text,
-    bindparam,
-    cast,
-    delete,
-    func,
-    select,
-    text,
-    update,
-)
+from sqlalchemy import Row
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.dialects.postgresql import JSONB, insert
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.types import JSON
 
 from statepact._cancel import finish
 from statepact._retry import RetryPolicy
@@ -121,7 +37,24 @@ from statepact.errors import (
 )
 from statepact.settings import PostgresStoreSettings
 from statepact.storage.postgres._client import EngineExecutor, Runner, create_engine, sqlstate_of
-from statepact.storage.postgres.schema import metadata
+from statepact.storage.postgres._sql.tx import (
+    ACQUIRE_LEASE,
+    BEGIN,
+    COMMIT,
+    HISTORY,
+    READ_AT,
+    READ_LATEST,
+    REGISTER,
+    RELEASE_LEASE,
+    RENEW_LEASE,
+    RESET_SEQ,
+    RESOURCE_INFO,
+    TRUNCATE,
+    TRY_LOCK,
+    UNLOCK,
+)
+from statepact.storage.postgres._sql.tx import PING as _PING
+from statepact.storage.postgres._sql.tx import SCHEMA_PRESENT as _SCHEMA_PRESENT
 from statepact.tx import (
     CommitRequest,
     CommitResult,
@@ -141,212 +74,6 @@ T = TypeVar("T")
 # Seconds to open a connection before calling the attempt failed (asyncpg waits 60).
 _CONNECT_TIMEOUT = 10.0
 _ACCEPTED_DRIVERS = ("postgresql", "postgres", "postgresql+asyncpg")
-# Everything PostgresBackend needs from revision 0002 on.
-_REQUIRED_FUNCTIONS = (
-    "statepact_commit(jsonb)",
-    "statepact_try_lock(text, text, text, text, timestamptz, timestamptz)",
-)
-
-_meta = metadata.tables["statepact_meta"]
-_values = metadata.tables["statepact_values"]
-_history = metadata.tables["statepact_history"]
-_resources = metadata.tables["statepact_resources"]
-_leases = metadata.tables["statepact_leases"]
-_locks = metadata.tables["statepact_locks"]
-#: Every table ``clear`` empties (and nothing else).
-BACKEND_TABLES = (
-    "statepact_history",
-    "statepact_idempotency",
-    "statepact_leases",
-    "statepact_locks",
-    "statepact_resources",
-    "statepact_values",
-)
-
-
-# -- statements ---------------------------------------------------------------------------
-#
-# Built once from the schema's Table objects; every value is a bound parameter.
-# JSON columns are read back as text (CAST(... AS TEXT) of a json column is the
-# stored text byte for byte) and written from text, never through a Python dict.
-
-
-def _stmt_begin() -> Any:
-    return select(_meta.c.seq).where(_meta.c.id == 1)
-
-
-def _stmt_read_latest() -> Any:
-    return select(cast(_values.c.data, Text), _values.c.version).where(
-        _values.c.resource == bindparam("resource"), _values.c.key == bindparam("key")
-    )
-
-
-def _stmt_read_at() -> Any:
-    return (
-        select(cast(_history.c.data, Text), _history.c.version)
-        .where(
-            _history.c.resource == bindparam("resource"),
-            _history.c.key == bindparam("key"),
-            _history.c.version <= bindparam("at"),
-        )
-        .order_by(_history.c.version.desc())
-        .limit(1)
-    )
-
-
-def _stmt_history() -> Any:
-    return (
-        select(_history.c.version, cast(_history.c.data, Text), _history.c.committed_at)
-        .where(_history.c.resource == bindparam("resource"), _history.c.key == bindparam("key"))
-        .order_by(_history.c.version.desc())
-        .limit(bindparam("limit"))
-    )
-
-
-def _stmt_commit() -> Any:
-    return select(func.statepact_commit(bindparam("request", type_=JSONB), type_=JSONB))
-
-
-def _stmt_try_lock() -> Any:
-    # The server's time, as Redis's PX TTL: a lock row's expiry must not depend on which
-    # host's clock asked (one running ahead would take a live holder's lock). now() is
-    # the statement's start in autocommit, one value for both arguments.
-    return select(
-        func.statepact_try_lock(
-            bindparam("resource", type_=Text),
-            bindparam("key", type_=Text),
-            bindparam("txn_id", type_=Text),
-            bindparam("mode", type_=Text),
-            func.now(),
-            func.now() + bindparam("ttl", type_=Interval),
-            type_=Boolean,
-        )
-    )
-
-
-def _stmt_unlock() -> Any:
-    return delete(_locks).where(_locks.c.txn_id.in_(bindparam("txn_ids", expanding=True)))
-
-
-def _stmt_acquire_lease() -> Any:
-    stmt = insert(_leases).values(
-        resource=bindparam("p_resource"),
-        owner=bindparam("p_owner"),
-        token=1,
-        expires_at=bindparam("p_expires_at"),
-        ttl=bindparam("p_ttl"),
-        updated_at=bindparam("p_now"),
-    )
-    # ON CONFLICT DO UPDATE locks the row: two acquisitions of one resource
-    # are serialised, and the WHERE sees the winner's lease.
-    return stmt.on_conflict_do_update(
-        index_elements=[_leases.c.resource],
-        set_={
-            "owner": stmt.excluded.owner,
-            "token": _leases.c.token + 1,
-            "expires_at": stmt.excluded.expires_at,
-            "ttl": stmt.excluded.ttl,
-            "updated_at": stmt.excluded.updated_at,
-        },
-        where=(
-            _leases.c.owner.is_(None)
-            | (_leases.c.expires_at <= bindparam("p_now"))
-            | (_leases.c.owner == stmt.excluded.owner)
-        ),
-    ).returning(_leases.c.token)
-
-
-def _stmt_renew_lease() -> Any:
-    return (
-        update(_leases)
-        .where(
-            _leases.c.resource == bindparam("p_resource"),
-            _leases.c.token == bindparam("p_token"),
-            _leases.c.owner == bindparam("p_owner"),
-            _leases.c.expires_at > bindparam("p_now"),
-        )
-        .values(
-            expires_at=bindparam("p_expires_at"),
-            ttl=bindparam("p_ttl"),
-            updated_at=bindparam("p_now"),
-        )
-        .returning(_leases.c.token)
-    )
-
-
-def _stmt_release_lease() -> Any:
-    # The row stays: its token is the high-water mark the next lease counts from.
-    return (
-        update(_leases)
-        .where(
-            _leases.c.resource == bindparam("p_resource"),
-            _leases.c.token == bindparam("p_token"),
-            _leases.c.owner.is_not(None),
-        )
-        .values(owner=None, expires_at=None, ttl=None, updated_at=bindparam("p_now"))
-        .returning(_leases.c.token)
-    )
-
-
-def _stmt_register() -> Any:
-    stmt = insert(_resources).values(
-        name=bindparam("p_name"),
-        metadata=cast(bindparam("p_metadata", type_=Text), JSON),
-        registered_at=bindparam("p_now"),
-    )
-    return stmt.on_conflict_do_update(
-        index_elements=[_resources.c.name],
-        set_={"metadata": stmt.excluded.metadata, "registered_at": stmt.excluded.registered_at},
-    )
-
-
-def _stmt_resource_info() -> Any:
-    # A resource's version is its newest written key (schema.py: no hot per-resource row).
-    newest = (
-        select(_values.c.version, _values.c.committed_at)
-        .where(_values.c.resource == bindparam("name"), _values.c.version > 0)
-        .order_by(_values.c.version.desc())
-        .limit(1)
-        .subquery()
-    )
-    registered = (
-        select(cast(_resources.c.metadata, Text).label("metadata"))
-        .where(_resources.c.name == bindparam("name"))
-        .subquery()
-    )
-    one = select(text("1 AS one")).subquery()
-    return (
-        select(registered.c.metadata, newest.c.version, newest.c.committed_at)
-        .select_from(one)
-        .outerjoin(registered, text("true"))
-        .outerjoin(newest, text("true"))
-    )
-
-
-def _stmt_schema_present() -> Any:
-    return select(
-        func.to_regclass("statepact_meta").is_not(None),
-        *(func.to_regprocedure(signature).is_not(None) for signature in _REQUIRED_FUNCTIONS),
-    )
-
-
-_BEGIN = _stmt_begin()
-_READ_LATEST = _stmt_read_latest()
-_READ_AT = _stmt_read_at()
-_HISTORY = _stmt_history()
-_COMMIT = _stmt_commit()
-_TRY_LOCK = _stmt_try_lock()
-_UNLOCK = _stmt_unlock()
-_ACQUIRE_LEASE = _stmt_acquire_lease()
-_RENEW_LEASE = _stmt_renew_lease()
-_RELEASE_LEASE = _stmt_release_lease()
-_REGISTER = _stmt_register()
-_RESOURCE_INFO = _stmt_resource_info()
-_SCHEMA_PRESENT = _stmt_schema_present()
-_TRUNCATE = text(f"TRUNCATE {', '.join(BACKEND_TABLES)}")
-_RESET_SEQ = update(_meta).where(_meta.c.id == 1).values(seq=0)
-_PING = text("SELECT 1")
-
 
 # -- helpers ------------------------------------------------------------------------------
 
@@ -685,7 +412,7 @@ class PostgresBackend:
 
     async def begin(self, txn_id: str) -> int:
         async def work(conn: Runner) -> int:
-            return int((await conn.execute(_BEGIN)).scalar_one())
+            return int((await conn.execute(BEGIN)).scalar_one())
 
         return await self._run(work, idempotent=True)
 
@@ -707,7 +434,7 @@ class PostgresBackend:
         """
 
         async def work(conn: Runner) -> None:
-            await conn.execute(_UNLOCK, {"txn_ids": txn_ids})
+            await conn.execute(UNLOCK, {"txn_ids": txn_ids})
 
         try:
             await self._executor.run(work, idempotent=True)
@@ -717,9 +444,9 @@ class PostgresBackend:
     async def read(self, resource: str, key: str, at: int | None) -> StoredValue:
         async def work(conn: Runner) -> StoredValue:
             if at is None:
-                result = await conn.execute(_READ_LATEST, {"resource": resource, "key": key})
+                result = await conn.execute(READ_LATEST, {"resource": resource, "key": key})
             else:
-                result = await conn.execute(_READ_AT, {"resource": resource, "key": key, "at": at})
+                result = await conn.execute(READ_AT, {"resource": resource, "key": key, "at": at})
             row: Any = result.first()
             if row is None:
                 return StoredValue(None, 0)
@@ -734,7 +461,7 @@ class PostgresBackend:
 
         async def work(conn: Runner) -> CommitResult:
             try:
-                reply = (await conn.execute(_COMMIT, {"request": payload})).scalar_one()
+                reply = (await conn.execute(COMMIT, {"request": payload})).scalar_one()
             except sa_exc.DBAPIError as exc:
                 public = _refusal(exc)
                 if public is None:
@@ -769,7 +496,7 @@ class PostgresBackend:
         }
 
         async def attempt(conn: Runner) -> bool:
-            return bool((await conn.execute(_TRY_LOCK, params)).scalar_one())
+            return bool((await conn.execute(TRY_LOCK, params)).scalar_one())
 
         # Idempotent: asking again for a lock the transaction holds is a no-op.
         return await self._run(attempt, idempotent=True)
@@ -786,7 +513,7 @@ class PostgresBackend:
         }
 
         async def work(conn: Runner) -> int | None:
-            token = (await conn.execute(_ACQUIRE_LEASE, params)).scalar_one_or_none()
+            token = (await conn.execute(ACQUIRE_LEASE, params)).scalar_one_or_none()
             return None if token is None else int(token)
 
         # Sent again after a lost reply, the same owner re-acquires: its lease gets
@@ -813,7 +540,7 @@ class PostgresBackend:
         }
 
         async def work(conn: Runner) -> bool:
-            return (await conn.execute(_RENEW_LEASE, params)).first() is not None
+            return (await conn.execute(RENEW_LEASE, params)).first() is not None
 
         if not await self._run(work, idempotent=True):
             return None
@@ -829,7 +556,7 @@ class PostgresBackend:
         params = {"p_resource": lease.resource, "p_token": lease.token, "p_now": now}
 
         async def work(conn: Runner) -> bool:
-            return (await conn.execute(_RELEASE_LEASE, params)).first() is not None
+            return (await conn.execute(RELEASE_LEASE, params)).first() is not None
 
         # Not sent again after a lost reply: a second attempt would answer False.
         return await self._run(work, idempotent=False)
@@ -840,7 +567,7 @@ class PostgresBackend:
         params = {"resource": resource, "key": key, "limit": limit}
 
         async def work(conn: Runner) -> list[StoredVersion]:
-            rows: Any = (await conn.execute(_HISTORY, params)).all()
+            rows: Any = (await conn.execute(HISTORY, params)).all()
             return [StoredVersion(int(row[0]), row[1], row[2]) for row in rows]
 
         return await self._run(work, idempotent=True)
@@ -849,13 +576,13 @@ class PostgresBackend:
         params = {"p_name": name, "p_metadata": metadata, "p_now": now}
 
         async def work(conn: Runner) -> None:
-            await conn.execute(_REGISTER, params)
+            await conn.execute(REGISTER, params)
 
         await self._run(work, idempotent=True)
 
     async def resource_info(self, name: str) -> StoredResource | None:
         async def work(conn: Runner) -> StoredResource | None:
-            row: Any = (await conn.execute(_RESOURCE_INFO, {"name": name})).one()
+            row: Any = (await conn.execute(RESOURCE_INFO, {"name": name})).one()
             stored_metadata, version, committed_at = row
             if stored_metadata is None and version is None:
                 return None
@@ -913,8 +640,8 @@ class PostgresBackend:
         """
 
         async def work(conn: Runner) -> None:
-            await conn.execute(_TRUNCATE)
-            await conn.execute(_RESET_SEQ)
+            await conn.execute(TRUNCATE)
+            await conn.execute(RESET_SEQ)
 
         await self._run(work, idempotent=True)
         self._locking.clear()

@@ -1,43 +1,10 @@
-"""Apply, undo and inspect statepact's Alembic revisions from Python.
+"""Apply, undo and inspect statepact's Alembic revisions from Python (``statepact db`` too).
 
-The revisions live once, in the repository's top-level ``alembic/`` with
-``alembic.ini``; the wheel ships both as ``statepact/_migrations/``. This
-module finds whichever copy is there (installed wheel first, then the source
-checkout) so ``statepact db upgrade`` and :func:`upgrade` work from an
-installed package too.
-
-Every function takes an ``AsyncEngine``, an ``AsyncConnection`` or a URL
-(``postgresql://`` is run through asyncpg). An engine or URL gets its own
-connection and transaction, committed when the command succeeds; an
-``AsyncConnection`` is used as it is and the caller commits. The connection is
-handed to ``alembic/env.py`` through ``config.attributes["connection"]``
-(Alembic's "sharing a connection" recipe), so the commands run in this
-process's event loop rather than starting another. ``PostgresBackend.connect``
-calls :func:`upgrade` when its tables are missing.
-
-Fitting into an application's own Alembic pipeline (see ``docs/adopting.md``):
-
-- :class:`AutogenerateFilter` (and the default :func:`include_name` /
-  :func:`include_object`) hides statepact's tables, their indexes and
-  constraints, its sequence, its functions and its version table from the
-  application's ``alembic revision --autogenerate``;
-- :func:`upgrade_from_env`, called in the application's ``env.py``, runs
-  statepact's own environment on the application's connection and in its
-  transaction when the application's command is ``upgrade`` (online or
-  ``--sql``), recorded in statepact's own ``statepact_alembic_version``: two
-  independent lineages, two version tables, as Alembic's cookbook has it.
-
-Revision ids carry the ``statepact_`` prefix and the base carries the branch
-label ``statepact``; databases stamped by earlier releases with the bare ids
-``0001``-``0003`` are read as the prefixed ones and rewritten by the next run.
-:func:`upgrade_sql` and :func:`downgrade_sql` render the revisions as SQL for a
-DBA to review, touching no database.
-
-Errors are public ones: an unreachable server is
-``StatePersistenceError(reason="unavailable")``, a role that may not create
-tables is ``PreflightError``, an unknown revision (a database migrated by a
-newer release) or a failed revision is ``SchemaVersionError``. Revisions run
-in one transaction: a failure applies nothing.
+The revisions live once, in the repository's top-level ``alembic/``; the wheel
+ships them as ``statepact/_migrations/``, and this module finds whichever copy
+is there. :func:`upgrade_from_env` and :class:`AutogenerateFilter` fit them
+into an application's own Alembic environment. How to run them:
+docs/operations.md#migrations; inside an application: docs/adopting.md#migrations.
 
 This module must never print or log a URL with its password, and never
 reconfigure the application's logging.

@@ -1,71 +1,14 @@
 """Every PostgreSQL table statepact reads, as SQLAlchemy Core, in ONE ``MetaData``.
 
-This module is the single source of the schema: the Alembic revisions in the
-top-level ``alembic/`` are generated from :data:`metadata`, :data:`EXPECTED_SCHEMA`
-is derived from it (so a deployment can own the migration), and the stores build
-their statements on the ``Table`` objects defined here. It must never create,
-alter or drop anything itself: the kit reads and refuses, migrations write.
+The single source of the schema: the Alembic revisions in the top-level
+``alembic/`` are generated from :data:`metadata`, :data:`EXPECTED_SCHEMA` is
+derived from it (so a deployment can own the migration), and the statements of
+``_sql/`` are built on its ``Table`` objects (``adk_*`` names can be changed
+with :class:`StateTables`). What each table holds and why:
+docs/backings.md#tables.
 
-Tables (``adk_*`` names can be changed with :class:`StateTables`):
-
-- ``adk_runs`` / ``adk_sessions``: one row per run/session. Counters are
-  columns (``SET c = c + :n``), cost is ``NUMERIC(38,9)``, ``seq`` is an
-  identity column assigned at creation and never rewritten; each listing filter
-  has an index ending in ``seq``.
-- ``adk_run_writes``: one row per state write that changed a run (its call
-  id, the run's key and the write's clock reading; revision 0003). A write
-  whose reply was lost and which the failover sends again finds its own row
-  and answers as the first attempt did instead of applying twice. The primary
-  key ``(tenant, run_id, applied_at, op_id)`` serves both that lookup (a
-  resend carries the same clock reading) and the sweep: each write deletes
-  its run's rows older than ``WRITE_RETENTION``; ``delete_run`` deletes them
-  all. A run never written again keeps its last few minutes of rows until it
-  is deleted.
-- ``adk_work``: one row per work item. The claim reads the partial index
-  ``(queue, tenant, priority DESC, id) WHERE status = 'queued'``; ``id`` is the
-  enqueue order. Rewritten on every claim, heartbeat and settle, so it carries
-  aggressive autovacuum settings (keep them if the migration is rewritten).
-- ``adk_queue_turns``: one row per tenant per queue, the rotation.
-  ``last_turn`` is the lease token of the claim that last served the tenant
-  (0: never served). ``queued`` is the exact number of the tenant's queued
-  items (every statement that moves an item into or out of ``queued`` adds or
-  subtracts in place, so concurrent writers commute). ``next_due_at`` is a
-  lower bound of the earliest ``available_at`` among them, and ``checked_at``
-  the latest clock reading a writer stored. A tenant with queued items and
-  ``next_due_at <= checked_at`` had due work when last written and sits in the
-  ``ready`` index in rotation order; one whose work was all delayed sits in the
-  ``waking`` index by ``next_due_at`` until it comes due. A tenant with nothing
-  queued is in neither, so a claim never looks at idle tenants. ``additions``
-  counts writes that put an item back in the queue, so a claim can tell that
-  its snapshot missed one (see ``queue.py``). Delete ``adk_work`` rows only
-  when ``done`` or ``dead``, or the counts drift.
-- ``adk_schema``: the version row :func:`~statepact.storage.postgres.verify.verify`
-  reads.
-- ``statepact_*``: the ``PostgresBackend`` tables of the transaction manager,
-  laid out for a commit path that serialises only its last step (see below).
-
-The ``statepact_*`` commit path these tables are designed for (linearizable,
-without a global lock around the whole commit): in one READ COMMITTED
-transaction, (1) ``SELECT token FROM statepact_leases ... FOR SHARE`` for
-fencing; (2) ``INSERT INTO statepact_idempotency ... ON CONFLICT DO NOTHING``
-(a concurrent commit with the same key waits on the unique index, then
-replays); (3) insert version-0 placeholder rows into ``statepact_values`` for
-absent keys and lock every read and written key in ``(resource, key)`` order
-(``FOR NO KEY UPDATE`` for writes, ``FOR SHARE`` for serializable reads), then
-validate the versions; (4) only then ``UPDATE statepact_meta SET seq = seq + 1
-RETURNING seq``: that row lock is the one global serialisation point, held only
-for the final write of values, history and the idempotency version (one
-statement) and the COMMIT, so sequence numbers become visible in order and a
-snapshot reading ``statepact_meta.seq`` sees exactly the commits at or below it.
-``statepact_values`` rows with ``version = 0`` and ``data IS NULL`` are
-placeholders (never written); ``version > 0`` with ``data IS NULL`` is a
-tombstone. A resource's version and last commit time are the newest
-``statepact_values`` row of the resource (index ``(resource, version)``), so a
-commit never has to update a hot per-resource row.
-
-Identifiers (tenant, ids, queue names) are ``COLLATE "C"``: byte order equals
-code-point order (the tie-break the memory reference uses), and comparisons are
-``memcmp`` rather than locale collation.
+It must never create, alter or drop anything itself: the kit reads and
+refuses, migrations write.
 """
 
 from __future__ import annotations

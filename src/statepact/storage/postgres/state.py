@@ -1,93 +1,43 @@
 """``PostgresStateStore``: runs and sessions in ``adk_runs`` / ``adk_sessions``.
 
-It implements only the ``_``-methods of :class:`~statepact.state.BaseStateStore`;
-the front has validated, encoded and size-checked everything and read the
-injected clock (every timestamp is a bound parameter, never the server's
-``now()``). Statements are built once per table naming, as small functions of
-Core expressions, and executed with bound parameters.
+It implements the ``_``-methods of :class:`~statepact.state.BaseStateStore`
+(the front has validated, encoded and size-checked everything and read the
+clock) by running the statements of ``_sql/state.py``, one per call; a run
+write carries a call id so the failover may send it again. Round trips and
+resends: docs/backings.md#run-writes-sent-again.
 
-Round trips per call on an engine (AUTOCOMMIT, prepared statements cached):
-``get_run``, ``put_run``, ``patch_run``, ``list_runs``, ``delete_run``, the
-session calls: one statement each. Only a refused write takes a second: a
-put that conflicts reads the stored version to report ``actual``, a patch that
-matched no row reads whether the run exists and which counter would overflow.
-
-Run writes sent again (``put_run``, ``patch_run``): each call draws a call id
-(``new_op_id``), the same across the failover's resends. Its one statement,
-in CTEs: the write, guarded by "this call's row in ``adk_run_writes`` is not
-there"; the insert of that row from the rows the write produced (a refused
-write leaves none); the sweep of the run's rows older than
-``WRITE_RETENTION``; then the written run, or, when the row was there (a
-resend after the first attempt committed), the run as it is now, reported as
-the success the first attempt was. A resend that arrives while its first
-attempt is still running on the server waits on the run's row lock, applies
-on top, and its insert of the call's row hits the primary key (23505): the
-statement aborts, nothing of it applied, and the executor sends it again
-(``FirstAttemptCommitted``). A refused resend's follow-up read also asks for
-the call's row, so a put whose first attempt bumped the version is not
-reported as a conflict with itself. So a write lands once however the
-connection was cut, and the executor resends these writes (``resend_safe``).
-``delete_run`` deletes the run's rows with it. ``put_session`` and
-``delete_run`` carry no call id: a cut after they were sent is reported
-(``reason="unavailable"``, outcome unknown), not resent.
-
-Blobs are stored in ``json`` columns as the exact text the front encoded, and
-read back as text and decoded here: a caller gets what the memory reference
-gives back, whatever JSON (de)serializer the engine was configured with.
-
-This module must never create or alter a table, never read the server's
-clock, and never retry inside a caller's transaction (``bound``).
+This module must never create or alter a table, never read the server's clock,
+and never retry inside a caller's transaction (``bound``).
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Self
 
-from sqlalchemy import (
-    JSON,
-    BigInteger,
-    CompoundSelect,
-    DateTime,
-    Exists,
-    Insert,
-    Numeric,
-    Select,
-    Table,
-    Text,
-    Update,
-    bindparam,
-    cast,
-    delete,
-    exists,
-    false,
-    insert,
-    literal_column,
-    null,
-    select,
-    true,
-    union_all,
-    update,
-)
+from sqlalchemy import CompoundSelect
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
-from sqlalchemy.sql.dml import ReturningDelete, ReturningInsert, ReturningUpdate
-from sqlalchemy.sql.elements import ColumnElement
-from sqlalchemy.sql.selectable import CTE
 
 from statepact._codec import decimal_to_nanos, decode_json, nanos_to_decimal
+from statepact._limits import MAX_COUNTER
 from statepact._retry import new_op_id
 from statepact.clock import Clock
 from statepact.errors import RunNotFoundError, StateConflictError, StatePersistenceError
 from statepact.models import RunRecord, RunStatus, SessionRecord
 from statepact.settings import PostgresStoreSettings
-from statepact.state import BaseStateStore, CounterDelta, ListQuery, RunWrite, SessionWrite
+from statepact.state import (
+    BaseStateStore,
+    CounterDelta,
+    CounterOverflow,
+    ListQuery,
+    RunWrite,
+    SessionWrite,
+)
 from statepact.storage.postgres._client import (
     BoundExecutor,
     EngineExecutor,
@@ -97,318 +47,11 @@ from statepact.storage.postgres._client import (
     constraint_of,
     sqlstate_of,
 )
+from statepact.storage.postgres._sql.state import COUNTERS
+from statepact.storage.postgres._sql.state import statements as _statements
 from statepact.storage.postgres.schema import WRITE_RETENTION, StateTables, Tables, tables_for
 
 __all__ = ["PostgresStateStore"]
-
-# What a BIGINT holds; memory and Redis refuse the same overflow.
-MAX_COUNTER = 2**63 - 1
-COUNTERS = ("input_tokens", "output_tokens", "cost", "iterations", "cursor")
-_TZ = DateTime(timezone=True)
-_CREATED_COLUMNS = (
-    "tenant",
-    "run_id",
-    "session_id",
-    "status",
-    "data",
-    "version",
-    "created_at",
-    "updated_at",
-)
-_COST = Numeric(38, 9, asdecimal=True)
-
-
-def _p(name: str, type_: Any = None) -> Any:
-    """A named bound parameter; every name starts with ``p_`` so none shadows a column."""
-    return bindparam(f"p_{name}", type_=type_)
-
-
-def _json_param(name: str) -> ColumnElement[Any]:
-    # The front already encoded the blob: send that text and let the server
-    # check it is JSON, rather than have SQLAlchemy serialize it a second time.
-    return cast(_p(name, Text()), JSON)
-
-
-def _row_columns(table: Table) -> list[ColumnElement[Any]]:
-    """Every column, the JSON blob read back as its exact text."""
-    return [
-        cast(column, Text).label(column.name) if column.name == "data" else column
-        for column in table.columns
-    ]
-
-
-def _meta_columns(table: Table) -> list[ColumnElement[Any]]:
-    """Every column but the blob: a write already holds the blob it sent."""
-    return [column for column in table.columns if column.name != "data"]
-
-
-def _key(table: Table, id_column: str) -> list[ColumnElement[bool]]:
-    return [table.c.tenant == _p("tenant"), table.c[id_column] == _p("record_id")]
-
-
-# -- statements --------------------------------------------------------------
-
-
-def get_record(table: Table, id_column: str) -> Select[Any]:
-    return select(*_row_columns(table)).where(*_key(table, id_column))
-
-
-def record_version(table: Table, id_column: str) -> Select[Any]:
-    return select(table.c.version).where(*_key(table, id_column))
-
-
-def _done(writes: Table) -> Exists:
-    """This call's row: a resend carries its first attempt's call id and clock reading.
-
-    Uncorrelated, so the server evaluates it once per statement, on the
-    statement's snapshot.
-    """
-    return exists().where(
-        writes.c.tenant == _p("tenant", Text()),
-        writes.c.run_id == _p("record_id", Text()),
-        writes.c.applied_at == _p("now", _TZ),
-        writes.c.op_id == _p("op_id", Text()),
-    )
-
-
-def _recorded(writes: Table, applied: CTE) -> CTE:
-    """Insert this call's row for the run the write produced; a refused write produced none.
-
-    A plain insert: a resend racing its still-running first attempt hits the
-    primary key here and the whole statement aborts.
-    """
-    return (
-        insert(writes)
-        .from_select(
-            ["tenant", "run_id", "applied_at", "op_id"],
-            select(applied.c.tenant, applied.c.run_id, _p("now", _TZ), _p("op_id", Text())),
-        )
-        .cte("recorded")
-    )
-
-
-def _swept(writes: Table, applied: CTE) -> CTE:
-    """Delete the run's rows older than the retention (``p_cutoff``): a range of the key.
-
-    Only when the write applied: a refused write (or a resend that found its
-    first attempt) changes nothing at all.
-    """
-    return (
-        delete(writes)
-        .where(
-            writes.c.tenant == _p("tenant", Text()),
-            writes.c.run_id == _p("record_id", Text()),
-            writes.c.applied_at < _p("cutoff", _TZ),
-            exists().select_from(applied),
-        )
-        .cte("swept")
-    )
-
-
-def _once(
-    runs: Table, writes: Table, write: ReturningInsert[Any] | ReturningUpdate[Any]
-) -> CompoundSelect[Any]:
-    """The write applied once: ``write`` unless this call's row is there, else the run as it is.
-
-    Rows: ``replayed`` (false: written now; true: a resend found its first
-    attempt), then every column of the run; ``data`` is the stored text when
-    ``write`` returns it, else NULL (a write already holds the blob it sent).
-    """
-    applied = write.cte("applied")
-    fresh = select(
-        false().label("replayed"),
-        *[
-            applied.c[column.name]
-            if column.name in applied.c
-            else cast(null(), Text).label(column.name)
-            for column in runs.columns
-        ],
-    )
-    replayed = select(true().label("replayed"), *_row_columns(runs)).where(
-        *_key(runs, "run_id"), _done(writes)
-    )
-    return union_all(fresh, replayed).add_cte(_recorded(writes, applied), _swept(writes, applied))
-
-
-def create_run(runs: Table, writes: Table) -> CompoundSelect[Any]:
-    """Version 0: insert at version 1 with zero counters, or nothing if the run exists."""
-    values = select(
-        _p("tenant", Text()),
-        _p("record_id", Text()),
-        _p("session_id", Text()),
-        _p("status", Text()),
-        _json_param("data"),
-        literal_column("1", BigInteger()),
-        _p("now", _TZ),
-        _p("now", _TZ),
-    ).where(~_done(writes))
-    write = (
-        pg_insert(runs)
-        .from_select(
-            [*_CREATED_COLUMNS],
-            values,
-        )
-        .on_conflict_do_nothing(index_elements=[runs.c.tenant, runs.c.run_id])
-        .returning(*_meta_columns(runs))
-    )
-    return _once(runs, writes, write)
-
-
-def update_run(runs: Table, writes: Table) -> CompoundSelect[Any]:
-    """Write blob, status and session if the stored version is the expected one; bump it."""
-    write = (
-        update(runs)
-        .where(
-            *_key(runs, "run_id"),
-            runs.c.version == _p("expected", BigInteger()),
-            ~_done(writes),
-        )
-        .values(
-            session_id=_p("session_id", Text()),
-            status=_p("status"),
-            data=_json_param("data"),
-            version=runs.c.version + 1,
-            updated_at=_p("now", _TZ),
-        )
-        .returning(*_meta_columns(runs))
-    )
-    return _once(runs, writes, write)
-
-
-def patch_run(runs: Table, writes: Table) -> CompoundSelect[Any]:
-    """Add the deltas in place (``SET c = c + :n``) unless a counter would pass its limit."""
-    headroom = [runs.c[name] <= _p(f"max_{name}", runs.c[name].type) for name in COUNTERS]
-    write = (
-        update(runs)
-        .where(*_key(runs, "run_id"), *headroom, ~_done(writes))
-        .values(
-            {
-                **{name: runs.c[name] + _p(name, runs.c[name].type) for name in COUNTERS},
-                "version": runs.c.version + 1,
-                "updated_at": _p("now", _TZ),
-            }
-        )
-        .returning(*_row_columns(runs))
-    )
-    return _once(runs, writes, write)
-
-
-def run_after_write(runs: Table, writes: Table) -> Select[Any]:
-    """A refused write's follow-up: the run, and whether this call's first attempt applied."""
-    return select(*_row_columns(runs), _done(writes).label("replayed")).where(*_key(runs, "run_id"))
-
-
-def list_runs(runs: Table, *, by_session: bool, by_status: bool) -> Select[Any]:
-    """A page by ``seq``: each filter has an index ending in ``seq`` (see schema.py)."""
-    criteria: list[ColumnElement[bool]] = [
-        runs.c.tenant == _p("tenant"),
-        runs.c.seq > _p("after", BigInteger()),
-    ]
-    if by_session:
-        criteria.append(runs.c.session_id == _p("session_id"))
-    if by_status:
-        criteria.append(runs.c.status == _p("status"))
-    return (
-        select(*_row_columns(runs))
-        .where(*criteria)
-        .order_by(runs.c.seq)
-        .limit(_p("limit", BigInteger()))
-    )
-
-
-def delete_run(runs: Table, writes: Table) -> ReturningDelete[Any]:
-    """Delete the run and every row of its writes, in one statement."""
-    forgotten = (
-        delete(writes)
-        .where(writes.c.tenant == _p("tenant"), writes.c.run_id == _p("record_id"))
-        .cte("forgotten")
-    )
-    return delete(runs).where(*_key(runs, "run_id")).returning(runs.c.seq).add_cte(forgotten)
-
-
-def create_session(sessions: Table) -> Insert:
-    return (
-        pg_insert(sessions)
-        .values(
-            tenant=_p("tenant"),
-            session_id=_p("record_id"),
-            data=_json_param("data"),
-            version=1,
-            created_at=_p("now", _TZ),
-            updated_at=_p("now", _TZ),
-        )
-        .on_conflict_do_nothing(index_elements=[sessions.c.tenant, sessions.c.session_id])
-        .returning(*_meta_columns(sessions))
-    )
-
-
-def update_session(sessions: Table) -> Update:
-    return (
-        update(sessions)
-        .where(*_key(sessions, "session_id"), sessions.c.version == _p("expected", BigInteger()))
-        .values(data=_json_param("data"), version=sessions.c.version + 1, updated_at=_p("now", _TZ))
-        .returning(*_meta_columns(sessions))
-    )
-
-
-def list_sessions(sessions: Table) -> Select[Any]:
-    return (
-        select(*_row_columns(sessions))
-        .where(sessions.c.tenant == _p("tenant"), sessions.c.seq > _p("after", BigInteger()))
-        .order_by(sessions.c.seq)
-        .limit(_p("limit", BigInteger()))
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class _Statements:
-    get_run: Select[Any]
-    run_after_write: Select[Any]
-    create_run: CompoundSelect[Any]
-    update_run: CompoundSelect[Any]
-    patch_run: CompoundSelect[Any]
-    list_runs: Mapping[tuple[bool, bool], Select[Any]]
-    delete_run: ReturningDelete[Any]
-    get_session: Select[Any]
-    session_version: Select[Any]
-    create_session: Insert
-    update_session: Update
-    list_sessions: Select[Any]
-
-    @classmethod
-    def build(cls, tables: Tables) -> _Statements:
-        runs, sessions, writes = tables.runs, tables.sessions, tables.run_writes
-        return cls(
-            get_run=get_record(runs, "run_id"),
-            run_after_write=run_after_write(runs, writes),
-            create_run=create_run(runs, writes),
-            update_run=update_run(runs, writes),
-            patch_run=patch_run(runs, writes),
-            list_runs={
-                (by_session, by_status): list_runs(runs, by_session=by_session, by_status=by_status)
-                for by_session in (False, True)
-                for by_status in (False, True)
-            },
-            delete_run=delete_run(runs, writes),
-            get_session=get_record(sessions, "session_id"),
-            session_version=record_version(sessions, "session_id"),
-            create_session=create_session(sessions),
-            update_session=update_session(sessions),
-            list_sessions=list_sessions(sessions),
-        )
-
-
-_STATEMENTS: dict[Tables, _Statements] = {}
-
-
-def _statements(tables: Tables) -> _Statements:
-    built = _STATEMENTS.get(tables)
-    if built is None:
-        built = _STATEMENTS[tables] = _Statements.build(tables)
-    return built
-
-
-# -- records -----------------------------------------------------------------
 
 
 def _run_record(row: RowMapping, data: Any) -> RunRecord:
@@ -589,7 +232,7 @@ class PostgresStateStore(BaseStateStore):
 
     async def _patch_run(
         self, tenant: str, run_id: str, delta: CounterDelta, now: datetime
-    ) -> RunRecord:
+    ) -> RunRecord | CounterOverflow:
         deltas = {
             "input_tokens": delta.input_tokens,
             "output_tokens": delta.output_tokens,
@@ -612,7 +255,7 @@ class PostgresStateStore(BaseStateStore):
                 params[f"p_{name}"] = amount
                 params[f"p_max_{name}"] = room
 
-        async def work(conn: Runner) -> RunRecord:
+        async def work(conn: Runner) -> RunRecord | CounterOverflow:
             while True:
                 row = await self._write(conn, self._sql.patch_run, params)
                 if row is not None:
@@ -628,11 +271,7 @@ class PostgresStateStore(BaseStateStore):
                     stored = found[name]
                     stored_units = decimal_to_nanos(stored) if name == "cost" else stored
                     if stored_units + deltas[name] > MAX_COUNTER:
-                        unit = " nano-units" if name == "cost" else ""
-                        raise ValueError(
-                            f"{name}: run {run_id!r} of tenant {tenant!r} would pass the "
-                            f"counter's limit of {MAX_COUNTER}{unit}"
-                        )
+                        return CounterOverflow(name)
                 # Neither: the run changed between the two statements; apply again.
 
         return await self._executor.run(work, idempotent=False, resend_safe=True)

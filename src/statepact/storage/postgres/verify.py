@@ -1,15 +1,9 @@
 """Read-only checks of a PostgreSQL database before the stores use it.
 
-:func:`verify` is what ``open()`` runs: it reads the ``adk_schema`` version row
-and refuses a version this release was not written for (or a missing table)
-with ``SchemaVersionError``, and refuses a connection whose
-``statement_timeout`` is 0 with ``PreflightError`` (a statement that can run
-forever holds a pooled connection until the process dies). A timeout set for
-the role or the database is fine: verify reads the effective value.
-
-:func:`schema_differences` lists how a database differs from the metadata
-(Alembic's ``compare_metadata`` plus the storage options and the sequence
-Alembic does not compare), for ``statepact db check``.
+:func:`verify` is what ``open()`` runs: the ``adk_schema`` version and a
+non-zero ``statement_timeout`` (docs/operations.md#postgresql-verify);
+:func:`schema_differences` lists how a database differs from the metadata, for
+``statepact db check``.
 
 This module reads and refuses; it must never set a setting, create or alter
 anything, or leave a transaction open.

@@ -1,30 +1,13 @@
 """The Redis boundary: every call to the server goes through :class:`Failover`.
 
-It waits out a failover with the one retry policy (``statepact._retry``), for
-connection errors only, and translates every redis-py exception into the
-public error tree before a caller can see it:
+It retries connection errors only, with the one retry policy
+(``statepact._retry``), and turns every redis-py exception into the public
+error tree; which error becomes what: docs/backings.md#errors-at-the-redis-boundary.
+:func:`create_client` builds the client the settings describe, redis-py's own
+retry off.
 
-- a dropped or refused connection, a timeout, a server still loading its data
-  set, ``READONLY`` (a primary demoted under us), ``MASTERDOWN``, ``TRYAGAIN``
-  and ``CLUSTERDOWN``, and a write on a connection closed under it (which
-  redis-py leaks as a bare ``AttributeError``/``TypeError``), are transient:
-  retried within the budget, then
-  ``StatePersistenceError(reason="unavailable")`` for state or
-  ``QueueUnavailableError`` for the queue (both retryable);
-- an exhausted connection pool (``ConnectionPool`` at ``max_connections``, or a
-  ``BlockingConnectionPool`` that timed out waiting) is ``PoolExhaustedError``
-  at once: the endpoint is fine and retrying would only add to the queue;
-- anything else redis-py raises (refused credentials, out of memory, a
-  script error) is the same unavailable error at once, with what Redis said.
-
-Retrying a write is safe because every script that changes something takes a
-call id and recognises its own retry (see ``lua/_common.lua``). Note that
-A redis-py client may retry connection errors itself too (``retry=``: on by
-default for ``Redis(host=...)``, off for ``Redis.from_url`` in redis-py 8.1, and
-off in :func:`create_client`); its attempts come on top of this budget.
-
-Messages name the call and the error type, never the server URL or a password.
-This module must never retry anything but the transient errors above.
+This module must never retry anything but a transient error, and never put a
+URL or a password in a message.
 """
 
 from __future__ import annotations

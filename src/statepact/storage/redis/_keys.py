@@ -1,34 +1,13 @@
-"""The one Redis key codec of statepact's state store and work queue.
+"""The one Redis key codec of the three Redis backings (state, queue, transactions).
 
-Every key the Redis backings touch is built here (or, for keys that depend on
-what a script reads, by the two-line ``seg``/``ref`` helpers in
-``lua/_common.lua``, which follow exactly the grammar below). Nothing else
-formats a key; a call site asks this module.
+Every key is built here, each variable segment length-prefixed, so no tenant
+or id can make two records build the same key; the scripts build only the keys
+that depend on what they read, with ``seg``/``ref`` of ``lua/_common.lua``,
+which follow the same grammar. Grammar and cluster slots:
+docs/backings.md#key-layout.
 
-Grammar (``seg(s)`` is ``<UTF-8 byte length of s>:<s>``)::
-
-    state   <ns>:state:{<seg(tenant)>}:<kind>[:<seg(id)>[:<seg(id2)>]]
-    queue   {<ns>:queue}:<seg(queue)>:<kind>[:<seg(tenant)>[:<seg(item_id)>]]
-    tx      {<prefix>}:<kind>[:<seg(resource or idempotency key)>[:<seg(key)>]]
-
-Segments are length-prefixed rather than escaped: a reader that knows where a
-segment starts reads its length and then exactly that many bytes, so no choice
-of tenant or id can make two different ``(tenant, kind, id)`` build the same
-key (``a`` holding ``b:c`` and ``a:b`` holding ``c`` differ in the prefix).
-Kinds are fixed words without ``:``.
-
-Cluster slots: a state key's hash tag is ``{<seg(tenant)>}``, so a run's blob,
-its counters hash, the tenant's sequence and every index of that tenant share a
-slot and one Lua script can change them atomically. (A tenant containing ``}``
-ends the tag early, but at the same place in every key of that tenant, so the
-slot is still one per tenant.) The queue tags its whole namespace
-(``{adk:queue}``): a claim reads several tenants' ready sets in one script, so
-a queue lives in one slot; shard by running several namespaces. ``namespace``
-cannot contain braces (``RedisStoreSettings`` refuses them), so the tag is
-always the first ``{...}`` of the key.
-
-This module must never do I/O, and keys must never be built anywhere else by
-string formatting.
+This module must never do I/O, and nothing else may build a key by string
+formatting.
 """
 
 from __future__ import annotations
@@ -191,7 +170,7 @@ class QueueKeys:
         return f"{self.prefix}op:{seg(op_id)}"
 
     def fixed(self) -> tuple[str, ...]:
-        """The KEYS every queue script gets, in the order ``lua/_queue.lua`` names them."""
+        """The KEYS every queue script gets, in the order ``lua/queue/_prelude.lua`` names them."""
         return (
             self.delayed,
             self.rotation,
@@ -259,14 +238,14 @@ class TxKeys:
     """Keys of one ``RedisBackend`` (the transaction backing): all under the tag ``{<prefix>}``.
 
     The prefix is the cluster hash tag, so every key of one backend is in one
-    slot and each ``tx_*.lua`` script is atomic on a cluster too. With
+    slot and each ``lua/tx/`` script is atomic on a cluster too. With
     ``P = {<prefix>}``, ``R = seg(resource)``, ``K = seg(key)``:
 
     ======================  ======  =====================================================
     ``P:seq``               string  the global commit sequence (INCR per writing commit)
     ``P:res``               set     resource names ever registered or written
     ``P:meta:R``            hash    ``version``, ``at`` (µs), ``metadata`` (JSON text)
-    ``P:data:R``            hash    key -> its latest entry (see ``lua/_tx.lua``)
+    ``P:data:R``            hash    key -> its latest entry (see ``lua/tx/_prelude.lua``)
     ``P:hist:R:K``          list    the key's entries, newest first, capped
     ``P:trim:R``            hash    key -> the newest version trimmed from its history
     ``P:idem:<seg(idem)>``  string  ``fingerprint:version:µs:txn_id`` (TTL)

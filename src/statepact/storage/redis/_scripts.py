@@ -1,20 +1,13 @@
-"""The Lua scripts of the Redis backings, loaded from ``lua/*.lua`` beside this module.
+"""The registry of the Redis backings' Lua scripts: one folder per protocol under ``lua/``.
 
-Each script file starts with a header listing its KEYS, ARGV, return value and
-the keys it touches. Files whose name starts with ``_`` are preludes, not
-scripts: ``_common.lua`` goes in front of every script, then ``_state.lua``,
-``_queue.lua`` or ``_tx.lua`` by the script's family, so shared helpers exist once.
+A script is a file of ``lua/state/``, ``lua/queue/`` or ``lua/tx/``; what is
+sent is ``lua/_common.lua``, its folder's ``_prelude.lua``, then the file. The
+registry is the folders' contents (a name in two folders is refused at
+import), read once with :mod:`importlib.resources`, so the scripts ship in the
+wheel. How scripts are written and run: docs/backings.md#scripts.
 
-Scripts run through redis-py's ``Script`` objects (``register_script``): the
-first call is an EVALSHA, and a ``NOSCRIPT`` (a restarted or failed-over
-server, ``SCRIPT FLUSH``) loads the script and runs it again, on a single
-server and on a cluster alike; should the node that serves the keys still
-lack it (a cluster whose topology moved under the client), the source goes
-once with EVAL, which caches it there. The source is read once per process with
-:mod:`importlib.resources`, so the scripts ship inside the wheel.
-
-This module must never build keys or interpret replies; it only turns a name
-into a callable script.
+This module must never build keys or interpret replies: it turns a name into
+a callable script.
 """
 
 from __future__ import annotations
@@ -30,59 +23,51 @@ __all__ = ["QUEUE_SCRIPTS", "STATE_SCRIPTS", "TX_SCRIPTS", "ScriptRunner", "scri
 
 Family = Literal["state", "queue", "tx"]
 
-STATE_SCRIPTS = (
-    "delete_run",
-    "get_run",
-    "get_session",
-    "list_runs",
-    "list_sessions",
-    "patch_run",
-    "put_run",
-    "put_session",
-)
-QUEUE_SCRIPTS = (
-    "ack_many",
-    "claim",
-    "claimed",
-    "dead_letters",
-    "enqueue",
-    "enqueue_many",
-    "heartbeat",
-    "purge_dead",
-    "reap",
-    "requeue",
-    "settle",
-    "stats",
-)
-# RedisBackend (the transaction backing); prelude lua/_tx.lua.
-TX_SCRIPTS = (
-    "tx_commit",
-    "tx_lease_acquire",
-    "tx_lease_release",
-    "tx_lease_renew",
-    "tx_lock",
-    "tx_read",
-    "tx_register",
-    "tx_unlock",
-)
-_FAMILY: dict[str, Family] = {
-    **dict.fromkeys(STATE_SCRIPTS, "state"),
-    **dict.fromkeys(QUEUE_SCRIPTS, "queue"),
-    **dict.fromkeys(TX_SCRIPTS, "tx"),
-}
+_LUA = files("statepact.storage.redis") / "lua"
 
 
-def _read(name: str) -> str:
-    return (files("statepact.storage.redis") / "lua" / f"{name}.lua").read_text("utf-8")
+def _scripts_in(family: Family) -> tuple[str, ...]:
+    """The scripts of one folder: every ``.lua`` file but those starting with ``_``."""
+    return tuple(
+        sorted(
+            entry.name.removesuffix(".lua")
+            for entry in (_LUA / family).iterdir()
+            if entry.name.endswith(".lua") and not entry.name.startswith("_")
+        )
+    )
+
+
+STATE_SCRIPTS = _scripts_in("state")
+QUEUE_SCRIPTS = _scripts_in("queue")
+TX_SCRIPTS = _scripts_in("tx")
+
+
+def _registry() -> dict[str, Family]:
+    folders: dict[Family, tuple[str, ...]] = {
+        "state": STATE_SCRIPTS,
+        "queue": QUEUE_SCRIPTS,
+        "tx": TX_SCRIPTS,
+    }
+    families: dict[str, Family] = {}
+    for family, names in folders.items():
+        for name in names:
+            if name in families:
+                raise RuntimeError(f"lua/{families[name]}/ and lua/{family}/ both hold {name}.lua")
+            families[name] = family
+    return families
+
+
+_FAMILY: dict[str, Family] = _registry()
 
 
 @cache
 def script_source(name: str) -> str:
-    """The full text sent to Redis for script ``name``: preludes, then the script."""
+    """The full text sent to Redis for script ``name``: the preludes, then the script."""
     family = _FAMILY.get(name)
     if family is None:
         raise KeyError(f"no Lua script named {name!r}")
-    return "\n".join((_read("_common"), _read(f"_{family}"), _read(name)))
+    parts = (_LUA / "_common.lua", _LUA / family / "_prelude.lua", _LUA / family / f"{name}.lua")
+    return "\n".join(part.read_text("utf-8") for part in parts)
 
 
 class ScriptRunner:

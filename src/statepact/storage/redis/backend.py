@@ -1,66 +1,14 @@
 """``RedisBackend``: the ``StorageBackend`` under ``TransactionManager``, on Redis.
 
-Keyed JSON values with a capped MVCC history, resource leases with fencing
-tokens, TTL'd pessimistic locks and TTL'd idempotency records, on a standalone
-Redis or a Redis Cluster (redis-py asyncio). The front (``statepact.tx``) has
-validated, encoded and size-checked everything and read the clock; this module
-stores what it is told and hands it back verbatim.
+Keyed JSON values with a capped MVCC history, leases with fencing tokens,
+TTL'd locks and TTL'd idempotency records, every key of one backend in one
+slot; a commit, a snapshot read, a lock attempt and each lease call is one
+script of ``lua/tx/``. Layout, the commit script, replays and locks:
+docs/backings.md#the-commit-script.
 
-Layout (keys from ``_keys.TxKeys``; ``P`` is ``{<prefix>}``, the cluster hash
-tag, so every key of one backend is in one slot and each script is atomic on a
-cluster too; ``R``/``K`` are the length-prefixed resource and key)::
-
-    P:seq               string  the global commit sequence (INCR per writing commit)
-    P:res               set     resource names ever registered or written
-    P:meta:R            hash    version, at (µs), metadata (JSON text)
-    P:data:R            hash    key -> its latest entry
-    P:hist:R:K          list    the key's entries, newest first, at most history_limit
-    P:trim:R            hash    key -> the newest version trimmed from P:hist:R:K
-    P:idem:<seg(idem)>  string  fingerprint:version:µs:txn_id, expires after
-                                idempotency_ttl_seconds
-    P:fence:R           string  the highest fencing token ever issued (never
-                                below the server's clock in µs: lua/_common.lua)
-    P:lease:R           hash    owner, token, expires (µs), ttl
-    P:lock:R:K          set     txn_id|shared, txn_id|exclusive; expires after
-                                lock_ttl_seconds without a grant
-    P:op:<seg(txn_id)>  string  a commit's outcome record (its version), expires
-                                after two minutes
-
-An entry is ``<version>:<µs>:<txn_id>\\0`` followed by ``=<JSON text>`` or ``-``
-for a delete (``lua/_tx.lua``). No ``{"v", "ver", "d"}`` JSON wrapper (see
-docs/backings.md): wrapping would make the script decode and re-encode the value, which
-cjson does lossily, and the contract is to hand the text back byte for byte.
-
-Round trips: ``begin`` is one ``GET``, a latest read one ``HGET``, a snapshot
-read, a commit, a lock attempt and every lease call one ``EVALSHA`` each
-(``lua/tx_*.lua``). A commit does fencing, idempotency, validation, the writes,
-the capped history, the registry and the idempotency record in that one
-script, and advances ``P:seq`` only when it writes. A commit that changed
-something leaves an outcome record under its transaction id in the same
-script, kept two minutes (far past the failover budget), so a commit sent
-again after its reply was lost (our failover, or a client's own retry) finds
-itself and reports its version instead of applying twice or conflicting with
-itself, however many versions of its keys were committed and trimmed from the
-history in between (``lua/tx_commit.lua`` says what a resend of a refused or
-read-only commit answers).
-
-A lock attempt never waits; the front polls it with backoff until the timeout
-(``LockTimeoutError``; no wait-for graph, so ``detects_deadlocks`` is ``False``
-and a cycle ends as a timeout). A lock set expires after ``lock_ttl_seconds`` without a grant, so a
-crashed holder frees its keys by itself; a holder slower than that TTL can lose
-its lock unknowingly, so keep the TTL well above the longest critical section.
-The lock keys a transaction asked for are tracked in this process (recorded
-before each request is sent) and released by ``end`` in one script; they are
-forgotten only once that script answered, so an ``end`` cancelled before it can
-be repeated, and ``close`` releases those of transactions still open. If the
-server cannot be reached, ``end`` does not raise (it runs after a commit whose
-outcome must not be hidden) and the TTL frees the locks.
-Lease expiry uses the injected clock (times arrive as arguments); only the lock
-TTL is measured by Redis, as a real-time safety net.
-
-This module must never format a key (ask ``_keys``), never read a clock, never
-decode or re-encode a stored value, and never let a redis-py exception out
-(``_client.Failover`` translates them).
+This module must never format a key (``_keys``), never read a clock, never
+decode or re-encode a stored value (the JSON text goes back byte for byte),
+and never let a redis-py exception out (``_client``).
 """
 
 from __future__ import annotations
@@ -100,10 +48,10 @@ __all__ = ["RedisBackend"]
 
 T = TypeVar("T")
 
-# Replies of lua/tx_commit.lua.
+# Replies of lua/tx/tx_commit.lua.
 _COMMITTED, _REPLAYED, _FENCED, _IDEMPOTENCY_CONFLICT, _CONFLICT = range(5)
 _WRITE, _READ = 1, 2
-_TOO_OLD = -1  # lua/tx_read.lua: the version the snapshot needs was trimmed
+_TOO_OLD = -1  # lua/tx/tx_read.lua: the version the snapshot needs was trimmed
 _CLEAR_BATCH = 500
 # The pool of connect()'s own client: its size, and how long a call waits for a
 # free connection before PoolExhaustedError (PostgresBackend.connect waits 30 s too).

@@ -1,31 +1,10 @@
 """``preflight()``: refuse a Redis server that would lose runs, leases or queued work.
 
-It reads the server's configuration and refuses, listing every reason at once:
-
-- ``maxmemory-policy`` ``allkeys-*`` or ``volatile-ttl``: under memory pressure
-  the server evicts keys, and an evicted run or lease reads as one that never
-  existed. (``noeviction`` is right; the other ``volatile-*`` policies only
-  evict keys with a TTL, and statepact's records have none.)
-- with ``durable=True``, anything short of an append-only file that Redis
-  syncs itself: ``appendonly no`` (with ``save ""`` nothing reaches disk; with
-  RDB save points a crash or restart forgets every write since the last
-  snapshot, so runs and counters go back, settled work comes back and
-  idempotency records vanish), or ``appendfsync no`` (the kernel decides when
-  the file reaches the disk, so an OS crash loses tens of seconds). Accepted:
-  ``appendonly yes`` with ``appendfsync everysec`` (a process crash loses
-  nothing acknowledged, an OS crash about a second) or ``always`` (nothing).
-  docs/operations.md has the table of what each setting keeps.
-
-``CONFIG GET`` is the source. Managed services often disable ``CONFIG``; then
-``INFO memory`` gives ``maxmemory_policy`` and ``INFO persistence`` gives
-``aof_enabled`` (but not ``appendfsync``, which is then taken on trust), and a
-server without AOF is refused whatever snapshots it took. Pass
-``durable=False`` for data that can be recreated. On a cluster every primary
-is checked.
-
-Fencing tokens do not depend on this check: the scripts never issue a token
-below the server's clock in microseconds (``lua/_common.lua``), so even a
-server that forgot writes never hands out a token twice.
+It reads the configuration (``CONFIG GET``, else ``INFO`` where ``CONFIG`` is
+disabled; every primary of a cluster) and refuses, listing every reason at
+once, an eviction policy that drops records and, with ``durable=True``,
+persistence that forgets acknowledged writes on a crash. What each setting
+keeps: docs/backings.md#what-redis-refuses-and-why and docs/operations.md.
 
 This module reads and refuses; it must never set a configuration value.
 """

@@ -1,38 +1,13 @@
 """``RedisWorkQueue``: fair, fenced work queues on Redis (standalone or cluster).
 
-It implements only the ``_``-methods of :class:`~statepact.queue.BaseWorkQueue`;
-the front has validated and encoded everything, read the clock and asked
-``QueuePolicy`` what a failure means. Semantics are the memory reference's
-(``statepact.storage.memory.queue``) exactly; the conformance suite checks it.
+It implements the ``_``-methods of :class:`~statepact.queue.BaseWorkQueue`
+with the memory reference's semantics: each call is one script of
+``lua/queue/`` (a claim is two), the whole queue in one slot. Layout, the
+two-script claim and replays: docs/backings.md#the-claim-in-two-scripts.
 
-Layout (``_keys.QueueKeys``, written out in ``lua/_queue.lua``): the whole
-queue lives under one hash tag ``{<ns>:queue}``, one cluster slot, because a
-claim chooses between tenants in one script. Per item a hash; per tenant a
-ready sorted set scored ``(1000 - priority) * 2**42 + enqueue order`` (highest
-priority first, then enqueue order, kept across retries); one delayed set
-scored by ``available_at`` and promoted lazily by claims; a rotation set of
-the tenants that have ready work, scored by the turn each was last served at
-(0 for never), with a hash remembering turns while a tenant is idle; a lease
-set scored by expiry with a hash of live lease tokens, which is what every
-heartbeat and settle is fenced on; per-tenant dead sets; per-status counts.
-
-A claim is two scripts (docs/backings.md says why): ``claim.lua`` moves items
-from their tenants' ready sets to the lease set and records their tokens;
-``claimed.lua`` then writes the items' records (status, attempts, updated). A
-claimer that dies in between leaves items leased whose records still say
-queued; the next ``reap`` finishes those writes first. Claim cost is O(log n)
-per item claimed plus the items that came due since the last claim; the
-backlog and idle tenants are never scanned.
-
-Times are the injected clock's, passed to every script as µs; the server's
-TIME is never read. Each write names a replay key by a fresh call id, so a
-call retried after a lost reply (a failover, redis-py's own retry) answers as
-it did the first time instead of claiming twice or reporting its own settle as
-a lost lease.
-
-This module must never format a key (``_keys``), never decide retries or the
-dead letter (``QueuePolicy`` through the front), and never let a redis-py
-exception out (``_client``).
+This module must never format a key (``_keys``), never read a clock, never
+decide a retry or the dead letter (the front passes ``QueuePolicy``'s
+decision), and never let a redis-py exception out (``_client``).
 """
 
 from __future__ import annotations
@@ -48,18 +23,17 @@ from redis.exceptions import RedisError
 from statepact._codec import decode_json
 from statepact._retry import new_op_id
 from statepact.clock import Clock, from_micros, to_micros
-from statepact.errors import LeaseLostError, QueueUnavailableError
+from statepact.errors import QueueUnavailableError
 from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem
-from statepact.queue import BaseWorkQueue, FailOutcome, QueuePolicy, WorkWatch, lease_lost
+from statepact.queue import BaseWorkQueue, FailOutcome, LapseOutcome, QueuePolicy, WorkWatch
 from statepact.settings import RedisStoreSettings
 from statepact.storage.redis._client import Failover, as_text
 from statepact.storage.redis._keys import QueueKeys, ref
 from statepact.storage.redis._scripts import QUEUE_SCRIPTS, ScriptRunner
 from statepact.storage.redis.preflight import check
 
-__all__ = ["LEASE_EXPIRED", "RedisWorkQueue"]
+__all__ = ["RedisWorkQueue"]
 
-LEASE_EXPIRED = "lease expired"
 # Most delayed items promoted, half-claims finished, leases reaped or dead items
 # purged by one script call: bounds how long one call can hold the server.
 _STEP = 1000
@@ -221,8 +195,10 @@ class RedisWorkQueue(BaseWorkQueue):
 
     # -- settle -------------------------------------------------------------
 
-    async def _heartbeat(self, lease: Lease, now: datetime, expires_at: datetime) -> Lease:
-        item = self._held(lease, "heartbeat")
+    async def _heartbeat(self, lease: Lease, now: datetime, expires_at: datetime) -> Lease | None:
+        item = lease.item
+        if item.queue != self.name:
+            return None
         reply = await self._run(
             f"heartbeat of item {item.item_id!r} (tenant {item.tenant!r})",
             "heartbeat",
@@ -233,7 +209,7 @@ class RedisWorkQueue(BaseWorkQueue):
             op=new_op_id(),
         )
         if int(reply[0]) == 0:
-            raise self._lost(lease, "heartbeat")
+            return None
         return Lease(
             item=self._item(reply[2]),
             worker_id=lease.worker_id,
@@ -242,12 +218,10 @@ class RedisWorkQueue(BaseWorkQueue):
             lease_seconds=lease.lease_seconds,
         )
 
-    async def _ack(self, lease: Lease, now: datetime) -> WorkItem:
+    async def _ack(self, lease: Lease, now: datetime) -> WorkItem | None:
         return await self._settle(lease, now, "ack", ItemStatus.DONE)
 
-    async def _ack_many(
-        self, leases: list[Lease], now: datetime
-    ) -> list[WorkItem | LeaseLostError]:
+    async def _ack_many(self, leases: list[Lease], now: datetime) -> list[WorkItem | None]:
         # A lease of another queue is lost at once; the rest go in one script.
         mine = [lease for lease in leases if lease.item.queue == self.name]
         args: list[str | int | bytes] = []
@@ -259,27 +233,24 @@ class RedisWorkQueue(BaseWorkQueue):
                 f"ack of {len(mine)} items", "ack_many", now, *args, op=new_op_id()
             )
         answers = iter(range(0, len(reply), 2))
-        done: list[WorkItem | LeaseLostError] = []
+        done: list[WorkItem | None] = []
         for lease in leases:
             if lease.item.queue != self.name:
-                done.append(self._lost(lease, "ack"))
+                done.append(None)
                 continue
             at = next(answers)
-            if int(reply[at]) == 1:
-                done.append(self._item(reply[at + 1]))
-            else:
-                done.append(self._lost(lease, "ack"))
+            done.append(self._item(reply[at + 1]) if int(reply[at]) == 1 else None)
         return done
 
     async def _fail(
         self, lease: Lease, now: datetime, error: str, outcome: FailOutcome
-    ) -> WorkItem:
+    ) -> WorkItem | None:
         status = ItemStatus.DEAD if outcome.dead else ItemStatus.QUEUED
         return await self._settle(
             lease, now, "fail", status, available_at=outcome.available_at, error=error
         )
 
-    async def _release(self, lease: Lease, now: datetime) -> WorkItem:
+    async def _release(self, lease: Lease, now: datetime) -> WorkItem | None:
         return await self._settle(
             lease, now, "release", ItemStatus.QUEUED, available_at=now, attempts_change=-1
         )
@@ -294,8 +265,10 @@ class RedisWorkQueue(BaseWorkQueue):
         available_at: datetime | None = None,
         error: str | None = None,
         attempts_change: int = 0,
-    ) -> WorkItem:
-        item = self._held(lease, action)
+    ) -> WorkItem | None:
+        item = lease.item
+        if item.queue != self.name:
+            return None
         reply = await self._run(
             f"{action} of item {item.item_id!r} (tenant {item.tenant!r})",
             "settle",
@@ -310,15 +283,13 @@ class RedisWorkQueue(BaseWorkQueue):
             op=new_op_id(),
         )
         if int(reply[0]) == 0:
-            raise self._lost(lease, action)
+            return None
         return self._item(reply[1])
 
-    async def _reap(self, now: datetime) -> list[WorkItem]:
+    async def _reap(self, now: datetime, outcome: LapseOutcome) -> list[WorkItem]:
         moved: list[WorkItem] = []
         while True:
-            reply = await self._run(
-                "reap", "reap", now, self.policy.max_attempts, _STEP, LEASE_EXPIRED
-            )
+            reply = await self._run("reap", "reap", now, outcome.dead_at, _STEP, outcome.error)
             moved.extend(self._item(fields) for fields in reply[1:])
             if int(reply[0]) == 0:
                 return moved
@@ -335,7 +306,9 @@ class RedisWorkQueue(BaseWorkQueue):
         )
         return [self._item(fields) for fields in reply]
 
-    async def _requeue(self, tenant: str, item_id: str, now: datetime) -> WorkItem:
+    async def _requeue(
+        self, tenant: str, item_id: str, now: datetime
+    ) -> WorkItem | ItemStatus | None:
         reply = await self._run(
             f"requeue of item {item_id!r} (tenant {tenant!r})",
             "requeue",
@@ -344,11 +317,7 @@ class RedisWorkQueue(BaseWorkQueue):
             op=new_op_id(),
         )
         if int(reply[0]) == 0:
-            state = "does not exist" if len(reply) == 1 else f"is {as_text(reply[1])}, not dead"
-            raise ValueError(
-                f"item_id: {item_id!r} of tenant {tenant!r} in queue {self.name!r} {state}; "
-                "only a dead item can be requeued"
-            )
+            return None if len(reply) == 1 else ItemStatus(as_text(reply[1]))
         return self._item(reply[1])
 
     async def _purge_dead(self, tenant: str) -> int:
@@ -420,15 +389,6 @@ class RedisWorkQueue(BaseWorkQueue):
             created_at=from_micros(int(record["created"])),
             updated_at=from_micros(int(record["updated"])),
         )
-
-    def _held(self, lease: Lease, action: str) -> WorkItem:
-        """The lease's item, refusing at once a lease from another queue."""
-        if lease.item.queue != self.name:
-            raise self._lost(lease, action)
-        return lease.item
-
-    def _lost(self, lease: Lease, action: str) -> LeaseLostError:
-        return lease_lost(self.name, lease, action)
 
 
 def _as_dict(fields: Any) -> dict[str, str]:

@@ -1,28 +1,12 @@
 """``RedisStateStore``: agent runs and sessions on Redis (standalone or cluster).
 
-It implements only the ``_``-methods of :class:`~statepact.state.BaseStateStore`;
-the front has validated, encoded and size-checked everything (an oversized blob
-never reaches this module) and read the clock.
+It implements the ``_``-methods of :class:`~statepact.state.BaseStateStore`
+(the front has validated, encoded and size-checked everything and read the
+clock): each call is one script of ``lua/state/``, every key of a tenant in
+one slot. Layout, round trips and replays: docs/backings.md#redis.
 
-Layout (keys from ``_keys.StateKeys``; all of one tenant in one cluster slot):
-a run is its JSON blob (a string) plus a small hash holding the version, the
-five counters (cost as integer nano-units, so ``HINCRBY`` is exact), ``seq``,
-created/updated (µs), status and session. ``seq`` comes from a per-tenant
-``INCR`` at creation and is never rewritten; sorted sets per tenant, per
-status, per session and per session-and-status, scored by ``seq``, make
-``list_runs`` a range read. Sessions are a blob plus a hash and a per-tenant
-sorted set.
-
-Round trips: every call is one ``EVALSHA`` (``lua/*.lua``): a put checks the
-version, writes blob and hash, moves index entries and returns the stored
-record; a patch is ``HINCRBY`` per counter plus the version bump; a page
-reads its index and every record on it. Each write script is atomic and
-records a replay key named by a fresh call id, so the same call retried after
-its reply was lost (within two minutes) answers as it did the first time and
-is not applied twice, however many other writes came in between.
-
-This module must never format a key (ask ``_keys``), never read a clock (the
-front passes ``now``), and never let a redis-py exception out (``_client``).
+This module must never format a key (``_keys``), never read a clock, and never
+let a redis-py exception out (``_client``).
 """
 
 from __future__ import annotations
@@ -37,7 +21,14 @@ from statepact.clock import Clock, from_micros, to_micros
 from statepact.errors import RunNotFoundError, StateConflictError, StatePersistenceError
 from statepact.models import RunRecord, RunStatus, SessionRecord
 from statepact.settings import RedisStoreSettings
-from statepact.state import BaseStateStore, CounterDelta, ListQuery, RunWrite, SessionWrite
+from statepact.state import (
+    BaseStateStore,
+    CounterDelta,
+    CounterOverflow,
+    ListQuery,
+    RunWrite,
+    SessionWrite,
+)
 from statepact.storage.redis._client import Failover, as_text
 from statepact.storage.redis._keys import StateKeys
 from statepact.storage.redis._scripts import STATE_SCRIPTS, ScriptRunner
@@ -45,11 +36,10 @@ from statepact.storage.redis.preflight import check
 
 __all__ = ["RedisStateStore"]
 
-# The order of the fields in a record reply (lua/_state.lua RUN_FIELDS, SESSION_FIELDS).
+# The order of the fields in a record reply (lua/state/_prelude.lua RUN_FIELDS, SESSION_FIELDS).
 _VERSION, _SEQ, _CREATED, _UPDATED = 0, 1, 2, 3
 _STATUS, _SESSION, _INPUT, _OUTPUT, _COST, _ITERATIONS, _CURSOR, _RUN_BLOB = range(4, 12)
 _SESSION_BLOB = 4
-_MAX_COUNTER = 2**63 - 1
 
 
 def _unavailable(message: str) -> StatePersistenceError:
@@ -150,7 +140,7 @@ class RedisStateStore(BaseStateStore):
 
     async def _patch_run(
         self, tenant: str, run_id: str, delta: CounterDelta, now: datetime
-    ) -> RunRecord:
+    ) -> RunRecord | CounterOverflow:
         reply = await self._run(
             f"patch_run of run {run_id!r} (tenant {tenant!r})",
             "patch_run",
@@ -174,12 +164,7 @@ class RedisStateStore(BaseStateStore):
         if code == 0:
             raise RunNotFoundError(tenant=tenant, run_id=run_id)
         if code == 2:
-            field = as_text(reply[1])
-            unit = " nano-units" if field == "cost" else ""
-            raise ValueError(
-                f"{field}: run {run_id!r} of tenant {tenant!r} would pass the counter's "
-                f"limit of {_MAX_COUNTER}{unit}"
-            )
+            return CounterOverflow(as_text(reply[1]))
         return _run_record(tenant, run_id, reply[1:])
 
     async def _list_runs(self, query: ListQuery) -> list[RunRecord]:

@@ -1,4 +1,5 @@
--- _common.lua: prepended by _scripts.py to every statepact script (state, queue and tx).
+-- _common.lua: prepended by _scripts.py to every script of lua/state/, lua/queue/ and lua/tx/,
+-- before that folder's _prelude.lua.
 --
 -- Key building in Lua is limited to the two helpers below, which follow the
 -- grammar of _keys.py exactly: seg(s) is "<byte length>:<s>" (Lua's #s counts

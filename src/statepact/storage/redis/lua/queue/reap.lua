@@ -2,10 +2,10 @@
 
 KEYS     QueueKeys.fixed()
 ARGV[1]  Q                 ARGV[2]  now, µs
-ARGV[3]  max_attempts: an expired item with attempts >= this goes dead
-         (QueuePolicy.lapse_is_dead), otherwise back to ready, due now
+ARGV[3]  dead_at, the front's decision (QueuePolicy.after_lapse): an expired
+         item with attempts >= this goes dead, any other back to ready, due now
 ARGV[4]  most entries to handle per step in one call
-ARGV[5]  the error recorded on a lapsed item ("lease expired")
+ARGV[5]  the error recorded on every item moved (the decision's error)
 
 Returns  {more, item, item, ...}: the moved items (HGETALL) and more = 1 when
          a cap was reached and another call may find more.
@@ -15,7 +15,7 @@ time), so a claimer that died in between leaves an ordinary leased item. Then
 each lease with expires_at <= now ends: error and available_at set, updated = now.
 ]]
 local cap = tonumber(ARGV[4])
-local max_attempts = tonumber(ARGV[3])
+local dead_at = tonumber(ARGV[3])
 local more = 0
 
 local half = redis.call('ZRANGE', PENDING, 0, cap - 1, 'WITHSCORES')
@@ -40,7 +40,7 @@ for _, r in ipairs(expired) do
   local tenant, id = f[1], f[2]
   end_lease(r, tenant)
   redis.call('HSET', ikey, 'error', ARGV[5], 'available', NOW, 'updated', NOW)
-  if tonumber(f[3]) >= max_attempts then
+  if tonumber(f[3]) >= dead_at then
     redis.call('HSET', ikey, 'status', 'dead')
     redis.call('ZADD', dead_key(tenant), NOW, id)
     count(N_DEAD, tenant, 1)

@@ -1,4 +1,4 @@
--- _state.lua: prepended (after _common.lua) to every state script.
+-- lua/state/_prelude.lua: prepended (after lua/_common.lua) to every script of lua/state/.
 --
 -- A run is two keys in its tenant's slot (see _keys.StateKeys):
 --   P run:<seg(id)>   string  the JSON blob

@@ -1,4 +1,4 @@
--- _tx.lua: prepended (after _common.lua) to every tx_*.lua script of RedisBackend.
+-- lua/tx/_prelude.lua: prepended (after lua/_common.lua) to every script of lua/tx/ (RedisBackend).
 --
 -- Layout (keys from _keys.TxKeys; P = "{<prefix>}", the cluster hash tag, so
 -- every key of one backend is in one slot; R = seg(resource), K = seg(key)):

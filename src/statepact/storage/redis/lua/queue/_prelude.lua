@@ -1,4 +1,4 @@
--- _queue.lua: prepended (after _common.lua) to every queue script.
+-- lua/queue/_prelude.lua: prepended (after lua/_common.lua) to every script of lua/queue/.
 --
 -- Layout (Q = "{<ns>:queue}:<seg(queue)>:", R = ref(tenant, item_id); all one slot):
 --   Q item:R          hash   tenant, id, payload, priority, available, attempts,

@@ -6,7 +6,7 @@ KEYS[3]  P:trim:R      key -> the newest version trimmed from the history
 ARGV[1]  key
 ARGV[2]  at, the snapshot sequence
 
-Returns  the entry (see _tx.lua) of the newest version <= at; nil when the key
+Returns  the entry (see tx/_prelude.lua) of the newest version <= at; nil when the key
          had no version at `at`; the integer -1 when that version was trimmed
          from the capped history ("snapshot too old"). Reads only.
 ]]

@@ -1,0 +1,835 @@
+"""The statements of ``PostgresWorkQueue``: ``adk_work`` items, the ``adk_queue_turns`` rotation.
+
+A claim (``claim``, ``claim_many``) is one statement: a lazy walk of the
+rotation, a ``FOR UPDATE SKIP LOCKED`` probe per tenant with every predicate
+on the locked relation, the lease and the tenant's new turn. Why each step is
+where it is, and how claims and settles avoid deadlocks:
+docs/backings.md#the-claim.
+
+These statements must never use a window function over the backlog or scan it
+in a claim (``claim_many`` numbers only the rows its tenants offered, at most
+``limit`` each), and never wait on an advisory lock (they only try one).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Integer,
+    Select,
+    Table,
+    Text,
+    Update,
+    any_,
+    case,
+    cast,
+    delete,
+    func,
+    literal_column,
+    null,
+    select,
+    true,
+    tuple_,
+    union_all,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.selectable import CTE
+
+from statepact.storage.postgres._sql import TZ, param
+from statepact.storage.postgres.schema import Tables
+
+__all__ = ["QueueStatements", "statements"]
+
+# Status constants are rendered as SQL literals, not bound: the planner matches
+# a partial index (WHERE status = 'queued') only against a constant.
+QUEUED: ColumnElement[str] = literal_column("'queued'")
+LEASED: ColumnElement[str] = literal_column("'leased'")
+DONE: ColumnElement[str] = literal_column("'done'")
+DEAD: ColumnElement[str] = literal_column("'dead'")
+# A constant LIMIT, so a generic plan of the prepared claim knows it is one row.
+_ONE = literal_column("1", Integer)
+
+
+def _item_columns(work: Table, source: Any = None) -> list[ColumnElement[Any]]:
+    """The columns a ``WorkItem`` and a ``Lease`` need, the payload as its exact text."""
+    source = work if source is None else source
+    names = (
+        "queue",
+        "tenant",
+        "item_id",
+        "priority",
+        "available_at",
+        "attempts",
+        "status",
+        "last_error",
+        "created_at",
+        "updated_at",
+        "token",
+        "expires_at",
+    )
+    return [cast(source.c.payload, Text).label("payload"), *(source.c[name] for name in names)]
+
+
+def _item_key(work: Table) -> list[ColumnElement[bool]]:
+    return [
+        work.c.queue == param("queue"),
+        work.c.tenant == param("tenant"),
+        work.c.item_id == param("item_id"),
+    ]
+
+
+def _fenced(work: Table) -> list[ColumnElement[bool]]:
+    """The item is leased under exactly the lease's token."""
+    return [*_item_key(work), work.c.status == LEASED, work.c.token == param("token", BigInteger())]
+
+
+def _lease_ended() -> dict[str, Any]:
+    """The columns of a lease that ended (settled or reaped): no holder, no token, no expiry."""
+    return {
+        "token": null(),
+        "worker_id": null(),
+        "expires_at": null(),
+        "updated_at": param("now", TZ),
+    }
+
+
+def _turn_added(turns: Table, source: CTE, *, grouped: bool) -> Any:
+    """Upsert the turns rows of the items ``source`` put (back) in the queue.
+
+    ``queued`` grows by their number, ``next_due_at`` can only move earlier
+    (``LEAST``), ``checked_at`` only later, and ``additions`` counts the change
+    so a concurrent claim can tell its snapshot missed it. Rows are written in
+    ``(queue, tenant)`` order.
+    """
+    added = source.c.status == QUEUED
+    if grouped:
+        rows = (
+            select(
+                source.c.queue,
+                source.c.tenant,
+                literal_column("0", BigInteger),
+                func.count().cast(BigInteger),
+                func.min(source.c.available_at),
+                param("now", TZ),
+                func.count().cast(BigInteger),
+            )
+            .where(added)
+            .group_by(source.c.queue, source.c.tenant)
+            .order_by(source.c.queue, source.c.tenant)
+        )
+    else:
+        rows = select(
+            source.c.queue,
+            source.c.tenant,
+            literal_column("0", BigInteger),
+            literal_column("1", BigInteger),
+            source.c.available_at,
+            param("now", TZ),
+            literal_column("1", BigInteger),
+        ).where(added)
+    statement = pg_insert(turns).from_select(
+        ["queue", "tenant", "last_turn", "queued", "next_due_at", "checked_at", "additions"], rows
+    )
+    return statement.on_conflict_do_update(
+        index_elements=[turns.c.queue, turns.c.tenant],
+        set_={
+            "queued": turns.c.queued + statement.excluded.queued,
+            "next_due_at": func.least(turns.c.next_due_at, statement.excluded.next_due_at),
+            "checked_at": func.greatest(turns.c.checked_at, statement.excluded.checked_at),
+            "additions": turns.c.additions + statement.excluded.additions,
+        },
+    )
+
+
+def enqueue(tables: Tables) -> Select[Any]:
+    """Insert the item unless ``(queue, tenant, item_id)`` exists, and wake its tenant."""
+    work, turns = tables.work, tables.queue_turns
+    inserted = (
+        pg_insert(work)
+        .values(
+            queue=param("queue"),
+            tenant=param("tenant"),
+            item_id=param("item_id"),
+            payload=cast(param("payload", Text()), JSON),
+            priority=param("priority", Integer()),
+            status=QUEUED,
+            attempts=0,
+            available_at=param("available_at", TZ),
+            created_at=param("now", TZ),
+            updated_at=param("now", TZ),
+        )
+        .on_conflict_do_nothing(index_elements=[work.c.queue, work.c.tenant, work.c.item_id])
+        .returning(work.c.queue, work.c.tenant, work.c.available_at, work.c.status)
+        .cte("inserted")
+    )
+    woken = _turn_added(turns, inserted, grouped=False).cte("woken")
+    # Watchers LISTEN on the queue's channel; PostgreSQL delivers at commit (the caller's,
+    # for a bound enqueue), once per transaction and channel.
+    return (
+        select(func.count(), func.pg_notify(param("channel"), literal_column("''")))
+        .select_from(inserted)
+        .add_cte(woken)
+    )
+
+
+def enqueue_many(tables: Tables) -> Select[Any]:
+    """Insert every item of the batch whose ``(queue, tenant, item_id)`` is new, and wake
+    their tenants, in one statement; answer each item's row with its place in the batch.
+
+    The batch arrives as parallel arrays (one bind each, whatever its length), is
+    inserted in ``(tenant, item_id)`` order (so two batches sharing ids wait on
+    each other in one order, never in a cycle), and the turns rows are upserted
+    in ``(queue, tenant)`` order like every other multi-row write here. An item
+    that existed before the statement is answered from the statement's snapshot;
+    one a concurrent enqueue inserted after it is in neither answer, and the
+    caller reads it with a second statement.
+    """
+    work, turns = tables.work, tables.queue_turns
+    batch = (
+        func.unnest(
+            cast(param("tenants"), ARRAY(Text)),
+            cast(param("item_ids"), ARRAY(Text)),
+            cast(param("payloads"), ARRAY(Text)),
+            cast(param("priorities"), ARRAY(Integer)),
+            cast(param("available"), ARRAY(TZ)),
+        )
+        .table_valued(
+            "tenant", "item_id", "payload", "priority", "available_at", with_ordinality="ord"
+        )
+        .render_derived(name="batch")
+    )
+    rows = select(
+        param("queue"),
+        batch.c.tenant,
+        batch.c.item_id,
+        cast(batch.c.payload, JSON),
+        batch.c.priority,
+        QUEUED,
+        literal_column("0", Integer),
+        batch.c.available_at,
+        param("now", TZ),
+        param("now", TZ),
+    ).order_by(batch.c.tenant, batch.c.item_id)
+    inserted = (
+        pg_insert(work)
+        .from_select(
+            [
+                "queue",
+                "tenant",
+                "item_id",
+                "payload",
+                "priority",
+                "status",
+                "attempts",
+                "available_at",
+                "created_at",
+                "updated_at",
+            ],
+            rows,
+        )
+        .on_conflict_do_nothing(index_elements=[work.c.queue, work.c.tenant, work.c.item_id])
+        .returning(work.c.queue, work.c.tenant, work.c.item_id, work.c.available_at, work.c.status)
+        .cte("inserted")
+    )
+    woken = _turn_added(turns, inserted, grouped=True).cte("woken")
+    # Items stored before: their rows, whole. Items stored now: their place only (the
+    # caller has their record already), so the answer stays small for a large batch.
+    old = work.alias("old")
+    existing = select(batch.c.ord, *_item_columns(work, old)).select_from(
+        batch.join(
+            old,
+            (old.c.queue == param("queue"))
+            & (old.c.tenant == batch.c.tenant)
+            & (old.c.item_id == batch.c.item_id),
+        )
+    )
+    new = select(batch.c.ord, *(null().label(c.name) for c in _item_columns(work))).select_from(
+        batch.join(
+            inserted,
+            (inserted.c.tenant == batch.c.tenant) & (inserted.c.item_id == batch.c.item_id),
+        )
+    )
+    answer = union_all(existing, new).subquery("answer")
+    notified = select(func.pg_notify(param("channel"), literal_column("''")).label("notified")).cte(
+        "notified"
+    )
+    return select(*answer.c).select_from(answer.join(notified, true())).add_cte(woken)
+
+
+def _next_turn(turns: Table, after: Any = None) -> Select[Any]:
+    """The first tenant in turn order ``(last_turn, tenant)`` after ``after`` that may have work.
+
+    Two index probes, each LIMIT 1: the ``ready`` index in order, and the
+    ``waking`` tenants whose delayed work has come due (few: any write to the
+    tenant moves it to ``ready``), the earlier of the two winning.
+    """
+    columns = (turns.c.tenant, turns.c.last_turn, turns.c.additions)
+    past: list[ColumnElement[bool]] = []
+    if after is not None:
+        past.append(
+            tuple_(turns.c.last_turn, turns.c.tenant) > tuple_(after.c.last_turn, after.c.tenant)
+        )
+    ready = (
+        select(*columns)
+        .where(
+            turns.c.queue == param("queue"),
+            turns.c.queued > 0,
+            turns.c.next_due_at <= turns.c.checked_at,
+            *past,
+        )
+        .order_by(turns.c.last_turn, turns.c.tenant)
+        .limit(_ONE)
+    )
+    waking = (
+        select(*columns)
+        .where(
+            turns.c.queue == param("queue"),
+            turns.c.queued > 0,
+            turns.c.next_due_at > turns.c.checked_at,
+            turns.c.next_due_at <= param("now", TZ),
+            *past,
+        )
+        .order_by(turns.c.last_turn, turns.c.tenant)
+        .limit(_ONE)
+    )
+    if after is not None:
+        # The previous tenant comes from the enclosing walk, not a FROM of its own.
+        ready, waking = ready.correlate(after), waking.correlate(after)
+    both = union_all(ready, waking).subquery("candidates")
+    return (
+        select(both.c.tenant, both.c.last_turn, both.c.additions)
+        .order_by(both.c.last_turn, both.c.tenant)
+        .limit(_ONE)
+    )
+
+
+def rotation(turns: Table) -> CTE:
+    """Tenants that may have due work, served longest ago first (ties: tenant, byte order).
+
+    A recursive walk, one index probe per tenant, read lazily: the claim pulls
+    tenants only until one yields an item, so its cost does not grow with the
+    number of tenants waiting behind that one.
+    """
+    walk = _next_turn(turns).cte("rotation", recursive=True)
+    previous = walk.alias("previous")
+    step = _next_turn(turns, after=previous).lateral("step")
+    return walk.union_all(
+        select(step.c.tenant, step.c.last_turn, step.c.additions).select_from(
+            previous.join(step, true())
+        )
+    )
+
+
+def _turn_lock_class(turns: Table) -> int:
+    """The first key of the tenant locks of claims on ``turns``: a signed 32-bit hash of its name.
+
+    Queues of two table namings in one database then take different locks.
+    """
+    name = f"{turns.schema}.{turns.name}" if turns.schema else turns.name
+    unsigned = zlib.crc32(name.encode("utf-8"))
+    return unsigned - (1 << 32) if unsigned >= 1 << 31 else unsigned
+
+
+def _try_tenant_lock(turns: Table, tenant: Any) -> ColumnElement[bool]:
+    """Try, without waiting, the transaction-scoped advisory lock of ``(queue, tenant)``.
+
+    The two-key form ``(int4, int4)``: a lock space apart from the one-bigint
+    keys (the migrations' lock among them). Key one mixes the table naming and
+    the queue, key two is the tenant. Two tenants whose keys collide only keep
+    each other's concurrent claimers apart, which costs fairness, never
+    correctness: the item's row lock, not this one, makes a claim exclusive.
+    """
+    table_key = literal_column(str(_turn_lock_class(turns)), Integer)
+    queue_key = func.hashtext(param("queue")).op("#")(table_key)
+    return func.pg_try_advisory_xact_lock(queue_key, func.hashtext(tenant), type_=Boolean)
+
+
+def _due_items(work: Table, tenant: Any, limit: Any, name: str, *more: Any) -> Any:
+    """The tenant's best due items (``priority DESC, id``: the claim index), up to ``limit``,
+    ``FOR UPDATE SKIP LOCKED`` with every predicate on the locked relation; a LATERAL
+    probe of each tenant the rotation yields."""
+    candidate = work.alias("candidate")
+    return (
+        select(candidate.c.id, *(candidate.c[column] for column in more))
+        .where(
+            candidate.c.queue == param("queue"),
+            candidate.c.tenant == tenant,
+            candidate.c.status == QUEUED,
+            candidate.c.available_at <= param("now", TZ),
+        )
+        .order_by(candidate.c.priority.desc(), candidate.c.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+        .lateral(name)
+    )
+
+
+def _served(
+    tables: Tables,
+    leaving: Callable[[Any], ColumnElement[bool]],
+    *,
+    last_turn: Any,
+    taken: Any,
+    seen_additions: Any,
+) -> Update:
+    """The turns row of a tenant a claim served: ``last_turn``, ``queued`` minus ``taken``,
+    and ``next_due_at`` the earliest queued item but those ``leaving`` the queue, the old
+    bound kept when an addition raced the claim (``seen_additions``)."""
+    work, turns = tables.work, tables.queue_turns
+    rest = work.alias("rest")
+    next_due = (
+        select(rest.c.available_at)
+        .where(
+            rest.c.queue == turns.c.queue,
+            rest.c.tenant == turns.c.tenant,
+            rest.c.status == QUEUED,
+            leaving(rest),
+        )
+        .order_by(rest.c.available_at)
+        .limit(_ONE)
+        .scalar_subquery()
+    )
+    return update(turns).values(
+        last_turn=last_turn,
+        queued=turns.c.queued - taken,
+        # LEAST ignores NULL: keep the old bound only when an addition raced us.
+        next_due_at=func.least(
+            next_due,
+            case(
+                (turns.c.additions == seen_additions, null()),
+                else_=turns.c.next_due_at,
+            ),
+        ),
+        checked_at=func.greatest(turns.c.checked_at, param("now", TZ)),
+    )
+
+
+def claim(tables: Tables) -> Select[Any]:
+    """Lease the best due item of the tenant served longest ago, and send that tenant back."""
+    work, turns = tables.work, tables.queue_turns
+    order = rotation(turns)
+    best = _due_items(work, order.c.tenant, _ONE, "best")
+    # No ORDER BY in either branch: the rotation's order drives the nested loop,
+    # and LIMIT 1 stops it at the first tenant whose probe locked an item. The
+    # lock filter references the rotation alone, so it runs on each tenant as
+    # the walk yields it, before that tenant's item probe.
+    free = (
+        select(best.c.id, order.c.additions)
+        .select_from(order.join(best, true()))
+        .where(_try_tenant_lock(turns, order.c.tenant))
+        .limit(_ONE)
+    )
+    # Every tenant at the front is being claimed by someone else: take work
+    # anyway, from the first tenant that still has an unlocked due item.
+    anyone = select(best.c.id, order.c.additions).select_from(order.join(best, true())).limit(_ONE)
+    # The Append runs its branches in order and the LIMIT stops it at the
+    # first row: the fallback runs only when the first branch found nothing.
+    branches = union_all(free, anyone).subquery("branches")
+    picked = select(branches.c.id, branches.c.additions).limit(_ONE).cte("picked")
+    claimed = (
+        update(work)
+        .where(work.c.id == picked.c.id, work.c.status == QUEUED)
+        .values(
+            status=LEASED,
+            attempts=work.c.attempts + 1,
+            token=tables.token_seq.next_value(),
+            worker_id=param("worker"),
+            expires_at=param("expires_at", TZ),
+            updated_at=param("now", TZ),
+        )
+        .returning(*_item_columns(work), work.c.id, picked.c.additions.label("seen_additions"))
+        .cte("claimed")
+    )
+    turn = (
+        _served(
+            tables,
+            lambda rest: rest.c.id != claimed.c.id,
+            last_turn=claimed.c.token,
+            taken=1,
+            seen_additions=claimed.c.seen_additions,
+        )
+        .where(turns.c.queue == claimed.c.queue, turns.c.tenant == claimed.c.tenant)
+        .cte("turn")
+    )
+    return select(*(claimed.c[c.name] for c in _item_columns(work))).add_cte(turn)
+
+
+def claim_many(tables: Tables) -> Select[Any]:
+    """Lease up to ``p_limit`` due items across tenants in rotation, in one statement.
+
+    What ``p_limit`` successive ``claim`` statements would take, in their order:
+    the first ``p_limit`` tenants of the rotation (the lazy walk, read no further)
+    each offer their best due items (``priority DESC, id``, ``FOR UPDATE SKIP
+    LOCKED``; the tenant at place ``p`` of ``k`` offers ``(limit - p + k) / k``, what
+    ``limit`` claims round by round give it), and the items go round by round, in turn order
+    within a round: the 1st item of each tenant, then the 2nd, and so on. That is
+    the rotation successive claims walk, since each claim sends its tenant to the
+    back behind every tenant ahead of it. Tokens are drawn in that order, and
+    each tenant's turn becomes the token of its last item, so the rotation after
+    the batch is the one after the claims. A tenant with fewer due items than its
+    share (or whose items other claims hold) leaves the batch short: the caller
+    then claims the rest one by one (``PostgresWorkQueue._claim``), which is what
+    successive claims would have taken.
+
+    The turns rows are locked in ``(queue, tenant)`` order before they are
+    written, like reap's, so concurrent batches cannot deadlock on them. The
+    tenant try-locks of ``claim`` are not taken: a batch already spreads over
+    the tenants at the front, and two batches at once share them item by item
+    (SKIP LOCKED), never taking one item twice.
+    """
+    work, turns = tables.work, tables.queue_turns
+    order = rotation(turns)
+    front = (
+        select(order.c.tenant, order.c.last_turn, order.c.additions)
+        .limit(param("limit", BigInteger()))
+        .subquery("front")
+    )
+    ranked_front = select(
+        front.c.tenant,
+        front.c.additions,
+        func.row_number().over(order_by=(front.c.last_turn, front.c.tenant)).label("pos"),
+        func.count().over().label("tenants"),
+    ).subquery("ranked_front")
+    # The items the tenant at ``pos`` of ``tenants`` gets in ``limit`` claims round by round
+    # (when each has enough): it offers that many and locks no more, so rows this batch does
+    # not take are never hidden from concurrent claims.
+    quota = (param("limit", BigInteger()) - ranked_front.c.pos + ranked_front.c.tenants) // (
+        ranked_front.c.tenants
+    )
+    offered = _due_items(work, ranked_front.c.tenant, quota, "offered", "priority")
+    # FOR UPDATE and a window cannot share a level: the rounds are numbered above it.
+    round_ = (
+        func.row_number()
+        .over(
+            partition_by=ranked_front.c.pos,
+            order_by=(offered.c.priority.desc(), offered.c.id),
+        )
+        .label("round")
+    )
+    picked = (
+        select(offered.c.id, ranked_front.c.additions, round_, ranked_front.c.pos)
+        .select_from(ranked_front.join(offered, true()))
+        .order_by(literal_column("round"), ranked_front.c.pos)
+        .limit(param("limit", BigInteger()))
+        .subquery("picked")
+    )
+    # Tokens are drawn as the ordered rows come out: in claim order.
+    tokens = select(
+        picked.c.id, picked.c.additions, tables.token_seq.next_value().label("token")
+    ).cte("tokens")
+    # The rows are found by primary key whatever the statistics say. ``picked`` locked
+    # them and checked ``status`` in this statement, so the update repeats neither: a
+    # ``status`` condition here let a planner that thinks few items are queued (a table
+    # filled since its last ANALYZE) scan every queued row through the due index.
+    ids = select(func.array_agg(tokens.c.id)).scalar_subquery()
+    claimed = (
+        update(work)
+        .where(
+            work.c.id == any_(cast(ids, ARRAY(BigInteger))),
+            work.c.id == tokens.c.id,
+        )
+        .values(
+            status=LEASED,
+            attempts=work.c.attempts + 1,
+            token=tokens.c.token,
+            worker_id=param("worker"),
+            expires_at=param("expires_at", TZ),
+            updated_at=param("now", TZ),
+        )
+        .returning(*_item_columns(work), work.c.id, tokens.c.additions.label("seen_additions"))
+        .cte("claimed")
+    )
+    served = (
+        select(
+            claimed.c.queue,
+            claimed.c.tenant,
+            func.max(claimed.c.token).label("last_token"),
+            func.count().label("taken"),
+            func.min(claimed.c.seen_additions).label("seen_additions"),
+        )
+        .group_by(claimed.c.queue, claimed.c.tenant)
+        .cte("served")
+    )
+    locked_turns = (
+        select(turns.c.queue, turns.c.tenant)
+        .where(turns.c.queue == served.c.queue, turns.c.tenant == served.c.tenant)
+        .order_by(turns.c.queue, turns.c.tenant)
+        .with_for_update(of=turns)
+        .cte("locked_turns")
+    )
+    gone = claimed.alias("gone")
+    turn = (
+        _served(
+            tables,
+            lambda rest: ~select(gone.c.id).where(gone.c.id == rest.c.id).exists(),
+            last_turn=served.c.last_token,
+            taken=served.c.taken,
+            seen_additions=served.c.seen_additions,
+        )
+        .where(
+            turns.c.queue == served.c.queue,
+            turns.c.tenant == served.c.tenant,
+            turns.c.queue == locked_turns.c.queue,
+            turns.c.tenant == locked_turns.c.tenant,
+        )
+        .cte("turn")
+    )
+    return (
+        select(*(claimed.c[c.name] for c in _item_columns(work)))
+        .order_by(claimed.c.token)
+        .add_cte(turn)
+    )
+
+
+def get_item(work: Table) -> Select[Any]:
+    return select(*_item_columns(work)).where(*_item_key(work))
+
+
+def heartbeat(tables: Tables) -> Update:
+    work = tables.work
+    return (
+        update(work)
+        .where(*_fenced(work))
+        .values(token=tables.token_seq.next_value(), expires_at=param("expires_at", TZ))
+        .returning(*_item_columns(work))
+    )
+
+
+def ack(work: Table) -> Update:
+    return (
+        update(work)
+        .where(*_fenced(work))
+        .values(
+            status=DONE,
+            **_lease_ended(),
+        )
+        .returning(*_item_columns(work))
+    )
+
+
+def ack_many(work: Table) -> Update:
+    """``ack`` for every lease of the batch (parallel arrays) still holding its item; a
+    stale lease matches no row and is left out of the answer."""
+    held = (
+        func.unnest(
+            cast(param("tenants"), ARRAY(Text)),
+            cast(param("item_ids"), ARRAY(Text)),
+            cast(param("tokens"), ARRAY(BigInteger)),
+        )
+        .table_valued("tenant", "item_id", "token")
+        .render_derived(name="held")
+    )
+    return (
+        update(work)
+        .where(
+            work.c.queue == param("queue"),
+            work.c.tenant == held.c.tenant,
+            work.c.item_id == held.c.item_id,
+            work.c.status == LEASED,
+            work.c.token == held.c.token,
+        )
+        .values(
+            status=DONE,
+            **_lease_ended(),
+        )
+        .returning(*_item_columns(work))
+    )
+
+
+def _settled(tables: Tables, settle: Update) -> Select[Any]:
+    """Run a fenced settle that may put the item back in the queue, and wake its tenant."""
+    settled = settle.returning(*_item_columns(tables.work)).cte("settled")
+    woken = _turn_added(tables.queue_turns, settled, grouped=False).cte("woken")
+    return select(*(settled.c[c.name] for c in _item_columns(tables.work))).add_cte(woken)
+
+
+def fail(tables: Tables) -> Select[Any]:
+    work = tables.work
+    return _settled(
+        tables,
+        update(work)
+        .where(*_fenced(work))
+        .values(
+            status=param("status"),
+            last_error=param("error", Text()),
+            available_at=param("available_at", TZ),
+            **_lease_ended(),
+        ),
+    )
+
+
+def release(tables: Tables) -> Select[Any]:
+    work = tables.work
+    return _settled(
+        tables,
+        update(work)
+        .where(*_fenced(work))
+        .values(
+            status=QUEUED,
+            attempts=work.c.attempts - 1,
+            available_at=param("now", TZ),
+            **_lease_ended(),
+        ),
+    )
+
+
+def requeue(tables: Tables) -> Select[Any]:
+    work = tables.work
+    return _settled(
+        tables,
+        update(work)
+        .where(*_item_key(work), work.c.status == DEAD)
+        .values(
+            status=QUEUED, attempts=0, available_at=param("now", TZ), updated_at=param("now", TZ)
+        ),
+    )
+
+
+def reap(tables: Tables) -> Select[Any]:
+    """Up to ``p_batch`` lapsed leases back to the queue, or dead from ``p_dead_at`` attempts
+    on, each with ``last_error = p_error``: the front's decision (``LapseOutcome``)."""
+    work = tables.work
+    expired = (
+        select(work.c.id, work.c.expires_at, work.c.token)
+        .where(
+            work.c.queue == param("queue"),
+            work.c.status == LEASED,
+            work.c.expires_at <= param("now", TZ),
+        )
+        .order_by(work.c.expires_at, work.c.token)
+        .limit(param("batch", BigInteger()))
+        .with_for_update(skip_locked=True)
+        .cte("expired")
+    )
+    moved = (
+        update(work)
+        .where(
+            work.c.id == expired.c.id,
+            work.c.status == LEASED,
+            work.c.expires_at <= param("now", TZ),
+        )
+        .values(
+            status=case((work.c.attempts >= param("dead_at", Integer()), DEAD), else_=QUEUED),
+            last_error=param("error", Text()),
+            available_at=param("now", TZ),
+            **_lease_ended(),
+        )
+        .returning(
+            *_item_columns(work),
+            expired.c.expires_at.label("lapsed_at"),
+            expired.c.token.label("lapsed_token"),
+        )
+        .cte("moved")
+    )
+    woken = _turn_added(tables.queue_turns, moved, grouped=True).cte("woken")
+    names = [c.name for c in _item_columns(work)] + ["lapsed_at", "lapsed_token"]
+    return select(*(moved.c[name] for name in names)).add_cte(woken)
+
+
+def dead_letters(work: Table) -> Select[Any]:
+    return (
+        select(*_item_columns(work))
+        .where(
+            work.c.queue == param("queue"), work.c.tenant == param("tenant"), work.c.status == DEAD
+        )
+        .order_by(work.c.updated_at, work.c.item_id)
+        .limit(param("limit", BigInteger()))
+    )
+
+
+def purge_dead(work: Table) -> Select[Any]:
+    """Delete the tenant's dead items (the ``dead`` partial index finds them) and count them.
+
+    No ``adk_queue_turns`` row changes: it counts queued items only.
+    """
+    purged = (
+        delete(work)
+        .where(
+            work.c.queue == param("queue"), work.c.tenant == param("tenant"), work.c.status == DEAD
+        )
+        .returning(work.c.id)
+        .cte("purged")
+    )
+    return select(func.count()).select_from(purged)
+
+
+def stats(work: Table) -> Select[Any]:
+    return (
+        select(work.c.tenant, work.c.status, func.count())
+        .where(work.c.queue == param("queue"), work.c.status.in_([QUEUED, LEASED, DEAD]))
+        .group_by(work.c.tenant, work.c.status)
+    )
+
+
+def next_due(turns: Table) -> Select[Any]:
+    """The earliest ``next_due_at`` after now of the tenants whose queued work is all delayed.
+
+    One probe of the ``waking`` index (its predicate is repeated here). A tenant's
+    ``next_due_at`` is never later than its earliest queued item, so the answer may
+    be early, never late, except for a tenant that still has due work (a claim is
+    taking it, and its turn moves on then).
+    """
+    return select(func.min(turns.c.next_due_at)).where(
+        turns.c.queue == param("queue"),
+        turns.c.queued > 0,
+        turns.c.next_due_at > turns.c.checked_at,
+        turns.c.next_due_at > param("now", TZ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatements:
+    enqueue: Select[Any]
+    enqueue_many: Select[Any]
+    claim: Select[Any]
+    claim_many: Select[Any]
+    get_item: Select[Any]
+    heartbeat: Update
+    ack: Update
+    ack_many: Update
+    fail: Select[Any]
+    release: Select[Any]
+    requeue: Select[Any]
+    reap: Select[Any]
+    dead_letters: Select[Any]
+    purge_dead: Select[Any]
+    stats: Select[Any]
+    next_due: Select[Any]
+
+    @classmethod
+    def build(cls, tables: Tables) -> QueueStatements:
+        return cls(
+            enqueue=enqueue(tables),
+            enqueue_many=enqueue_many(tables),
+            claim=claim(tables),
+            claim_many=claim_many(tables),
+            get_item=get_item(tables.work),
+            heartbeat=heartbeat(tables),
+            ack=ack(tables.work),
+            ack_many=ack_many(tables.work),
+            fail=fail(tables),
+            release=release(tables),
+            requeue=requeue(tables),
+            reap=reap(tables),
+            dead_letters=dead_letters(tables.work),
+            purge_dead=purge_dead(tables.work),
+            stats=stats(tables.work),
+            next_due=next_due(tables.queue_turns),
+        )
+
+
+@cache
+def statements(tables: Tables) -> QueueStatements:
+    """The statements of one table naming, built on first use."""
+    return QueueStatements.build(tables)

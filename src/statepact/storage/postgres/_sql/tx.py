@@ -1,0 +1,255 @@
+"""The statements of ``PostgresBackend``: the ``statepact_*`` tables under ``TransactionManager``.
+
+A commit is one call of the PL/pgSQL function ``statepact_commit`` (Alembic
+revision 0002) and a lock attempt one of ``statepact_try_lock``; reads, leases
+and the registry are one statement each. Why the commit locks what it locks,
+and why version order is commit order: docs/backings.md#the-commit-function.
+
+Lock rows are stamped with the server's ``now()`` (a real-time TTL, as Redis's
+``PX``); every other time is a bound parameter from the injected clock.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    Interval,
+    Text,
+    bindparam,
+    cast,
+    delete,
+    func,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects.postgresql import JSONB, insert
+from sqlalchemy.types import JSON
+
+from statepact.storage.postgres.schema import metadata
+
+__all__ = [
+    "ACQUIRE_LEASE",
+    "BACKEND_TABLES",
+    "BEGIN",
+    "COMMIT",
+    "HISTORY",
+    "PING",
+    "READ_AT",
+    "READ_LATEST",
+    "REGISTER",
+    "RELEASE_LEASE",
+    "RENEW_LEASE",
+    "REQUIRED_FUNCTIONS",
+    "RESET_SEQ",
+    "RESOURCE_INFO",
+    "SCHEMA_PRESENT",
+    "TRUNCATE",
+    "TRY_LOCK",
+    "UNLOCK",
+]
+
+# Everything PostgresBackend needs from revision 0002 on.
+REQUIRED_FUNCTIONS = (
+    "statepact_commit(jsonb)",
+    "statepact_try_lock(text, text, text, text, timestamptz, timestamptz)",
+)
+
+_meta = metadata.tables["statepact_meta"]
+_values = metadata.tables["statepact_values"]
+_history = metadata.tables["statepact_history"]
+_resources = metadata.tables["statepact_resources"]
+_leases = metadata.tables["statepact_leases"]
+_locks = metadata.tables["statepact_locks"]
+#: Every table ``clear`` empties (and nothing else).
+BACKEND_TABLES = (
+    "statepact_history",
+    "statepact_idempotency",
+    "statepact_leases",
+    "statepact_locks",
+    "statepact_resources",
+    "statepact_values",
+)
+
+
+# JSON columns are read back as text (CAST(... AS TEXT) of a json column is the
+# stored text byte for byte) and written from text, never through a Python dict.
+
+
+def _stmt_begin() -> Any:
+    return select(_meta.c.seq).where(_meta.c.id == 1)
+
+
+def _stmt_read_latest() -> Any:
+    return select(cast(_values.c.data, Text), _values.c.version).where(
+        _values.c.resource == bindparam("resource"), _values.c.key == bindparam("key")
+    )
+
+
+def _stmt_read_at() -> Any:
+    return (
+        select(cast(_history.c.data, Text), _history.c.version)
+        .where(
+            _history.c.resource == bindparam("resource"),
+            _history.c.key == bindparam("key"),
+            _history.c.version <= bindparam("at"),
+        )
+        .order_by(_history.c.version.desc())
+        .limit(1)
+    )
+
+
+def _stmt_history() -> Any:
+    return (
+        select(_history.c.version, cast(_history.c.data, Text), _history.c.committed_at)
+        .where(_history.c.resource == bindparam("resource"), _history.c.key == bindparam("key"))
+        .order_by(_history.c.version.desc())
+        .limit(bindparam("limit"))
+    )
+
+
+def _stmt_commit() -> Any:
+    return select(func.statepact_commit(bindparam("request", type_=JSONB), type_=JSONB))
+
+
+def _stmt_try_lock() -> Any:
+    # The server's time, as Redis's PX TTL: a lock row's expiry must not depend on which
+    # host's clock asked (one running ahead would take a live holder's lock). now() is
+    # the statement's start in autocommit, one value for both arguments.
+    return select(
+        func.statepact_try_lock(
+            bindparam("resource", type_=Text),
+            bindparam("key", type_=Text),
+            bindparam("txn_id", type_=Text),
+            bindparam("mode", type_=Text),
+            func.now(),
+            func.now() + bindparam("ttl", type_=Interval),
+            type_=Boolean,
+        )
+    )
+
+
+def _stmt_unlock() -> Any:
+    return delete(_locks).where(_locks.c.txn_id.in_(bindparam("txn_ids", expanding=True)))
+
+
+def _stmt_acquire_lease() -> Any:
+    stmt = insert(_leases).values(
+        resource=bindparam("p_resource"),
+        owner=bindparam("p_owner"),
+        token=1,
+        expires_at=bindparam("p_expires_at"),
+        ttl=bindparam("p_ttl"),
+        updated_at=bindparam("p_now"),
+    )
+    # ON CONFLICT DO UPDATE locks the row: two acquisitions of one resource
+    # are serialised, and the WHERE sees the winner's lease.
+    return stmt.on_conflict_do_update(
+        index_elements=[_leases.c.resource],
+        set_={
+            "owner": stmt.excluded.owner,
+            "token": _leases.c.token + 1,
+            "expires_at": stmt.excluded.expires_at,
+            "ttl": stmt.excluded.ttl,
+            "updated_at": stmt.excluded.updated_at,
+        },
+        where=(
+            _leases.c.owner.is_(None)
+            | (_leases.c.expires_at <= bindparam("p_now"))
+            | (_leases.c.owner == stmt.excluded.owner)
+        ),
+    ).returning(_leases.c.token)
+
+
+def _stmt_renew_lease() -> Any:
+    return (
+        update(_leases)
+        .where(
+            _leases.c.resource == bindparam("p_resource"),
+            _leases.c.token == bindparam("p_token"),
+            _leases.c.owner == bindparam("p_owner"),
+            _leases.c.expires_at > bindparam("p_now"),
+        )
+        .values(
+            expires_at=bindparam("p_expires_at"),
+            ttl=bindparam("p_ttl"),
+            updated_at=bindparam("p_now"),
+        )
+        .returning(_leases.c.token)
+    )
+
+
+def _stmt_release_lease() -> Any:
+    # The row stays: its token is the high-water mark the next lease counts from.
+    return (
+        update(_leases)
+        .where(
+            _leases.c.resource == bindparam("p_resource"),
+            _leases.c.token == bindparam("p_token"),
+            _leases.c.owner.is_not(None),
+        )
+        .values(owner=None, expires_at=None, ttl=None, updated_at=bindparam("p_now"))
+        .returning(_leases.c.token)
+    )
+
+
+def _stmt_register() -> Any:
+    stmt = insert(_resources).values(
+        name=bindparam("p_name"),
+        metadata=cast(bindparam("p_metadata", type_=Text), JSON),
+        registered_at=bindparam("p_now"),
+    )
+    return stmt.on_conflict_do_update(
+        index_elements=[_resources.c.name],
+        set_={"metadata": stmt.excluded.metadata, "registered_at": stmt.excluded.registered_at},
+    )
+
+
+def _stmt_resource_info() -> Any:
+    # A resource's version is its newest written key (schema.py: no hot per-resource row).
+    newest = (
+        select(_values.c.version, _values.c.committed_at)
+        .where(_values.c.resource == bindparam("name"), _values.c.version > 0)
+        .order_by(_values.c.version.desc())
+        .limit(1)
+        .subquery()
+    )
+    registered = (
+        select(cast(_resources.c.metadata, Text).label("metadata"))
+        .where(_resources.c.name == bindparam("name"))
+        .subquery()
+    )
+    one = select(text("1 AS one")).subquery()
+    return (
+        select(registered.c.metadata, newest.c.version, newest.c.committed_at)
+        .select_from(one)
+        .outerjoin(registered, text("true"))
+        .outerjoin(newest, text("true"))
+    )
+
+
+def _stmt_schema_present() -> Any:
+    return select(
+        func.to_regclass("statepact_meta").is_not(None),
+        *(func.to_regprocedure(signature).is_not(None) for signature in REQUIRED_FUNCTIONS),
+    )
+
+
+BEGIN = _stmt_begin()
+READ_LATEST = _stmt_read_latest()
+READ_AT = _stmt_read_at()
+HISTORY = _stmt_history()
+COMMIT = _stmt_commit()
+TRY_LOCK = _stmt_try_lock()
+UNLOCK = _stmt_unlock()
+ACQUIRE_LEASE = _stmt_acquire_lease()
+RENEW_LEASE = _stmt_renew_lease()
+RELEASE_LEASE = _stmt_release_lease()
+REGISTER = _stmt_register()
+RESOURCE_INFO = _stmt_resource_info()
+SCHEMA_PRESENT = _stmt_schema_present()
+TRUNCATE = text(f"TRUNCATE {', '.join(BACKEND_TABLES)}")
+RESET_SEQ = update(_meta).where(_meta.c.id == 1).values(seq=0)
+PING = text("SELECT 1")
