@@ -36,7 +36,12 @@ from statepact.models import (
     WorkItem,
 )
 from statepact.queue import QueuePolicy, WorkQueue
-from statepact.settings import PostgresStoreSettings, RedisStoreSettings, StoreSettings
+from statepact.settings import (
+    MemoryStoreSettings,
+    PostgresStoreSettings,
+    RedisStoreSettings,
+    StoreSettings,
+)
 from statepact.state import StateStore
 from statepact.tx import CommitResult, Isolation, StorageBackend, Transaction, TransactionManager
 
@@ -55,6 +60,7 @@ __all__ = [
     "LeaseLostError",
     "LockTimeoutError",
     "ManualClock",
+    "MemoryStoreSettings",
     "OutOfTurnError",
     "Page",
     "PoolExhaustedError",

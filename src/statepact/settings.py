@@ -9,40 +9,95 @@ use :func:`redact_dsn` to show one.
 from __future__ import annotations
 
 import re
+from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 
 from statepact._limits import DEFAULT_MAX_VALUE_BYTES
 from statepact._retry import RetryPolicy
 
-__all__ = ["PostgresStoreSettings", "RedisStoreSettings", "StoreSettings", "redact_dsn"]
+__all__ = [
+    "MemoryStoreSettings",
+    "PostgresStoreSettings",
+    "RedisStoreSettings",
+    "StoreSettings",
+    "redact_dsn",
+]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
+# Fields more than one settings model has, each defined once.
+_MaxValueBytes = Annotated[
+    int, Field(gt=0, description="Largest serialized blob, payload or value accepted.")
+]
+_QueueName = Annotated[str, Field(min_length=1, max_length=200)]
+_LockTimeout = Annotated[
+    float,
+    Field(ge=0, description="Seconds a transaction's lock() given no timeout waits (tx.lock)."),
+]
+_SerializationWindow = Annotated[
+    int,
+    Field(
+        ge=1,
+        strict=True,
+        description="Writing commits the memory backing's serializable audit looks back "
+        "over; PostgreSQL accepts it and validates serializable commits in full instead.",
+    ),
+]
 
-class StoreSettings(BaseModel):
-    """What every server-backed store shares."""
+
+class _Settings(BaseModel):
+    """The configuration every settings model shares, and :meth:`replace`."""
 
     # hide_input_in_errors: a refused value (a DSN of the wrong type, a password passed
     # as an unknown field) must not be echoed in the ValidationError.
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with each field of ``changes`` that is not ``None`` replaced, validated
+        again: a refused value raises ``ValidationError`` (a ``ValueError``) naming the field.
+        """
+        given = {name: value for name, value in changes.items() if value is not None}
+        if not given:
+            return self
+        return self.model_validate({**dict(self), **given})
+
+
+class MemoryStoreSettings(_Settings):
+    """Settings of the memory backings: ``MemoryStateStore``, ``MemoryWorkQueue`` and
+    ``MemoryBackend`` (the transaction backing)."""
+
+    max_value_bytes: _MaxValueBytes = DEFAULT_MAX_VALUE_BYTES
+    queue_name: _QueueName = "default"
+    lock_timeout: _LockTimeout = 5.0
+    serialization_window: _SerializationWindow = 512
+    retain_versions: int | None = Field(
+        default=None,
+        ge=1,
+        strict=True,
+        description="Versions of each key kept whatever the live snapshots need (history, "
+        "tests); None keeps only what they need.",
+    )
+    gc: bool = Field(
+        default=True, description="Drop versions no live snapshot needs; False keeps every one."
+    )
+
+
+class StoreSettings(_Settings):
+    """What every server-backed store shares."""
 
     dsn: SecretStr | None = Field(
         default=None,
         description="Server URL, read by the factories (create_engine, create_client); "
         "optional when a client is injected.",
     )
-    max_value_bytes: int = Field(
-        default=DEFAULT_MAX_VALUE_BYTES,
-        gt=0,
-        description="Largest serialized blob or payload accepted.",
-    )
+    max_value_bytes: _MaxValueBytes = DEFAULT_MAX_VALUE_BYTES
     durable: bool = Field(
         default=True,
         description="Refuse a Redis that would forget acknowledged writes on a crash: no "
         "append-only file, or appendfsync no (Redis preflight).",
     )
-    queue_name: str = Field(default="default", min_length=1, max_length=200)
+    queue_name: _QueueName = "default"
     failover_attempts: int = Field(default=6, ge=1, le=100)
     failover_base_delay: float = Field(default=0.05, ge=0)
     failover_max_delay: float = Field(default=2.0, ge=0)
@@ -53,6 +108,15 @@ class StoreSettings(BaseModel):
         "create_client's max_connections (per node on a cluster).",
     )
 
+    # The transaction backing (RedisBackend, PostgresBackend).
+    lock_timeout: _LockTimeout = 5.0
+    lock_ttl_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="A lock expires this long after its grant, by the server's clock, so a "
+        "crashed holder cannot keep a key.",
+    )
+
     @property
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(
@@ -61,12 +125,25 @@ class StoreSettings(BaseModel):
             max_delay=self.failover_max_delay,
         )
 
+    def replace(self, *, failover: RetryPolicy | None = None, **changes: Any) -> Self:
+        """:meth:`_Settings.replace`; ``failover`` stands for the three ``failover_*`` fields."""
+        if failover is not None:
+            changes.update(
+                failover_attempts=failover.attempts,
+                failover_base_delay=failover.base_delay,
+                failover_max_delay=failover.max_delay,
+            )
+        return super().replace(**changes)
+
 
 class RedisStoreSettings(StoreSettings):
-    """Settings of ``RedisStateStore`` and ``RedisWorkQueue``.
+    """Settings of ``RedisStateStore``, ``RedisWorkQueue`` and ``RedisBackend``.
 
-    ``namespace`` prefixes every key (``adk:state:...``, ``{adk:queue}:...``):
-    run more than one namespace to shard queues across cluster slots.
+    ``namespace`` prefixes every key of the state store and the queue
+    (``adk:state:...``, ``{adk:queue}:...``): run more than one namespace to
+    shard queues across cluster slots. ``RedisBackend`` (transactions) keeps its
+    keys under ``{tx_prefix}:`` and reads ``history_limit``,
+    ``idempotency_ttl_seconds``, ``lock_ttl_seconds`` and ``lock_timeout``.
 
     The client-side fields (``dsn``, ``pool_size``, ``socket_timeout``,
     ``socket_connect_timeout``) are read only by
@@ -78,6 +155,26 @@ class RedisStoreSettings(StoreSettings):
     """
 
     namespace: str = Field(default="adk", min_length=1, max_length=100)
+    tx_prefix: str = Field(
+        default="statepact",
+        min_length=1,
+        description="RedisBackend's keys start with {tx_prefix}: (the cluster hash tag: one "
+        "slot per prefix).",
+    )
+    history_limit: int = Field(
+        default=512,
+        ge=1,
+        strict=True,
+        description="Versions RedisBackend keeps per key; a snapshot needing a trimmed one "
+        "gets ConflictError.",
+    )
+    idempotency_ttl_seconds: int = Field(
+        default=30 * 24 * 3600,
+        ge=1,
+        strict=True,
+        description="How long RedisBackend keeps a commit's idempotency record; a replay "
+        "after that is a new commit.",
+    )
     socket_timeout: float | None = Field(
         default=5.0,
         gt=0,
@@ -90,19 +187,23 @@ class RedisStoreSettings(StoreSettings):
         description="Seconds create_client's client waits to connect; None waits forever.",
     )
 
-    @field_validator("namespace")
+    @field_validator("namespace", "tx_prefix")
     @classmethod
-    def _no_braces(cls, value: str) -> str:
+    def _no_braces(cls, value: str, info: ValidationInfo) -> str:
         if any(ch in value for ch in "{}\x00"):
-            raise ValueError("namespace: must not contain '{', '}' or NUL")
+            raise ValueError(f"{info.field_name}: must not contain '{{', '}}' or NUL")
         return value
 
 
 class PostgresStoreSettings(StoreSettings):
-    """Settings of ``PostgresStateStore`` and ``PostgresWorkQueue``.
+    """Settings of ``PostgresStateStore``, ``PostgresWorkQueue`` and ``PostgresBackend``.
 
     ``create_engine(settings)`` reads the client-side fields (``dsn``, the pool
     fields, ``statement_timeout``); an engine you build yourself carries its own.
+    ``PostgresBackend`` (transactions) reads ``lock_timeout``,
+    ``lock_ttl_seconds``, ``serialization_window`` and the failover budget; its
+    ``statepact_*`` tables are the ones on the connection's ``search_path``
+    (``db_schema`` names the schema of the ``adk_*`` tables).
     """
 
     db_schema: str | None = Field(
@@ -121,6 +222,7 @@ class PostgresStoreSettings(StoreSettings):
     pool_timeout: float = Field(
         default=0.5, ge=0, description="Wait for a pooled connection before PoolExhaustedError."
     )
+    serialization_window: _SerializationWindow = 512
 
     @field_validator("db_schema")
     @classmethod

@@ -22,9 +22,10 @@ item is done exactly once or still pending, and none was acknowledged twice;
 lease tokens only went up.
 
 Every loop is bounded in steps and the whole run in time (well under 60 s per
-backing). The queue's lease clock is a ``ManualClock`` that stands still during
-the faults (so no lease lapses under a live worker) and is moved on at the end
-to let ``reap`` return what lost acks left leased.
+backing). Each target is one ``open_backing`` on the server; its clock is a
+``ManualClock`` that stands still during the faults (so no queue lease lapses
+under a live worker) and is moved on at the end to let ``reap`` return what lost
+acks left leased.
 
 And a Redis that forgets: with RDB snapshots only (``appendonly no``, ``save
 "3600 1"``, which ``preflight()`` refuses), a SIGKILL loses every write since
@@ -42,22 +43,24 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from pydantic import SecretStr
 from redis.asyncio import Redis
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from statepact._retry import RetryPolicy
-from statepact.clock import ManualClock, SystemClock
+from statepact.clock import ManualClock
 from statepact.errors import FencingError, LeaseLostError, StatepactError
 from statepact.models import ItemStatus, RunRecord, WorkItem
 from statepact.queue import QueuePolicy, WorkQueue
 from statepact.settings import PostgresStoreSettings, RedisStoreSettings
 from statepact.state import StateStore
-from statepact.storage.postgres import PostgresStateStore, PostgresWorkQueue, create_engine
-from statepact.storage.postgres.backend import PostgresBackend
-from statepact.storage.redis import RedisBackend, RedisStateStore, RedisWorkQueue
+from statepact.storage import Backing
+from statepact.storage.postgres import create_engine
+from statepact.storage.postgres import open_backing as open_postgres
+from statepact.storage.redis import RedisBackend, RedisWorkQueue
+from statepact.storage.redis import open_backing as open_redis
 from statepact.testing.plugin import PostgresServerFactory, RedisServerFactory
 from statepact.tx import TransactionManager
 from tests.faults.conftest import FaultFigure, FaultFigures, fault_redis_client, need_local
@@ -70,7 +73,8 @@ ITEMS = 300
 TENANTS = ("acme", "globex", "initech")
 COUNTERS = 6
 # Enough to ride out a restart; a call that still fails is counted as ambiguous.
-FAILOVER = {"failover_attempts": 10, "failover_base_delay": 0.05, "failover_max_delay": 0.5}
+FAILOVER = RetryPolicy(attempts=10, base_delay=0.05, max_delay=0.5)
+POLICY = QueuePolicy(max_attempts=50)
 
 
 @dataclass
@@ -80,13 +84,32 @@ class Target:
     name: str
     state: StateStore
     queue: WorkQueue
-    queue_clock: ManualClock
+    clock: ManualClock
     manager: TransactionManager
     crash: Callable[[], Awaitable[float]]
     """SIGKILL the server, start it again; returns the seconds it was down."""
     resends_writes: bool = False
     """Whether a state write cut mid-call is resent by the failover and applied once: then
     only a call that exhausted the budget may have landed without being acknowledged."""
+
+
+def _target(
+    name: str,
+    backing: Backing[Any, Any, Any],
+    clock: ManualClock,
+    crash: Callable[[], Awaitable[float]],
+    *,
+    resends_writes: bool = False,
+) -> Target:
+    return Target(
+        name=name,
+        state=backing.state,
+        queue=backing.queue,
+        clock=clock,
+        manager=backing.manager,
+        crash=crash,
+        resends_writes=resends_writes,
+    )
 
 
 @dataclass
@@ -252,7 +275,7 @@ async def _killer(target: Target, tally: Tally, stop: asyncio.Event) -> None:
 
 async def _drain_rest(target: Target, tally: Tally) -> None:
     """After the faults: let lapsed leases go back and finish every item (bounded)."""
-    target.queue_clock.advance(3600)
+    target.clock.advance(3600)
     await target.queue.reap()
     for _ in range(ITEMS * 2):
         lease = await target.queue.claim("drainer", lease_for=60)
@@ -409,8 +432,9 @@ async def redis_target(
     need_local("redis")
     server = statepact_redis_server_factory(["--appendonly", "yes", "--appendfsync", "always"])
     client: Redis = fault_redis_client(server.port, socket_timeout=1.0)
-    settings = RedisStoreSettings(namespace=f"r{uuid.uuid4().hex[:8]}", **FAILOVER)
-    queue_clock = ManualClock()
+    name = f"r{uuid.uuid4().hex[:8]}"
+    settings = RedisStoreSettings(namespace=name, tx_prefix=name).replace(failover=FAILOVER)
+    clock = ManualClock()
 
     async def crash() -> float:
         began = time.monotonic()
@@ -420,21 +444,8 @@ async def redis_target(
         return time.monotonic() - began
 
     try:
-        yield Target(
-            name="redis",
-            state=await RedisStateStore.open(client, clock=SystemClock(), settings=settings),
-            queue=await RedisWorkQueue.open(
-                client,
-                clock=queue_clock,
-                settings=settings,
-                policy=QueuePolicy(max_attempts=50),
-            ),
-            queue_clock=queue_clock,
-            manager=TransactionManager(
-                RedisBackend(client, prefix=settings.namespace, failover=settings.retry_policy)
-            ),
-            crash=crash,
-        )
+        async with await open_redis(settings, clock=clock, policy=POLICY, client=client) as b:
+            yield _target("redis", b, clock, crash)
     finally:
         await client.aclose()
 
@@ -450,7 +461,6 @@ async def test_redis_sigkill_under_load_loses_nothing_acknowledged(
 # -- Redis that forgets writes: fencing tokens must not repeat -----------------------------------
 
 RDB_ONLY = ["--appendonly", "no", "--save", "3600 1"]
-RESTART_FAILOVER = RetryPolicy(attempts=10, base_delay=0.05, max_delay=0.5)
 
 
 @pytest.fixture
@@ -480,9 +490,8 @@ async def test_redis_lease_tokens_never_repeat_after_a_restart_that_lost_writes(
     gets a higher token, and the forgotten holder's commit is fenced."""
     client, crash = forgetful_redis
     clock = ManualClock()
-    manager = TransactionManager(
-        RedisBackend(client, prefix="fence", clock=clock, failover=RESTART_FAILOVER)
-    )
+    settings = RedisStoreSettings(tx_prefix="fence").replace(failover=FAILOVER)
+    manager = TransactionManager(RedisBackend(client, clock=clock, settings=settings))
     first = await manager.acquire_lease("job", "w1", 10)
     assert first is not None
     await client.save()  # the snapshot the server comes back with
@@ -519,12 +528,7 @@ async def test_redis_queue_tokens_never_repeat_after_a_restart_that_lost_writes(
     is refused and the new worker keeps its lease."""
     client, crash = forgetful_redis
     clock = ManualClock()
-    settings = RedisStoreSettings(
-        namespace="fence",
-        failover_attempts=RESTART_FAILOVER.attempts,
-        failover_base_delay=RESTART_FAILOVER.base_delay,
-        failover_max_delay=RESTART_FAILOVER.max_delay,
-    )
+    settings = RedisStoreSettings(namespace="fence").replace(failover=FAILOVER)
     queue = RedisWorkQueue(client, clock=clock, settings=settings, policy=QueuePolicy())
     await queue.enqueue(WorkItem(tenant="acme", item_id="i1"))
     await client.save()
@@ -572,15 +576,13 @@ async def postgres_target(
     assert server.durable
     url = await create_database(server.url, "restarts")
     await migrate.upgrade(url)
-    settings = PostgresStoreSettings(dsn=SecretStr(url), pool_size=12, pool_timeout=5, **FAILOVER)
-    # Client timeouts, so a call on a connection the kill left half-open cannot hang; the
-    # pre-ping replaces connections the crash closed before a write is sent on one.
-    connect_args = {"timeout": 2.0, "command_timeout": 5.0}
-    engine = create_engine(settings, connect_args=connect_args)
-    tx_engine = create_async_engine(
-        url, pool_size=4, max_overflow=0, pool_timeout=5, connect_args=connect_args
+    settings = PostgresStoreSettings(dsn=SecretStr(url), pool_size=16, pool_timeout=5).replace(
+        failover=FAILOVER
     )
-    queue_clock = ManualClock()
+    # Client timeouts, so a call on a connection the kill left half-open cannot hang; the
+    # checkout listener replaces connections the crash closed before a write is sent on one.
+    engine = create_engine(settings, connect_args={"timeout": 2.0, "command_timeout": 5.0})
+    clock = ManualClock()
 
     async def crash() -> float:
         began = time.monotonic()
@@ -590,22 +592,10 @@ async def postgres_target(
         return time.monotonic() - began
 
     try:
-        yield Target(
-            name="postgres",
-            state=await PostgresStateStore.open(engine, clock=SystemClock(), settings=settings),
-            queue=await PostgresWorkQueue.open(
-                engine, clock=queue_clock, settings=settings, policy=QueuePolicy(max_attempts=50)
-            ),
-            queue_clock=queue_clock,
-            manager=TransactionManager(
-                await PostgresBackend.open(tx_engine, failover=settings.retry_policy)
-            ),
-            crash=crash,
-            resends_writes=True,
-        )
+        async with await open_postgres(settings, clock=clock, policy=POLICY, client=engine) as b:
+            yield _target("postgres", b, clock, crash, resends_writes=True)
     finally:
         await engine.dispose()
-        await tx_engine.dispose()
 
 
 async def test_postgres_sigkill_under_load_loses_nothing_acknowledged(

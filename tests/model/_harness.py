@@ -7,7 +7,8 @@ drives each call through it. Every client a :class:`Backing` opens for that run
 is opened inside that loop and closed before the loop is, so nothing (a
 connection, a pending task) outlives its example.
 
-A backing opens *empty* stores each time it is asked:
+A backing opens *empty* stores each time it is asked, all three through its
+``open_backing`` (the one wiring of a backing, as the CLI and the docs use it):
 
 - memory builds new objects;
 - Redis opens a client on the session server (``statepact_redis_url``), FLUSHes
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 import pytest
+from pydantic import SecretStr
 
 from statepact.clock import ManualClock
 from statepact.errors import (
@@ -46,8 +48,9 @@ from statepact.errors import (
 )
 from statepact.models import Lease, Page, QueueStats, RunRecord, SessionRecord, WorkItem
 from statepact.queue import QueuePolicy, WorkQueue
+from statepact.settings import MemoryStoreSettings
 from statepact.state import StateStore
-from statepact.storage.memory import MemoryBackend, MemoryStateStore, MemoryWorkQueue
+from statepact.storage import Backing as BackingSet
 from statepact.tx import StorageBackend
 
 T = TypeVar("T")
@@ -126,22 +129,46 @@ class Backing(Protocol):
     async def tx_backend(self, clock: ManualClock) -> Opened[StorageBackend]: ...
 
 
-class MemoryBacking:
-    name = "memory"
+Parts = tuple[Opened[StateStore], Opened[WorkQueue], Opened[StorageBackend]]
+
+
+def _parts(backing: BackingSet[Any, Any, Any], raw: Snapshot | None = None) -> Parts:
+    """The three stores of one ``open_backing``, each closing the whole backing."""
+    return (
+        Opened(backing.state, close=backing.close, raw=raw),
+        Opened(backing.queue, close=backing.close, raw=raw),
+        Opened(backing.backend, close=backing.close, raw=raw),
+    )
+
+
+class _OpensBacking:
+    """A ``Backing`` whose stores come from one ``open_backing`` per open (``_open``)."""
+
+    async def _open(self, clock: ManualClock, policy: QueuePolicy | None = None) -> Parts:
+        raise NotImplementedError
 
     async def state_store(self, clock: ManualClock) -> Opened[StateStore]:
-        return Opened(MemoryStateStore(clock=clock))
+        return (await self._open(clock))[0]
 
     async def work_queue(self, clock: ManualClock, policy: QueuePolicy) -> Opened[WorkQueue]:
-        return Opened(MemoryWorkQueue(clock=clock, policy=policy))
+        return (await self._open(clock, policy))[1]
 
     async def tx_backend(self, clock: ManualClock) -> Opened[StorageBackend]:
+        return (await self._open(clock))[2]
+
+
+class MemoryBacking(_OpensBacking):
+    name = "memory"
+
+    async def _open(self, clock: ManualClock, policy: QueuePolicy | None = None) -> Parts:
+        from statepact.storage.memory import open_backing
+
         # As the memory_backend fixture builds it: GC on, 64 versions kept per key.
-        backend = MemoryBackend(clock=clock, retain_versions=64)
-        return Opened(backend, close=backend.close)
+        settings = MemoryStoreSettings(retain_versions=64)
+        return _parts(await open_backing(settings, clock=clock, policy=policy))
 
 
-class RedisBacking:
+class RedisBacking(_OpensBacking):
     """Redis stores on the session server; each open FLUSHes the test database first."""
 
     name = "redis"
@@ -149,50 +176,26 @@ class RedisBacking:
     def __init__(self, url: str) -> None:
         self.url = url
 
-    async def _client(self) -> Any:
-        from redis.asyncio import Redis
+    async def _open(self, clock: ManualClock, policy: QueuePolicy | None = None) -> Parts:
+        from statepact.storage.redis import RedisStoreSettings, open_backing
 
-        client = Redis.from_url(self.url)
+        name = fresh_name("mdl")
+        # durable=False: open() checks eviction only; the server may be any the environment
+        # names for tests.
+        settings = RedisStoreSettings(
+            dsn=SecretStr(self.url), namespace=name, tx_prefix=name, durable=False
+        )
+        backing = await open_backing(settings, clock=clock, policy=policy)
+        client = backing.client
         await client.flushdb()
-        return client
 
-    @staticmethod
-    def _raw(client: Any) -> Snapshot:
         async def snapshot() -> Any:
             return await redis_contents(client)
 
-        return snapshot
-
-    async def state_store(self, clock: ManualClock) -> Opened[StateStore]:
-        from statepact.storage.redis import RedisStateStore, RedisStoreSettings
-
-        client = await self._client()
-        settings = RedisStoreSettings(namespace=fresh_name("mdl"))
-        store = RedisStateStore(client, clock=clock, settings=settings)
-        return Opened(store, close=client.aclose, raw=self._raw(client))
-
-    async def work_queue(self, clock: ManualClock, policy: QueuePolicy) -> Opened[WorkQueue]:
-        from statepact.storage.redis import RedisStoreSettings, RedisWorkQueue
-
-        client = await self._client()
-        settings = RedisStoreSettings(namespace=fresh_name("mdl"))
-        queue = RedisWorkQueue(client, clock=clock, settings=settings, policy=policy)
-        return Opened(queue, close=client.aclose, raw=self._raw(client))
-
-    async def tx_backend(self, clock: ManualClock) -> Opened[StorageBackend]:
-        from statepact.storage.redis import RedisBackend
-
-        client = await self._client()
-        backend = RedisBackend(client, prefix=fresh_name("mdl-tx"), clock=clock)
-
-        async def close() -> None:
-            await backend.close()
-            await client.aclose()
-
-        return Opened(backend, close=close, raw=self._raw(client))
+        return _parts(backing, snapshot)
 
 
-class PostgresBacking:
+class PostgresBacking(_OpensBacking):
     """PostgreSQL stores on a database of the test's own; each open empties the tables first."""
 
     name = "postgres"
@@ -200,53 +203,26 @@ class PostgresBacking:
     def __init__(self, url: str) -> None:
         self.url = url
 
-    async def _engine(self) -> Any:
+    async def _open(self, clock: ManualClock, policy: QueuePolicy | None = None) -> Parts:
         from sqlalchemy import text
-        from sqlalchemy.ext.asyncio import create_async_engine
 
-        engine = create_async_engine(self.url, pool_size=4, max_overflow=4)
-        async with engine.begin() as conn:
-            await conn.execute(text(f"TRUNCATE {', '.join(POSTGRES_STATE_TABLES)}"))
-        return engine
-
-    def _raw(self, engine: Any) -> Snapshot:
-        async def snapshot() -> Any:
-            return await postgres_contents(engine)
-
-        return snapshot
-
-    async def state_store(self, clock: ManualClock) -> Opened[StateStore]:
-        from statepact.storage.postgres import PostgresStateStore
-
-        engine = await self._engine()
-        store = PostgresStateStore(engine, clock=clock)
-        return Opened(store, close=engine.dispose, raw=self._raw(engine))
-
-    async def work_queue(self, clock: ManualClock, policy: QueuePolicy) -> Opened[WorkQueue]:
-        from statepact.storage.postgres import PostgresWorkQueue
-
-        engine = await self._engine()
-        queue = PostgresWorkQueue(engine, clock=clock, policy=policy)
-        return Opened(queue, close=engine.dispose, raw=self._raw(engine))
-
-    async def tx_backend(self, clock: ManualClock) -> Opened[StorageBackend]:
-        from sqlalchemy.ext.asyncio import create_async_engine
-
-        from statepact.storage.postgres import PostgresBackend
+        from statepact.storage.postgres import PostgresStoreSettings, open_backing
 
         # Lock rows expire by the server's time (as Redis's lock TTL does), so the
         # machine moving this clock never frees a live holder's lock.
-        backend = await PostgresBackend.connect(
-            self.url, clock=clock, min_size=1, max_size=4, create_schema=False
+        settings = PostgresStoreSettings(
+            dsn=SecretStr(self.url), pool_size=4, max_overflow=4, pool_timeout=10.0
         )
-        await backend.clear()
-        probe = create_async_engine(self.url, pool_size=1, max_overflow=0)
+        backing = await open_backing(settings, clock=clock, policy=policy)
+        engine = backing.client
+        async with engine.begin() as conn:
+            await conn.execute(text(f"TRUNCATE {', '.join(POSTGRES_STATE_TABLES)}"))
+        await backing.backend.clear()
 
-        async def close() -> None:
-            await backend.close()
-            await probe.dispose()
+        async def snapshot() -> Any:
+            return await postgres_contents(engine)
 
-        return Opened(backend, close=close, raw=self._raw(probe))
+        return _parts(backing, snapshot)
 
 
 # The tables the state store and the queue write (adk_schema holds the version: kept).

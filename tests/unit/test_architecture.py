@@ -104,7 +104,8 @@ def _broken_rule(importer: str, imported: str) -> str | None:
         "front": {"foundation"},
         "package": {"foundation", "front"},
         "runtime": {"foundation", "front", "runtime", "package"},
-        "backing": {"foundation", "front", "backing"},
+        "storage": {"foundation", "front"},
+        "backing": {"foundation", "front", "storage", "backing"},
     }
     if source in allowed and target not in allowed[source]:
         return f"a {source} module imports a {target} module"
@@ -157,6 +158,9 @@ def test_no_module_imports_across_its_layers_rules() -> None:
         ("statepact.cli.bench", "statepact.cli._common", None),
         ("statepact.testing.fixtures", "statepact.cli._common", "outside cli/ imports cli/"),
         ("statepact.storage.redis.queue", "statepact.storage.redis._keys", None),
+        ("statepact.storage.redis.backing", "statepact.storage", None),
+        ("statepact.storage", "statepact.storage.memory", "a storage module imports a backing"),
+        ("statepact.storage", "statepact.worker", "a storage module imports a runtime module"),
         ("statepact.cli.bench", "statepact.storage.postgres._sql.queue", "private module"),
         ("statepact.storage.postgres.queue", "statepact.storage.postgres._sql.queue", None),
         ("statepact.storage.postgres._sql.tx", "statepact.storage.postgres.schema", None),

@@ -10,7 +10,13 @@ import pytest
 import statepact
 import statepact.errors
 
-MODULES = ["statepact", "statepact.errors", "statepact.storage.memory"]
+MODULES = [
+    "statepact",
+    "statepact.errors",
+    "statepact.storage",
+    "statepact.storage.memory",
+    "statepact.storage.redis",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

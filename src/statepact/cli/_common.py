@@ -30,6 +30,7 @@ from statepact.errors import (
 from statepact.queue import QueuePolicy, WorkQueue
 from statepact.settings import redact_dsn
 from statepact.state import StateStore
+from statepact.storage import Backing
 from statepact.tx import TransactionManager
 
 __all__ = [
@@ -226,6 +227,27 @@ class Backings:
     # The raw client under the backing (redis-py client, SQLAlchemy engine), for bench floors.
     raw: Any = None
 
+    @classmethod
+    def of(
+        cls,
+        backing: Backing[Any, Any, Any],
+        *,
+        kind: str,
+        where: str,
+        new_queue: Callable[[str, QueuePolicy], Awaitable[WorkQueue]],
+    ) -> Backings:
+        """The three of an ``open_backing``, on its manager's clock and its client."""
+        return cls(
+            kind=kind,
+            where=where,
+            state=backing.state,
+            queue=backing.queue,
+            manager=backing.manager,
+            clock=backing.manager.clock,
+            new_queue=new_queue,
+            raw=backing.client,
+        )
+
 
 @asynccontextmanager
 async def open_backings(
@@ -246,26 +268,18 @@ async def open_backings(
     tag = tag or f"statepact_cli_{uuid.uuid4().hex[:10]}"
     notes = notes or sys.stderr
     if kind == "memory":
-        from statepact.storage.memory import MemoryBackend, MemoryStateStore, MemoryWorkQueue
+        from statepact.settings import MemoryStoreSettings
+        from statepact.storage.memory import MemoryWorkQueue, open_backing
 
-        backend = MemoryBackend(clock=clock)
-        manager = TransactionManager(backend, clock=clock)
+        settings = MemoryStoreSettings()
 
         async def new_queue(name: str, queue_policy: QueuePolicy) -> WorkQueue:
-            return MemoryWorkQueue(clock=clock, policy=queue_policy, name=name)
+            named = settings.replace(queue_name=name)
+            return await MemoryWorkQueue.open(clock=clock, settings=named, policy=queue_policy)
 
-        try:
-            yield Backings(
-                kind="memory",
-                where="in-process memory",
-                state=MemoryStateStore(clock=clock),
-                queue=MemoryWorkQueue(clock=clock, policy=policy),
-                manager=manager,
-                clock=clock,
-                new_queue=new_queue,
-            )
-        finally:
-            await manager.close()
+        async with await open_backing(settings, clock=clock, policy=policy) as backing:
+            where = "in-process memory"
+            yield Backings.of(backing, kind="memory", where=where, new_queue=new_queue)
         return
     if url is None:
         raise CommandError(f"--{kind} URL is needed for the {kind} backing")
@@ -327,8 +341,7 @@ async def _redis_backings(
     from redis import exceptions as rex
 
     from statepact.settings import RedisStoreSettings
-    from statepact.storage.redis import RedisStateStore, RedisWorkQueue
-    from statepact.storage.redis.backend import RedisBackend
+    from statepact.storage.redis import RedisWorkQueue, open_backing
 
     client: Any = redis_client(url, socket_connect_timeout=5.0, max_connections=200)
     try:
@@ -340,30 +353,22 @@ async def _redis_backings(
                 "the URL and that the server is running"
             ) from exc
         durable = await _server_durability(client, notes)
-        settings = RedisStoreSettings(namespace=tag, durable=durable)
-        backend = RedisBackend(client, prefix=tag, clock=clock)
-        manager = TransactionManager(backend, clock=clock)
+        settings = RedisStoreSettings(namespace=tag, tx_prefix=tag, durable=durable)
 
         async def new_queue(name: str, queue_policy: QueuePolicy) -> WorkQueue:
-            queue_settings = settings.model_copy(update={"queue_name": name})
+            named = settings.replace(queue_name=name)
             return await RedisWorkQueue.open(
-                client, clock=clock, settings=queue_settings, policy=queue_policy
+                client, clock=clock, settings=named, policy=queue_policy
             )
 
+        backing = await open_backing(settings, clock=clock, policy=policy, client=client)
         try:
-            yield Backings(
-                kind="redis",
-                where=f"Redis at {redact_dsn(url)}, namespace {tag!r}",
-                state=await RedisStateStore.open(client, clock=clock, settings=settings),
-                queue=await new_queue("default", policy),
-                manager=manager,
-                clock=clock,
-                new_queue=new_queue,
-                raw=client,
-            )
+            where = f"Redis at {redact_dsn(url)}, namespace {tag!r}"
+            yield Backings.of(backing, kind="redis", where=where, new_queue=new_queue)
         finally:
             # The scratch namespace goes whatever ended the command, a cancellation included.
-            await finish(_clear_redis(backend, client, tag))
+            await finish(_clear_redis(backing.backend, client, tag))
+            await backing.close()
     finally:
         await finish(client.aclose())
 
@@ -394,12 +399,11 @@ async def _postgres_backings(
 
     from statepact.settings import PostgresStoreSettings
     from statepact.storage.postgres import (
-        PostgresStateStore,
         PostgresWorkQueue,
         create_engine,
         migrate,
+        open_backing,
     )
-    from statepact.storage.postgres.backend import PostgresBackend
 
     where = redact_dsn(url)
     try:
@@ -436,27 +440,25 @@ async def _postgres_backings(
         )
         try:
             await migrate.upgrade(engine)
-            backend = PostgresBackend(engine, clock=clock)
-            manager = TransactionManager(backend, clock=clock)
 
             async def new_queue(name: str, queue_policy: QueuePolicy) -> WorkQueue:
                 return await PostgresWorkQueue.open(
                     engine,
                     clock=clock,
-                    settings=settings.model_copy(update={"queue_name": name}),
+                    settings=settings.replace(queue_name=name),
                     policy=queue_policy,
                 )
 
-            yield Backings(
-                kind="postgres",
-                where=f"PostgreSQL at {where}, schema {tag!r}",
-                state=await PostgresStateStore.open(engine, clock=clock, settings=settings),
-                queue=await new_queue("default", policy),
-                manager=manager,
-                clock=clock,
-                new_queue=new_queue,
-                raw=engine,
-            )
+            backing = await open_backing(settings, clock=clock, policy=policy, client=engine)
+            try:
+                yield Backings.of(
+                    backing,
+                    kind="postgres",
+                    where=f"PostgreSQL at {where}, schema {tag!r}",
+                    new_queue=new_queue,
+                )
+            finally:
+                await backing.close()
         finally:
             # The scratch schema goes whatever ended the command, a cancellation included.
             await finish(_drop_postgres_schema(engine, admin, quoted))

@@ -127,9 +127,10 @@ def statepact_memory_work_queue(
 @async_fixture
 async def statepact_memory_backend(statepact_clock: ManualClock) -> AsyncIterator[MemoryBackend]:
     """An empty ``MemoryBackend`` keeping 64 versions per key; closed after the test."""
-    from statepact.storage.memory import MemoryBackend
+    from statepact.storage.memory import MemoryBackend, MemoryStoreSettings
 
-    backend = MemoryBackend(clock=statepact_clock, retain_versions=_MEMORY_RETAIN_VERSIONS)
+    settings = MemoryStoreSettings(retain_versions=_MEMORY_RETAIN_VERSIONS)
+    backend = MemoryBackend(clock=statepact_clock, settings=settings)
     try:
         yield backend
     finally:
@@ -305,7 +306,8 @@ def statepact_redis_namespace(statepact_redis_url: str) -> Iterator[str]:
 def statepact_redis_settings(
     statepact_redis_url: str, statepact_redis_namespace: str
 ) -> RedisStoreSettings:
-    """``RedisStoreSettings`` for the session's server under the test's namespace."""
+    """``RedisStoreSettings`` for the session's server under the test's namespace (the
+    state store's and the queue's ``namespace``, the ``RedisBackend``'s ``tx_prefix``)."""
     from pydantic import SecretStr
 
     from statepact.settings import RedisStoreSettings
@@ -313,6 +315,7 @@ def statepact_redis_settings(
     return RedisStoreSettings(
         dsn=SecretStr(statepact_redis_url),
         namespace=statepact_redis_namespace,
+        tx_prefix=statepact_redis_namespace,
         pool_size=REDIS_POOL_SIZE,
     )
 
@@ -365,13 +368,15 @@ def statepact_redis_work_queue(
 
 @async_fixture
 async def statepact_redis_backend(
-    statepact_redis_client: Redis, statepact_redis_namespace: str, statepact_clock: ManualClock
+    statepact_redis_client: Redis,
+    statepact_redis_settings: RedisStoreSettings,
+    statepact_clock: ManualClock,
 ) -> AsyncIterator[RedisBackend]:
     """A ``RedisBackend`` whose ``prefix`` is the test's namespace; closed after the test."""
     from statepact.storage.redis import RedisBackend
 
     backend = RedisBackend(
-        statepact_redis_client, prefix=statepact_redis_namespace, clock=statepact_clock
+        statepact_redis_client, clock=statepact_clock, settings=statepact_redis_settings
     )
     try:
         yield backend

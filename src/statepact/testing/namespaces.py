@@ -24,7 +24,7 @@ import os
 import uuid
 from typing import Any
 
-from statepact.storage.redis import QueueKeys, StateKeys, TxKeys, glob_escape
+from statepact.storage.redis import QueueKeys, StateKeys, TxKeys, create_client, glob_escape
 
 __all__ = ["clear_namespace", "clear_namespace_at", "namespace_patterns", "unique_namespace"]
 
@@ -73,9 +73,11 @@ async def clear_namespace(redis: Any, namespace: str) -> int:
 
 async def clear_namespace_at(url: str, namespace: str) -> int:
     """:func:`clear_namespace` on a client of its own for ``url`` (one server), then closed."""
-    from redis.asyncio import Redis
+    from pydantic import SecretStr
 
-    client = Redis.from_url(url)
+    from statepact.settings import RedisStoreSettings
+
+    client = create_client(RedisStoreSettings(dsn=SecretStr(url)))
     try:
         return await clear_namespace(client, namespace)
     finally:

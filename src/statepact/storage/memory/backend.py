@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Self
 
 from statepact.clock import Clock
 from statepact.errors import (
@@ -24,6 +25,7 @@ from statepact.errors import (
     IdempotencyConflictError,
     LockTimeoutError,
 )
+from statepact.settings import MemoryStoreSettings
 from statepact.storage.memory._locks import LockManager, Slot
 from statepact.storage.memory._serialization import Footprint, SerializationGraph
 from statepact.tx import (
@@ -79,12 +81,18 @@ class _Chain:
 class MemoryBackend:
     """The in-process ``StorageBackend`` (see the module docstring).
 
-    ``lock_timeout`` is the default lock wait in seconds; ``serialization_window``
-    how many committed footprints the serializable audit looks back over;
+    Built like every backing object: ``MemoryBackend(clock=, settings=)``, or
+    ``await MemoryBackend.open(clock=, settings=)`` (nothing to check in
+    process). ``settings`` is a ``MemoryStoreSettings``: ``lock_timeout`` is
+    the default lock wait in seconds; ``serialization_window`` how many
+    committed footprints the serializable audit looks back over;
     ``retain_versions`` keeps at least that many newest versions per key
     whatever the snapshots (for history and tests); ``gc=False`` keeps every
-    version. ``clock`` is the clock a ``TransactionManager`` on this backend uses
-    unless given one (else ``SystemClock``); never read here.
+    version. Those four are accepted as keywords too
+    (``MemoryBackend(lock_timeout=5.0, ...)``, see docs/backings.md), and win
+    over ``settings``.
+    ``clock`` is the clock a ``TransactionManager`` on this backend uses unless
+    given one (else ``SystemClock``); never read here.
     """
 
     detects_deadlocks = True
@@ -94,25 +102,38 @@ class MemoryBackend:
     def __init__(
         self,
         *,
-        lock_timeout: float = 5.0,
-        serialization_window: int = 512,
-        retain_versions: int | None = None,
-        gc: bool = True,
         clock: Clock | None = None,
+        settings: MemoryStoreSettings | None = None,
+        lock_timeout: float | None = None,
+        serialization_window: int | None = None,
+        retain_versions: int | None = None,
+        gc: bool | None = None,
     ) -> None:
-        if lock_timeout < 0:
-            raise ValueError("lock_timeout: must not be negative")
-        if serialization_window < 1:
-            raise ValueError("serialization_window: must be at least 1")
-        if retain_versions is not None and retain_versions < 1:
-            raise ValueError("retain_versions: must be at least 1 (or None)")
+        self._settings = (settings or MemoryStoreSettings()).replace(
+            lock_timeout=lock_timeout,
+            serialization_window=serialization_window,
+            retain_versions=retain_versions,
+            gc=gc,
+        )
         self.clock: Clock | None = clock
-        self.lock_timeout = lock_timeout
-        self.serialization_window = serialization_window
-        self.retain_versions = retain_versions
-        self.gc = gc
+        self.lock_timeout = self._settings.lock_timeout
+        self.serialization_window = self._settings.serialization_window
+        self.retain_versions = self._settings.retain_versions
+        self.gc = self._settings.gc
         self._closed = False
         self._reset()
+
+    @classmethod
+    async def open(
+        cls, *, clock: Clock | None = None, settings: MemoryStoreSettings | None = None
+    ) -> Self:
+        """A backend built as the constructor builds it: an in-process one has no server to
+        check. The same call as the server backings' ``open()``."""
+        return cls(clock=clock, settings=settings)
+
+    @property
+    def settings(self) -> MemoryStoreSettings:
+        return self._settings
 
     def _reset(self) -> None:
         self._seq = 0

@@ -19,12 +19,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Self
 
 from statepact._codec import decode_json
-from statepact._limits import DEFAULT_MAX_VALUE_BYTES
 from statepact.clock import Clock
 from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem
 from statepact.queue import BaseWorkQueue, FailOutcome, LapseOutcome, QueuePolicy, WorkWatch
+from statepact.settings import MemoryStoreSettings
 
 __all__ = ["MemoryWorkQueue"]
 
@@ -63,11 +64,22 @@ class MemoryWorkQueue(BaseWorkQueue):
         self,
         *,
         clock: Clock | None = None,
+        settings: MemoryStoreSettings | None = None,
         policy: QueuePolicy | None = None,
-        name: str = "default",
-        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        name: str | None = None,
+        max_value_bytes: int | None = None,
     ) -> None:
-        super().__init__(clock=clock, policy=policy, name=name, max_value_bytes=max_value_bytes)
+        """``name`` and ``max_value_bytes``, when given, win over ``settings.queue_name`` and
+        ``settings.max_value_bytes``."""
+        settings = settings or MemoryStoreSettings()
+        super().__init__(
+            clock=clock,
+            policy=policy,
+            name=settings.queue_name if name is None else name,
+            max_value_bytes=(
+                settings.max_value_bytes if max_value_bytes is None else max_value_bytes
+            ),
+        )
         self._items: dict[tuple[str, str], _Item] = {}
         self._ready: dict[str, list[tuple[int, int, str]]] = {}
         self._delayed: list[tuple[datetime, int, str, str]] = []
@@ -82,6 +94,17 @@ class MemoryWorkQueue(BaseWorkQueue):
         self._counts: dict[str, dict[ItemStatus, int]] = {}
         # Watchers waiting for work (watch()); each is woken when an item is scheduled.
         self._waiters: set[asyncio.Future[None]] = set()
+
+    @classmethod
+    async def open(
+        cls,
+        *,
+        clock: Clock | None = None,
+        settings: MemoryStoreSettings | None = None,
+        policy: QueuePolicy | None = None,
+    ) -> Self:
+        """A queue built as the constructor builds it (no server to check)."""
+        return cls(clock=clock, settings=settings, policy=policy)
 
     def __repr__(self) -> str:
         return f"MemoryWorkQueue(name={self.name!r}, items={len(self._items)})"

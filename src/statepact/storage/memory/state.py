@@ -14,13 +14,14 @@ from bisect import bisect_right, insort
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeVar
+from typing import Self, TypeVar
 
 from statepact._codec import decode_json, nanos_to_decimal
-from statepact._limits import DEFAULT_MAX_VALUE_BYTES, MAX_COUNTER
+from statepact._limits import MAX_COUNTER
 from statepact.clock import Clock
 from statepact.errors import RunNotFoundError, StateConflictError
 from statepact.models import RunRecord, RunStatus, SessionRecord
+from statepact.settings import MemoryStoreSettings
 from statepact.state import (
     BaseStateStore,
     CounterDelta,
@@ -92,9 +93,20 @@ class MemoryStateStore(BaseStateStore):
     per ``(tenant, session_id)`` and per ``(tenant, status)``."""
 
     def __init__(
-        self, *, clock: Clock | None = None, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
+        self,
+        *,
+        clock: Clock | None = None,
+        settings: MemoryStoreSettings | None = None,
+        max_value_bytes: int | None = None,
     ) -> None:
-        super().__init__(clock=clock, max_value_bytes=max_value_bytes)
+        """``max_value_bytes``, when given, wins over ``settings.max_value_bytes``."""
+        settings = settings or MemoryStoreSettings()
+        super().__init__(
+            clock=clock,
+            max_value_bytes=(
+                settings.max_value_bytes if max_value_bytes is None else max_value_bytes
+            ),
+        )
         self._seq = 0
         self._runs: dict[tuple[str, str], _Run] = {}
         self._sessions: dict[tuple[str, str], _Session] = {}
@@ -102,6 +114,13 @@ class MemoryStateStore(BaseStateStore):
         self._by_session: dict[tuple[str, str], _SeqIndex] = {}
         self._by_status: dict[tuple[str, RunStatus], _SeqIndex] = {}
         self._sessions_by_tenant: dict[str, _SeqIndex] = {}
+
+    @classmethod
+    async def open(
+        cls, *, clock: Clock | None = None, settings: MemoryStoreSettings | None = None
+    ) -> Self:
+        """A store built as the constructor builds it (no server to check)."""
+        return cls(clock=clock, settings=settings)
 
     def __repr__(self) -> str:
         return f"MemoryStateStore(runs={len(self._runs)}, sessions={len(self._sessions)})"

@@ -20,6 +20,7 @@ here creates or alters a table at import or at ``open()``.
 from statepact.settings import PostgresStoreSettings
 from statepact.storage.postgres._client import create_engine, refuse_closed_connections
 from statepact.storage.postgres.backend import PostgresBackend
+from statepact.storage.postgres.backing import open_backing
 from statepact.storage.postgres.migrate import AutogenerateFilter
 from statepact.storage.postgres.queue import PostgresWorkQueue
 from statepact.storage.postgres.schema import EXPECTED_SCHEMA, StateTables, metadata
@@ -36,6 +37,7 @@ __all__ = [
     "StateTables",
     "create_engine",
     "metadata",
+    "open_backing",
     "refuse_closed_connections",
     "verify",
 ]

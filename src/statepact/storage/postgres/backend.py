@@ -174,22 +174,29 @@ def _request_json(request: CommitRequest) -> dict[str, Any]:
 class PostgresBackend:
     """Transactions' storage on PostgreSQL; see the module docstring for the commit path.
 
-    ``engine`` is an SQLAlchemy ``AsyncEngine`` on asyncpg whose database has
-    the statepact tables at revision statepact_0004 or later; the constructor does not
-    check it and leaves the engine to its owner. :meth:`open` checks the schema
-    first; :meth:`connect` builds its own engine from a DSN, applies the
-    packaged migrations to an empty database, and disposes the engine in
-    :meth:`close`.
+    Built like the PostgreSQL stores: ``PostgresBackend(engine, clock=,
+    settings=)`` takes an SQLAlchemy ``AsyncEngine`` on asyncpg whose database
+    has the statepact tables at revision statepact_0004 or later, does not check it, and
+    leaves the engine to its owner; ``await PostgresBackend.open(engine,
+    clock=, settings=)`` checks the schema first (``create_schema=True``
+    applies the packaged migrations to a database without the tables);
+    :meth:`connect` builds its own engine from a DSN with ``create_engine``,
+    then opens, and disposes the engine in :meth:`close`.
+
+    ``settings`` is a ``PostgresStoreSettings``; this backend reads:
 
     - ``lock_timeout``: the default lock wait in seconds.
     - ``lock_ttl_seconds``: a lock row expires that long after its grant (by
       the server's time), so a crashed holder cannot keep a key forever.
     - ``serialization_window``: accepted for parity with ``MemoryBackend``;
       serializable commits are validated in full under locks instead.
-    - ``clock``: the clock a ``TransactionManager`` on this backend uses unless
-      given one (else ``SystemClock``); never read here (lock rows are stamped
-      with the server's ``now()``).
-    - ``failover``: the retry budget for connection errors (default 6 attempts).
+    - ``failover_*``: the retry budget for connection errors (6 attempts).
+
+    The same options are accepted as keywords (``failover=`` a ``RetryPolicy``
+    for the ``failover_*`` fields) and win over ``settings``. ``clock`` is the
+    clock a ``TransactionManager`` on this backend uses unless given one (else
+    ``SystemClock``); never read here (lock rows are stamped with the server's
+    ``now()``).
     """
 
     detects_deadlocks = False
@@ -200,32 +207,32 @@ class PostgresBackend:
         self,
         engine: AsyncEngine,
         *,
-        lock_timeout: float = 5.0,
-        lock_ttl_seconds: float = 60.0,
-        serialization_window: int = 512,
         clock: Clock | None = None,
+        settings: PostgresStoreSettings | None = None,
+        lock_timeout: float | None = None,
+        lock_ttl_seconds: float | None = None,
+        serialization_window: int | None = None,
         failover: RetryPolicy | None = None,
-        owns_engine: bool = False,
     ) -> None:
         if not isinstance(engine, AsyncEngine):
             raise TypeError(
                 f"engine: must be an SQLAlchemy AsyncEngine, got {type(engine).__name__}"
             )
-        if not lock_timeout >= 0:
-            raise ValueError(f"lock_timeout: must not be negative, got {lock_timeout}")
-        if not lock_ttl_seconds > 0:
-            raise ValueError(f"lock_ttl_seconds: must be positive, got {lock_ttl_seconds}")
-        if serialization_window < 1:
-            raise ValueError("serialization_window: must be at least 1")
-        self.lock_timeout = float(lock_timeout)
-        self.lock_ttl_seconds = float(lock_ttl_seconds)
-        self.serialization_window = serialization_window
+        self._settings = settings = (settings or PostgresStoreSettings()).replace(
+            lock_timeout=lock_timeout,
+            lock_ttl_seconds=lock_ttl_seconds,
+            serialization_window=serialization_window,
+            failover=failover,
+        )
+        self.lock_timeout = settings.lock_timeout
+        self.lock_ttl_seconds = settings.lock_ttl_seconds
+        self.serialization_window = settings.serialization_window
         self.clock: Clock | None = clock
         self._engine = engine
-        self._owns_engine = owns_engine
+        self._owns_engine = False
         self._executor = DirectExecutor(
             engine,
-            policy=failover or RetryPolicy(attempts=6),
+            policy=settings.retry_policy,
             unavailable=_unavailable,
             what="transactions",
         )
@@ -238,11 +245,12 @@ class PostgresBackend:
         cls,
         engine: AsyncEngine,
         *,
-        create_schema: bool = False,
-        lock_timeout: float = 5.0,
-        lock_ttl_seconds: float = 60.0,
-        serialization_window: int = 512,
         clock: Clock | None = None,
+        settings: PostgresStoreSettings | None = None,
+        create_schema: bool = False,
+        lock_timeout: float | None = None,
+        lock_ttl_seconds: float | None = None,
+        serialization_window: int | None = None,
         failover: RetryPolicy | None = None,
     ) -> Self:
         """A backend on ``engine`` (which the caller keeps owning), after checking the schema.
@@ -250,13 +258,15 @@ class PostgresBackend:
         Raises ``SchemaVersionError`` when the statepact tables or the commit
         functions are missing, unless ``create_schema`` is set and the tables
         do not exist yet: then the packaged Alembic revisions are applied.
+        The option keywords are the constructor's.
         """
         backend = cls(
             engine,
+            clock=clock,
+            settings=settings,
             lock_timeout=lock_timeout,
             lock_ttl_seconds=lock_ttl_seconds,
             serialization_window=serialization_window,
-            clock=clock,
             failover=failover,
         )
         await backend._ensure_schema(create_schema)
@@ -269,9 +279,9 @@ class PostgresBackend:
         *,
         min_size: int = 1,
         max_size: int = 10,
-        lock_timeout: float = 5.0,
-        lock_ttl_seconds: float = 60.0,
-        serialization_window: int = 512,
+        lock_timeout: float | None = None,
+        lock_ttl_seconds: float | None = None,
+        serialization_window: int | None = None,
         create_schema: bool = True,
         clock: Clock | None = None,
         failover: RetryPolicy | None = None,
@@ -279,18 +289,19 @@ class PostgresBackend:
         statement_timeout: float = 30.0,
         **engine_options: Any,
     ) -> Self:
-        """A backend on its own pool of ``min_size``..``max_size`` connections to ``dsn``.
+        """:meth:`open` on a pool of its own of ``min_size``..``max_size`` connections to ``dsn``.
 
         ``dsn`` is ``postgresql://`` or ``postgresql+asyncpg://`` (always run
-        through asyncpg). The connection is verified first (failover budget,
-        then ``StatePersistenceError``); if the statepact tables do not exist,
-        the packaged Alembic revisions create them (``create_schema=False``
-        raises ``SchemaVersionError`` instead). ``pool_timeout`` is the wait for
-        a free pooled connection before ``PoolExhaustedError``;
-        ``statement_timeout`` (seconds) is set on every connection, and the
-        client gives up on a reply 5 s after it (then fails over); opening a
-        connection may take 10 s (``connect_args={"timeout": ...}`` changes it).
-        ``engine_options`` go to ``create_async_engine``.
+        through asyncpg). The options are ``PostgresStoreSettings``' (``None``
+        keeps its default: 5 s, 60 s, 512). The connection is verified first
+        (failover budget, then ``StatePersistenceError``); if the statepact
+        tables do not exist, the packaged Alembic revisions create them
+        (``create_schema=False`` raises ``SchemaVersionError`` instead).
+        ``pool_timeout`` is the wait for a free pooled connection before
+        ``PoolExhaustedError``; ``statement_timeout`` (seconds) is set on every
+        connection, and the client gives up on a reply 5 s after it (then fails
+        over); opening a connection may take 10 s (``connect_args={"timeout":
+        ...}`` changes it). ``engine_options`` go to ``create_async_engine``.
         """
         if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 0:
             raise ValueError(f"min_size: must be a non-negative int, got {min_size!r}")
@@ -306,6 +317,11 @@ class PostgresBackend:
             pool_size=max_size,
             max_overflow=0,
             pool_timeout=pool_timeout,
+        ).replace(
+            lock_timeout=lock_timeout,
+            lock_ttl_seconds=lock_ttl_seconds,
+            serialization_window=serialization_window,
+            failover=failover,
         )
         connect_args = dict(engine_options.pop("connect_args", {}))
         server_settings = dict(connect_args.pop("server_settings", {}))
@@ -321,23 +337,24 @@ class PostgresBackend:
         engine = create_engine(
             settings, pool_pre_ping=False, connect_args=connect_args, **engine_options
         )
-        backend = cls(
-            engine,
-            lock_timeout=lock_timeout,
-            lock_ttl_seconds=lock_ttl_seconds,
-            serialization_window=serialization_window,
-            clock=clock,
-            failover=failover,
-            owns_engine=True,
-        )
         try:
-            await backend._run(lambda conn: conn.execute(_PING), idempotent=True)
-            await backend._ensure_schema(create_schema)
+            backend = await cls.open(
+                engine, clock=clock, settings=settings, create_schema=create_schema
+            )
+        except BaseException:
+            await finish(engine.dispose())
+            raise
+        backend._owns_engine = True
+        try:
             await backend._warm(min_size)
         except BaseException:
             await backend.close()
             raise
         return backend
+
+    @property
+    def settings(self) -> PostgresStoreSettings:
+        return self._settings
 
     async def _ensure_schema(self, create: bool) -> None:
         async def present(conn: Statements) -> Any:

@@ -23,6 +23,7 @@ from statepact.storage.redis._client import create_client
 from statepact.storage.redis._keys import QueueKeys, StateKeys, TxKeys, glob_escape
 from statepact.storage.redis._scripts import load_scripts
 from statepact.storage.redis.backend import RedisBackend
+from statepact.storage.redis.backing import open_backing
 from statepact.storage.redis.preflight import preflight
 from statepact.storage.redis.queue import RedisWorkQueue
 from statepact.storage.redis.state import RedisStateStore
@@ -38,5 +39,6 @@ __all__ = [
     "create_client",
     "glob_escape",
     "load_scripts",
+    "open_backing",
     "preflight",
 ]

@@ -69,6 +69,13 @@ def _bytes(value: bytes | str) -> bytes:
     return value if isinstance(value, bytes) else value.encode("utf-8")
 
 
+async def _close_quietly(client: Any) -> None:
+    try:
+        await client.aclose()
+    except Exception:
+        return  # closing a client whose server is gone: nothing left to release
+
+
 def _parse_entry(raw: bytes | str) -> tuple[int, int, str | None]:
     """``(version, committed_at µs, JSON text or None for a delete)`` of an entry."""
     head, _, body = _bytes(raw).partition(b"\x00")
@@ -77,34 +84,33 @@ def _parse_entry(raw: bytes | str) -> tuple[int, int, str | None]:
     return int(version), int(micros), data
 
 
-def _positive_int(field: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{field}: must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{field}: must be at least 1, got {value}")
-    return value
-
-
 class RedisBackend:
     """Transactions' storage on Redis; see the module docstring for layout and guarantees.
 
-    ``redis`` is a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster``.
-    The constructor does not check the server and leaves the client to its
-    owner; :meth:`connect` builds its own client from a URL, runs the
-    persistence preflight first, and closes the client in :meth:`close`.
+    Built like the Redis stores: ``RedisBackend(redis, clock=, settings=)``
+    takes a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster`` the
+    caller owns and does not check the server; ``await RedisBackend.open(redis,
+    clock=, settings=)`` runs the persistence preflight first (as the stores'
+    ``open()`` does, with ``settings.durable``); :meth:`connect` builds its own
+    client from a URL with ``create_client``, then opens, and closes the client
+    in :meth:`close`.
 
-    - ``prefix``: every key starts with ``{prefix}:``; the braces make it the
-      cluster hash tag, so it must not contain braces.
+    ``settings`` is a ``RedisStoreSettings``; this backend reads:
+
+    - ``tx_prefix``: every key starts with ``{tx_prefix}:``; the braces make it
+      the cluster hash tag, so it must not contain braces.
     - ``history_limit``: versions kept per key (at least 1); a snapshot that
       needs a trimmed one gets ``ConflictError`` ("snapshot too old").
     - ``idempotency_ttl_seconds``: how long a commit's idempotency record is
       kept; a replay after that is a new commit.
     - ``lock_ttl_seconds``: how long a lock set lives after its last grant.
     - ``lock_timeout``: the default lock wait in seconds.
-    - ``clock``: the clock a ``TransactionManager`` on this backend uses unless
-      given one (else ``SystemClock``); never read here.
-    - ``failover``: the retry budget for connection errors (default: the one
-      ``RedisStoreSettings`` gives, 6 attempts).
+    - ``failover_*``: the retry budget for connection errors (6 attempts).
+
+    The same options are accepted as keywords (``prefix=`` for ``tx_prefix``,
+    ``failover=`` a ``RetryPolicy`` for the ``failover_*`` fields) and win over
+    ``settings``. ``clock`` is the clock a ``TransactionManager`` on this
+    backend uses unless given one (else ``SystemClock``); never read here.
     """
 
     detects_deadlocks = False
@@ -115,60 +121,81 @@ class RedisBackend:
         self,
         redis: Any,
         *,
-        prefix: str = "statepact",
-        history_limit: int = 512,
-        idempotency_ttl_seconds: int = 30 * 24 * 3600,
-        lock_ttl_seconds: float = 60.0,
-        lock_timeout: float = 5.0,
         clock: Clock | None = None,
+        settings: RedisStoreSettings | None = None,
+        prefix: str | None = None,
+        history_limit: int | None = None,
+        idempotency_ttl_seconds: int | None = None,
+        lock_ttl_seconds: float | None = None,
+        lock_timeout: float | None = None,
         failover: RetryPolicy | None = None,
-        owns_client: bool = False,
     ) -> None:
-        self.history_limit = _positive_int("history_limit", history_limit)
-        self.idempotency_ttl_seconds = _positive_int(
-            "idempotency_ttl_seconds", idempotency_ttl_seconds
+        self._settings = settings = (settings or RedisStoreSettings()).replace(
+            tx_prefix=prefix,
+            history_limit=history_limit,
+            idempotency_ttl_seconds=idempotency_ttl_seconds,
+            lock_ttl_seconds=lock_ttl_seconds,
+            lock_timeout=lock_timeout,
+            failover=failover,
         )
-        if not lock_ttl_seconds > 0:
-            raise ValueError(f"lock_ttl_seconds: must be positive, got {lock_ttl_seconds}")
-        if not lock_timeout >= 0:
-            raise ValueError(f"lock_timeout: must not be negative, got {lock_timeout}")
-        self.lock_ttl_seconds = float(lock_ttl_seconds)
-        self.lock_timeout = float(lock_timeout)
+        self.history_limit = settings.history_limit
+        self.idempotency_ttl_seconds = settings.idempotency_ttl_seconds
+        self.lock_ttl_seconds = settings.lock_ttl_seconds
+        self.lock_timeout = settings.lock_timeout
         self.clock: Clock | None = clock
-        self._keys = TxKeys(prefix)
+        self._keys = TxKeys(settings.tx_prefix)
         self._redis = redis
-        self._owns_client = owns_client
+        self._owns_client = False
         self._scripts = ScriptRunner(redis, TX_SCRIPTS)
-        self._failover = Failover(failover or RetryPolicy(attempts=6), _unavailable, gate_of(redis))
+        self._failover = Failover(settings.retry_policy, _unavailable, gate_of(redis))
         # The lock keys each live transaction of this process asked for; end() releases them.
         self._locks: dict[str, set[str]] = {}
         self._closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        redis: Any,
+        *,
+        clock: Clock | None = None,
+        settings: RedisStoreSettings | None = None,
+    ) -> Self:
+        """A backend on ``redis`` after ``preflight`` (durability as ``settings.durable``).
+
+        Raises ``PreflightError`` with every reason, or ``StatePersistenceError``
+        if the server does not answer within the failover budget.
+        """
+        backend = cls(redis, clock=clock, settings=settings)
+        await check(redis, durable=backend._settings.durable, failover=backend._failover)
+        return backend
 
     @classmethod
     async def connect(
         cls,
         url: str,
         *,
-        prefix: str = "statepact",
-        history_limit: int = 512,
-        idempotency_ttl_seconds: int = 30 * 24 * 3600,
-        lock_ttl_seconds: float = 60.0,
-        lock_timeout: float = 5.0,
+        prefix: str | None = None,
+        history_limit: int | None = None,
+        idempotency_ttl_seconds: int | None = None,
+        lock_ttl_seconds: float | None = None,
+        lock_timeout: float | None = None,
         durable: bool = True,
         clock: Clock | None = None,
         failover: RetryPolicy | None = None,
         cluster: bool = False,
         **client_options: Any,
     ) -> Self:
-        """A backend on its own client for ``url``, after the persistence preflight.
+        """:meth:`open` on a client of its own for ``url``; closed with the backend.
 
-        The client is :func:`~statepact.storage.redis.create_client`'s, as for
-        the other Redis stores: socket timeouts of 5 s and redis-py's own retry
-        off, so ``failover`` is the only count of attempts. Its pool holds up to
-        50 connections, and a call that finds them all busy waits up to 30 s
-        for one (then ``PoolExhaustedError``): a transaction is several calls,
-        and many at once should queue, not fail. On a cluster the pool is per
-        node and does not wait. ``client_options`` go to ``from_url`` and win
+        The options are ``RedisStoreSettings``' (``prefix`` is ``tx_prefix``;
+        ``None`` keeps its default: ``"statepact"``, 512 versions, 30 days, 60 s,
+        5 s). The client is :func:`~statepact.storage.redis.create_client`'s, as
+        for the other Redis stores: socket timeouts of 5 s and redis-py's own
+        retry off, so ``failover`` is the only count of attempts. Its pool holds
+        up to 50 connections, and a call that finds them all busy waits up to
+        30 s for one (then ``PoolExhaustedError``): a transaction is several
+        calls, and many at once should queue, not fail. On a cluster the pool is
+        per node and does not wait. ``client_options`` go to ``from_url`` and win
         (``max_connections=``, ``timeout=`` for the wait, ``socket_timeout=``).
 
         The preflight (shared with the state store) refuses a server that
@@ -176,35 +203,39 @@ class RedisBackend:
         on a crash. ``durable=False`` lifts the persistence check only.
         ``cluster=True`` builds a ``RedisCluster``. Raises ``ValueError`` for a
         URL redis-py cannot read or whose database is not an index
-        (``redis://host/x``), ``PreflightError`` with every reason, or
-        ``StatePersistenceError`` if the server does not answer.
+        (``redis://host/x``) or for a refused option (naming it),
+        ``PreflightError`` with every reason, or ``StatePersistenceError`` if
+        the server does not answer.
         """
         from pydantic import SecretStr
 
         check_database(url, "url")
-        settings = RedisStoreSettings(dsn=SecretStr(url), pool_size=_POOL_SIZE)
+        settings = RedisStoreSettings(
+            dsn=SecretStr(url), pool_size=_POOL_SIZE, durable=durable
+        ).replace(
+            tx_prefix=prefix,
+            history_limit=history_limit,
+            idempotency_ttl_seconds=idempotency_ttl_seconds,
+            lock_ttl_seconds=lock_ttl_seconds,
+            lock_timeout=lock_timeout,
+            failover=failover,
+        )
         wait = None if cluster else client_options.pop("timeout", _POOL_WAIT)
         try:
             client = create_client(settings, cluster=cluster, pool_wait=wait, **client_options)
         except ValueError as exc:
             raise ValueError(f"url: {str(exc).removeprefix('dsn: ')}") from None
-        backend = cls(
-            client,
-            prefix=prefix,
-            history_limit=history_limit,
-            idempotency_ttl_seconds=idempotency_ttl_seconds,
-            lock_ttl_seconds=lock_ttl_seconds,
-            lock_timeout=lock_timeout,
-            clock=clock,
-            failover=failover,
-            owns_client=True,
-        )
         try:
-            await check(client, durable=durable, failover=backend._failover)
+            backend = await cls.open(client, clock=clock, settings=settings)
         except BaseException:
-            await backend.close()
+            await finish(_close_quietly(client))
             raise
+        backend._owns_client = True
         return backend
+
+    @property
+    def settings(self) -> RedisStoreSettings:
+        return self._settings
 
     @property
     def prefix(self) -> str:
@@ -479,10 +510,7 @@ class RedisBackend:
             await self._unlock(txn_id, keys)
         self._locks.clear()
         if self._owns_client:
-            try:
-                await self._redis.aclose()
-            except Exception:
-                return  # closing a client whose server is gone: nothing left to release
+            await _close_quietly(self._redis)
 
     async def clear(self) -> None:
         """Delete every key under this backend's prefix (and only those); the sequence restarts.
