@@ -38,7 +38,7 @@ from typing import Any, TypeVar, cast
 from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.pool import PoolProxiedConnection
+from sqlalchemy.pool import Pool, PoolProxiedConnection
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.util import greenlet_spawn
@@ -138,11 +138,11 @@ class DirectExecutor:
         what: str,
     ) -> None:
         self._engine = engine
-        self._pool = engine.sync_engine.pool
         self._policy = policy
         self._failures = Failures(unavailable, what)
-        # Checked-out connections between two calls; checked in once none is running.
-        self._free: list[PoolProxiedConnection] = []
+        # Checked-out connections between two calls, with the pool each came from; checked
+        # in once no call is running.
+        self._free: list[tuple[Pool, PoolProxiedConnection]] = []
         self._running = 0
         self._waiting = 0  # calls inside the pool's checkout (opening, or waiting for one)
         self._check_in_soon: asyncio.Handle | None = None
@@ -151,22 +151,28 @@ class DirectExecutor:
     def engine(self) -> AsyncEngine:
         return self._engine
 
-    async def _checkout(self) -> PoolProxiedConnection:
-        if self._free:
-            return self._free.pop()
+    async def _checkout(self) -> tuple[Pool, PoolProxiedConnection]:
+        # The engine's pool now: engine.dispose() replaces it, and a connection of the old
+        # one goes back to the old one (which closes it) rather than on to the next call.
+        pool = self._engine.sync_engine.pool
+        while self._free:
+            taken = self._free.pop()
+            if taken[0] is pool:
+                return taken
+            taken[1].close()
         # The pool's own checkout, with its events, its waiting and its timeout (I/O when
         # it opens, pings or replaces a connection, hence the greenlet).
         self._waiting += 1
         try:
-            return await greenlet_spawn(self._pool.connect)
+            return pool, await greenlet_spawn(pool.connect)
         finally:
             self._waiting -= 1
 
-    def _give_back(self, connection: PoolProxiedConnection) -> None:
+    def _give_back(self, taken: tuple[Pool, PoolProxiedConnection]) -> None:
         if self._waiting:
-            connection.close()  # a call waits on the pool: this one is its next
+            taken[1].close()  # a call waits on the pool: this one is its next
             return
-        self._free.append(connection)
+        self._free.append(taken)
 
     def _check_in_idle(self) -> None:
         self._check_in_soon = None
@@ -178,7 +184,7 @@ class DirectExecutor:
         Checking in is plain code: the driver never began a transaction, so its reset sends
         nothing."""
         free, self._free = self._free, []
-        for connection in free:
+        for _pool, connection in free:
             connection.close()
 
     async def run(
@@ -200,7 +206,8 @@ class DirectExecutor:
             sent = False
             self._running += 1
             try:
-                connection = await self._checkout()
+                taken = await self._checkout()
+                connection = taken[1]
                 sent = True
                 try:
                     result = await work(Statements(connection.driver_connection))
@@ -210,9 +217,9 @@ class DirectExecutor:
                         await greenlet_spawn(connection.invalidate, exc)
                         connection.close()
                     else:
-                        self._give_back(connection)
+                        self._give_back(taken)
                     raise
-                self._give_back(connection)
+                self._give_back(taken)
                 return result
             finally:
                 self._running -= 1

@@ -71,7 +71,6 @@ RESOURCE_INFO = Prepared(sql.RESOURCE_INFO)
 TRUNCATE = Prepared(sql.TRUNCATE)
 TRY_LOCK = Prepared(sql.TRY_LOCK)
 UNLOCK = Prepared(sql.UNLOCK)
-_PING = Prepared(sql.PING)
 _SCHEMA_PRESENT = Prepared(sql.SCHEMA_PRESENT)
 _ABSENT = StoredValue(None, 0)
 
