@@ -45,8 +45,9 @@ __all__ = ["MemoryBackend"]
 
 _ABSENT = StoredValue(None, 0)
 # Garbage collection is batched: the versions no snapshot needs any more are dropped once
-# this many snapshot sequences were released (or when none is left), and a key's chain is
-# trimmed at once when it grows this many versions past what it keeps.
+# this many snapshot sequences were released, and a key's chain is trimmed at once when it
+# grows this many versions past what it keeps (history() and retained_versions() collect
+# first, so they show what a collection leaves).
 _GC_EVERY = 64
 _GC_SLACK = 32
 
@@ -146,7 +147,9 @@ class MemoryBackend:
         self._idempotency: dict[str, tuple[str, CommitResult]] = {}
         self._fence: dict[str, int] = {}
         self._leases: dict[str, Lease] = {}
-        self._resources: dict[str, StoredResource] = {}
+        # The registry: a resource's metadata, and its last writing commit (version, time).
+        self._metadata: dict[str, str] = {}
+        self._last_commit: dict[str, tuple[int, datetime]] = {}
         self._graph = SerializationGraph(self.serialization_window)
         self.locks = LockManager()
 
@@ -191,7 +194,7 @@ class MemoryBackend:
             del counts[taken_at]
             # A snapshot sequence nobody holds any more: its versions may go, in a batch.
             self._released += 1
-            if self._prunable and (self._released >= _GC_EVERY or not counts):
+            if self._released >= _GC_EVERY and self._prunable:
                 self._collect_all()
 
     def _collect_all(self) -> None:
@@ -305,20 +308,14 @@ class MemoryBackend:
                 chain = self._chains[slot] = _Chain(first=seq)
             chain.append(StoredVersion(seq, write.data, request.now))
             written.append(slot)
-            entry = self._resources.get(write.resource)
-            self._resources[write.resource] = StoredResource(
-                name=write.resource,
-                metadata="{}" if entry is None else entry.metadata,
-                version=seq,
-                last_commit_at=request.now,
-            )
+            self._last_commit[write.resource] = (seq, request.now)
         self._graph.add(self._footprint(request, seq))
         floor = self.retain_versions or 1
         for slot in written:
             length = len(self._chains[slot].versions)
             if length > floor:
                 self._prunable.add(slot)
-                if length > floor + _GC_SLACK or not self._snapshot_counts:
+                if length > floor + _GC_SLACK:
                     self._collect((slot,))
         return CommitResult(seq)
 
@@ -422,17 +419,20 @@ class MemoryBackend:
 
     async def register_resource(self, name: str, metadata: str, now: datetime) -> None:
         self._check_open()
-        entry = self._resources.get(name)
-        self._resources[name] = StoredResource(
-            name=name,
-            metadata=metadata,
-            version=0 if entry is None else entry.version,
-            last_commit_at=None if entry is None else entry.last_commit_at,
-        )
+        self._metadata[name] = metadata
 
     async def resource_info(self, name: str) -> StoredResource | None:
         self._check_open()
-        return self._resources.get(name)
+        metadata = self._metadata.get(name)
+        last = self._last_commit.get(name)
+        if metadata is None and last is None:
+            return None
+        return StoredResource(
+            name=name,
+            metadata="{}" if metadata is None else metadata,
+            version=0 if last is None else last[0],
+            last_commit_at=None if last is None else last[1],
+        )
 
     async def health_check(self) -> bool:
         return not self._closed
