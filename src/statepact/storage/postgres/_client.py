@@ -133,6 +133,13 @@ def is_connection_error(exc: BaseException) -> bool:
         # the middle of operation" carry no SQLSTATE.
         if name in ("ConnectionDoesNotExistError", "InterfaceError") and "closed" in str(link):
             return True
+        # A connection whose protocol is stuck mid-message: the server sent an error on its
+        # own (57P01/57P02 "terminating connection" as it shut down or crashed) while the
+        # connection sat idle, and asyncpg refuses the next statement before sending it.
+        if name == "InternalClientError" or (
+            name == "InterfaceError" and "another operation is in progress" in str(link)
+        ):
+            return True
     return False
 
 

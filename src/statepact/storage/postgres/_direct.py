@@ -213,9 +213,10 @@ class DirectExecutor:
                     result = await work(Statements(connection.driver_connection))
                 except BaseException as exc:
                     if is_connection_error(exc):
-                        # Never pooled again; closing the dead socket is I/O.
+                        # Never pooled again; closing the dead socket is I/O. Invalidating
+                        # checks the connection in: closing it as well would return its
+                        # record to the pool twice, for two callers to share.
                         await greenlet_spawn(connection.invalidate, exc)
-                        connection.close()
                     else:
                         self._give_back(taken)
                     raise
