@@ -25,7 +25,6 @@ import os
 import subprocess
 import sys
 import venv
-from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -43,27 +42,13 @@ from statepact.storage.postgres import PostgresStateStore, migrate
 from statepact.storage.postgres.schema import SCHEMA_VERSION, metadata
 from tests.fixtures.postgres import (
     apply_sql_script,
-    create_database,
-    drop_database,
     run_in_thread,
-    unique_database_name,
 )
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 OWN_TABLES = frozenset(metadata.tables)
-
-
-@pytest.fixture
-def empty_database_url_sync(statepact_postgres_url: str) -> Iterator[str]:
-    """The same, for tests that run the command line (which starts its own event loop)."""
-    name = unique_database_name("m")
-    url = run_in_thread(lambda: create_database(statepact_postgres_url, name))
-    try:
-        yield url
-    finally:
-        run_in_thread(lambda: drop_database(statepact_postgres_url, name))
 
 
 async def _tables(url: str) -> set[str]:
