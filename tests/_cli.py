@@ -1,12 +1,16 @@
 """Helpers of the tests of ``statepact`` commands (``tests/unit/test_cli_*.py``,
-``tests/integration/test_cli_*.py``): a command's arguments parsed by its own parser, the
-names of the bench's scenarios, the demo's summary table, and the Redis keys a command left.
+``tests/integration/test_cli_*.py``, the migrations' tests): a command's arguments parsed by
+its own parser, the installed command run in a process, the names of the bench's scenarios,
+the demo's summary table, and the Redis keys a command left.
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 # The bench's scenarios in the order it runs them, but for the claim-cost sweep (see
@@ -33,6 +37,27 @@ def parse(add: Callable[[argparse.ArgumentParser], None], *argv: str) -> argpars
     parser = argparse.ArgumentParser()
     add(parser)
     return parser.parse_args(list(argv))
+
+
+def installed_statepact() -> Path:
+    """The ``statepact`` console script ``pip install`` put beside this interpreter."""
+    script = Path(sys.executable).parent / "statepact"
+    assert script.is_file(), f"no statepact console script at {script}; run pip install -e ."
+    return script
+
+
+def run_statepact(
+    *argv: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """The installed ``statepact`` command run with ``argv`` in a process of its own."""
+    return subprocess.run(
+        [str(installed_statepact()), *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env,
+    )
 
 
 def bench_scenarios(tenants: tuple[int, ...], queued: tuple[int, ...]) -> list[str]:

@@ -12,10 +12,7 @@ import asyncio
 import io
 import json
 import re
-import subprocess
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +20,7 @@ from sqlalchemy import pool, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from statepact.cli import bench, demo, doctor
-from tests._cli import bench_scenarios, parse, redis_keys, summary_table
+from tests._cli import bench_scenarios, parse, redis_keys, run_statepact, summary_table
 from tests.fixtures.postgres import (
     admin_execute,
     database_url,
@@ -98,13 +95,8 @@ async def test_demo_on_redis_and_postgres_tells_the_story_on_each_in_turn(
     """The installed ``statepact demo --redis URL --postgres URL --seed 1``: the whole story and
     its summary on Redis, then on PostgreSQL, each headed; exit 0; nothing left behind; the
     seed gives both (and memory) the same counters."""
-    script = Path(sys.executable).parent / "statepact"
-    assert script.is_file(), f"no statepact console script at {script}; run pip install -e ."
-    argv = [str(script), "demo", "--redis", statepact_redis_url]
-    argv += ["--postgres", statepact_postgres_url, "--seed", "1"]
-    result = await asyncio.to_thread(
-        lambda: subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
-    )
+    argv = ["demo", "--redis", statepact_redis_url, "--postgres", statepact_postgres_url]
+    result = await asyncio.to_thread(lambda: run_statepact(*argv, "--seed", "1", timeout=300))
     assert result.returncode == 0, result.stdout + result.stderr
     # The plugin's Redis is durable and the schema is fresh: nothing to note on stderr.
     assert result.stderr == ""
