@@ -54,15 +54,6 @@ RESENDING = RetryPolicy(attempts=40, base_delay=0.05, max_delay=0.2)
 WARM_UP = RunRecord(tenant="warm-up", run_id="warm-up")
 
 
-def failover_settings(policy: RetryPolicy) -> dict[str, Any]:
-    """``policy`` as the ``failover_*`` fields of Redis and PostgreSQL store settings."""
-    return {
-        "failover_attempts": policy.attempts,
-        "failover_base_delay": policy.base_delay,
-        "failover_max_delay": policy.max_delay,
-    }
-
-
 class Proxied(ABC):
     """One backing behind ``proxy``; everything it opens is closed by :meth:`close`."""
 
@@ -197,24 +188,17 @@ class ProxiedRedis(Proxied):
         self.client: Redis = fault_redis_client(proxy.port)
         self.direct: Redis = fault_redis_client(port, socket_timeout=5.0)
 
-    def _settings(self, policy: RetryPolicy | None) -> Any:
-        budget = failover_settings(policy) if policy is not None else {}
-        return RedisStoreSettings(namespace=self.namespace, **budget)
+    def _settings(self, policy: RetryPolicy | None, idempotency_ttl: int | None = None) -> Any:
+        # One namespace for this test's state, queue and transaction keys.
+        settings = RedisStoreSettings(namespace=self.namespace, tx_prefix=self.namespace)
+        return settings.replace(failover=policy, idempotency_ttl_seconds=idempotency_ttl)
 
     def _client(self, policy: RetryPolicy | None) -> Redis:
         return self.direct if policy is None else self.client
 
     def _backend(self, policy: RetryPolicy | None, idempotency_ttl: int | None) -> StorageBackend:
-        options: dict[str, Any] = {}
-        if idempotency_ttl is not None:
-            options["idempotency_ttl_seconds"] = idempotency_ttl
-        backend = RedisBackend(
-            self._client(policy),
-            prefix=self.namespace,
-            clock=self.clock,
-            failover=policy,
-            **options,
-        )
+        settings = self._settings(policy, idempotency_ttl)
+        backend = RedisBackend(self._client(policy), clock=self.clock, settings=settings)
         assert backend.history_limit == self.history_limit
         return backend
 
@@ -252,14 +236,16 @@ class ProxiedPostgres(Proxied):
         self.direct_engine = engine_on(url, timeout=10.0)
 
     def _settings(self, policy: RetryPolicy | None) -> Any:
-        return PostgresStoreSettings(**(failover_settings(policy) if policy is not None else {}))
+        return PostgresStoreSettings().replace(failover=policy)
 
     def _client(self, policy: RetryPolicy | None) -> AsyncEngine:
         return self.direct_engine if policy is None else self.engine
 
     def _backend(self, policy: RetryPolicy | None, idempotency_ttl: int | None) -> StorageBackend:
         assert idempotency_ttl is None, "PostgreSQL keeps idempotency records without expiry"
-        return PostgresBackend(self._client(policy), clock=self.clock, failover=policy)
+        return PostgresBackend(
+            self._client(policy), clock=self.clock, settings=self._settings(policy)
+        )
 
     async def check_write_rows(self, run_id: str, applied: int) -> None:
         async with self.direct_engine.connect() as conn:

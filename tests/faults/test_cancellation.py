@@ -150,7 +150,7 @@ async def open_redis(clock: ManualClock, port: int) -> Stores:
     from statepact.storage.redis import RedisBackend, RedisStateStore, RedisWorkQueue
 
     tag = f"cx{uuid.uuid4().hex[:8]}"
-    settings = RedisStoreSettings(namespace=tag, durable=False)
+    settings = RedisStoreSettings(namespace=tag, tx_prefix=tag, durable=False)
     # Fewer connections than workers: calls queue for one, so a cancel also lands there.
     pool = BlockingConnectionPool(
         host="127.0.0.1",
@@ -162,7 +162,7 @@ async def open_redis(clock: ManualClock, port: int) -> Stores:
         retry=Retry(NoBackoff(), 0),
     )
     client = Redis.from_pool(pool)
-    backend = RedisBackend(client, prefix=tag, clock=clock)
+    backend = RedisBackend(client, clock=clock, settings=settings)
     return Stores(
         "redis",
         clock,
