@@ -18,12 +18,18 @@ This module must never swallow a ``CancelledError`` and never import a driver.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 __all__ = ["finish"]
 
 T = TypeVar("T")
+
+# The tasks finish() is waiting for. Their caller's cancellation never reaches them, so a
+# finish() called from inside one has nothing to guard against and awaits directly (one
+# task per protected call, not one per layer that protects it).
+_UNABANDONED: weakref.WeakSet[asyncio.Future[Any]] = weakref.WeakSet()
 
 
 async def finish(work: Awaitable[T]) -> T:
@@ -42,7 +48,10 @@ async def finish(work: Awaitable[T]) -> T:
     transaction, closing the pool). Only the task running ``work`` being
     cancelled itself (the event loop shutting down) ends it early.
     """
+    if asyncio.current_task() in _UNABANDONED:
+        return await work  # already out of reach of the caller's cancellation
     task = asyncio.ensure_future(work)
+    _UNABANDONED.add(task)
     cancelled: asyncio.CancelledError | None = None
     while True:
         try:

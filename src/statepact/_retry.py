@@ -79,12 +79,16 @@ async def call_with_failover(
     translate: Callable[[BaseException], StatepactError | None] = lambda _exc: None,
     what: str = "a call",
     backing: str = "server",
+    shield: bool = True,
 ) -> T:
     """Run ``operation``, retrying transient (connection) errors within ``policy``.
 
     Each attempt runs to its end even if the caller is cancelled meanwhile
     (:func:`statepact._cancel.finish`); the caller then gets its
     ``CancelledError`` and no further attempt is made.
+
+    ``shield=False`` drops that for an operation that may be abandoned (a read
+    whose connection is closed, not reused, when its caller is cancelled).
 
     ``translate`` maps a non-transient driver error to its public error (or
     ``None`` to let it through). Past the budget, ``give_up(last_error)`` is
@@ -98,7 +102,9 @@ async def call_with_failover(
             # a cancellation of the caller goes on (the sleeps between attempts stay
             # cancellable), so a driver never abandons a connection mid-reply and a
             # write has settled before whatever the caller does next.
-            return await finish(operation())
+            if shield:
+                return await finish(operation())
+            return await operation()
         except StatepactError:
             raise
         except Exception as exc:

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
 import logging
+import os
 import random
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -58,6 +59,7 @@ __all__ = [
     "LockMode",
     "ReadRecord",
     "ResourceInfo",
+    "Snapshot",
     "StorageBackend",
     "StoredResource",
     "StoredValue",
@@ -199,6 +201,21 @@ class StoredResource:
 
 
 @dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A transaction's snapshot, as the backing took it (``begin`` or ``begin_read``).
+
+    ``sequence`` is the committed sequence at the snapshot: the transaction's
+    ``taken_at`` and the version a read-only commit reports. ``token`` is what
+    else the backing needs to read at the snapshot and to validate a commit
+    against it (PostgreSQL: the server's own MVCC snapshot); ``None`` where the
+    sequence says it all (memory, Redis). The front hands it back verbatim.
+    """
+
+    sequence: int
+    token: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ReadRecord:
     """A key the transaction read from the backing and the version it observed (absent = 0)."""
 
@@ -220,9 +237,12 @@ class WriteRecord:
 class CommitRequest:
     """Everything one commit needs, validated in ONE atomic backing call.
 
-    - ``txn_id``: the id passed to ``begin``.
+    - ``txn_id``: the transaction's id (the one ``begin``/``begin_read`` got, if
+      it took a snapshot).
     - ``isolation``: which validation to run (see :class:`Isolation`).
-    - ``taken_at``: the snapshot sequence ``begin`` returned.
+    - ``snapshot``: what ``begin``/``begin_read`` returned, or ``None`` for a
+      transaction that read nothing: its snapshot is then the commit point
+      itself (nothing it could have read has moved), so no write can conflict.
     - ``reads``: each key read from the backing (not from the transaction's
       own buffer), once, with the version first observed; sorted by
       ``(resource, key)``.
@@ -241,13 +261,18 @@ class CommitRequest:
 
     txn_id: str
     isolation: Isolation
-    taken_at: int
+    snapshot: Snapshot | None
     reads: tuple[ReadRecord, ...]
     writes: tuple[WriteRecord, ...]
     idempotency_key: str | None
     fingerprint: str | None
     fencing: Lease | None
     now: datetime
+
+    @property
+    def taken_at(self) -> int | None:
+        """The snapshot's sequence, ``None`` when the snapshot is the commit point."""
+        return None if self.snapshot is None else self.snapshot.sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,24 +324,47 @@ class StorageBackend(Protocol):
     #: The lock wait, in seconds, of a ``Transaction.lock`` given no ``timeout``.
     lock_timeout: float
 
-    async def begin(self, txn_id: str) -> int:
-        """Start transaction ``txn_id``: return the current committed sequence and register it.
+    #: ``True`` if the backing keeps versions for a snapshot until ``end(txn_id)``
+    #: (memory's garbage collection); the front then always ends a transaction that
+    #: called ``begin`` or ``begin_read``. ``False``: ``end`` only releases locks.
+    pins_snapshots: bool
 
-        The returned number is the snapshot's ``taken_at``. Registering it
-        lets a backing that garbage-collects history (memory) keep every
-        version the snapshot can still read until ``end(txn_id)``.
+    #: ``True`` if the backing runs in this process and every call but ``try_lock``
+    #: completes without suspending (memory): a cancellation can never arrive in the
+    #: middle of one, so the front awaits them directly instead of shielding them.
+    in_process: bool
+
+    async def begin(self, txn_id: str) -> Snapshot:
+        """Take a snapshot for transaction ``txn_id``: the current committed state.
+
+        Its ``sequence`` is the snapshot's ``taken_at``. A backing that
+        garbage-collects history (``pins_snapshots``) registers it and keeps
+        every version it can still read until ``end(txn_id)``. Used by
+        ``manager.begin()`` and by a transaction that commits without reading.
+        """
+        ...
+
+    async def begin_read(
+        self, txn_id: str, resource: str, key: str
+    ) -> tuple[Snapshot, StoredValue]:
+        """``begin`` and a read of the key at that snapshot, in one call (one round trip).
+
+        A transaction takes its snapshot at its first read: a read-only
+        transaction is then one request, a read-modify-write two.
         """
         ...
 
     async def end(self, txn_id: str) -> None:
         """Finish ``txn_id`` (committed, failed or abandoned): release its snapshot and locks.
 
-        Idempotent; ending an unknown transaction does nothing.
+        Idempotent; ending an unknown transaction does nothing. The front calls
+        it when the transaction asked for a lock, or took a snapshot on a
+        backing that ``pins_snapshots``.
         """
         ...
 
-    async def read(self, resource: str, key: str, at: int | None) -> StoredValue:
-        """The newest committed version of the key at or before sequence ``at``.
+    async def read(self, resource: str, key: str, at: Snapshot | None) -> StoredValue:
+        """The newest committed version of the key visible at snapshot ``at``.
 
         ``at=None`` reads the latest committed version. Never sees an
         uncommitted write. Raises ``ConflictError`` if the version the
@@ -337,10 +385,11 @@ class StorageBackend(Protocol):
            ``CommitResult`` with ``replayed=True`` when the fingerprints match,
            else raise ``IdempotencyConflictError``.
         3. Validation (``ConflictError`` naming the resource and key):
-           ``snapshot`` and ``serializable``: any written key whose latest
-           version is above ``taken_at`` refuses the commit (first committer
-           wins). ``serializable`` also: any read key whose latest version is
-           not the version recorded in ``reads`` refuses it (this covers keys
+           ``snapshot`` and ``serializable``: any written key with a version
+           committed after the snapshot refuses the commit (first committer
+           wins; nothing to check when ``snapshot`` is ``None``).
+           ``serializable`` also: any read key whose latest version is not
+           the version recorded in ``reads`` refuses it (this covers keys
            read as absent, recorded as version 0). ``read_committed``: no
            validation. A backing may refuse more (memory's
            serialization-graph audit), never less.
@@ -349,7 +398,7 @@ class StorageBackend(Protocol):
            value and the history; each written resource's registry entry gets
            the version and time (created with ``{}`` metadata if absent).
            A read-only commit does not advance the sequence and returns
-           ``CommitResult(taken_at)``.
+           ``CommitResult(taken_at)`` (the current sequence without a snapshot).
         5. With an ``idempotency_key``, store ``(key, fingerprint, version)``
            in the same atomic step.
 
@@ -503,6 +552,26 @@ def _require_lease(field: str, value: object) -> Lease:
     return value
 
 
+class _TxnIds:
+    """Transaction ids unique across processes: 64 random bits per process, then a counter
+    (``uuid4`` would cost a system call per transaction). A forked child draws new bits:
+    the ids name lock rows, replay records and history entries on shared servers."""
+
+    def __init__(self) -> None:
+        self._reseed()
+        os.register_at_fork(after_in_child=self._reseed)
+
+    def _reseed(self) -> None:
+        self._prefix = os.urandom(8).hex()
+        self._count = itertools.count(1)
+
+    def __call__(self) -> str:
+        return f"{self._prefix}{next(self._count):x}"
+
+
+_new_txn_id = _TxnIds()
+
+
 def _decode(data: str | None) -> Any:
     return None if data is None else decode_json(data)
 
@@ -541,8 +610,11 @@ class Transaction:
         self.isolation = isolation
         self.idempotency_key = idempotency_key
         self.fencing = fencing
-        self.txn_id = uuid.uuid4().hex
-        self._taken_at: int | None = None
+        self.txn_id = _new_txn_id()
+        self._snapshot: Snapshot | None = None
+        # Set before the calls that make the backing hold something for this transaction
+        # until end(): a lock request, a snapshot on a backing that pins snapshots.
+        self._holds = False
         self._state = "new"
         self._reads: dict[tuple[str, str], StoredValue] = {}
         self._writes: dict[tuple[str, str], str | None] = {}
@@ -551,23 +623,28 @@ class Transaction:
     # -- lifecycle ---------------------------------------------------------------
 
     async def start(self) -> Transaction:
-        """Take the snapshot; called by ``async with`` and ``manager.begin``."""
+        """Take the snapshot now (``manager.begin``); one round trip on a server."""
         if self._state != "new":
             raise RuntimeError("transaction: already started")
         self._state = "starting"
         try:
-            self._taken_at = await self._backend.begin(self.txn_id)
+            await self._take_snapshot()
         except BaseException:
             # Cancelled or failed after the backing may have registered the snapshot:
             # ``__aexit__`` will not run for a failed ``__aenter__``, so end it here.
             self._state = "failed"
-            await finish(self._backend.end(self.txn_id))
+            await self._end()
             raise
         self._state = "active"
         return self
 
     async def __aenter__(self) -> Transaction:
-        return await self.start()
+        # Nothing is sent: the snapshot is taken by the first read (one round trip
+        # for a read-only transaction), or at the commit point if nothing is read.
+        if self._state != "new":
+            raise RuntimeError("transaction: already started")
+        self._state = "active"
+        return self
 
     async def __aexit__(
         self,
@@ -581,12 +658,37 @@ class Transaction:
         else:
             await self.rollback()
 
+    async def _take_snapshot(self) -> Snapshot:
+        self._holds = self._holds or self._backend.pins_snapshots
+        snapshot = self._snapshot = await self._backend.begin(self.txn_id)
+        return snapshot
+
+    async def _end(self) -> None:
+        """Release what the backing holds for this transaction, if anything; runs to its end
+        even if the caller is cancelled meanwhile (which then gets its ``CancelledError``)."""
+        if not self._holds:
+            return
+        self._holds = False
+        if self._backend.in_process:
+            await self._backend.end(self.txn_id)
+        else:
+            await finish(self._backend.end(self.txn_id))
+
     @property
     def taken_at(self) -> int:
-        """The snapshot sequence this transaction reads at (snapshot and serializable)."""
-        if self._taken_at is None:
-            raise RuntimeError("transaction: not started")
-        return self._taken_at
+        """The snapshot sequence this transaction reads at (snapshot and serializable).
+
+        ``manager.begin()`` takes the snapshot at once; ``async with
+        manager.transaction()`` takes it at the first read.
+        """
+        if self._snapshot is None:
+            if self._state == "new":
+                raise RuntimeError("transaction: not started")
+            raise RuntimeError(
+                "transaction: no snapshot yet (it is taken at the first read, or by "
+                "manager.begin())"
+            )
+        return self._snapshot.sequence
 
     @property
     def result(self) -> CommitResult:
@@ -612,13 +714,17 @@ class Transaction:
         self._require_active()
         if slot in self._writes:
             return _decode(self._writes[slot])
-        if self.isolation is Isolation.READ_COMMITTED:
-            found = await self._backend.read(slot[0], slot[1], None)
-        else:
+        read_committed = self.isolation is Isolation.READ_COMMITTED
+        if not read_committed:
             cached = self._reads.get(slot)
             if cached is not None:
                 return _decode(cached.data)
-            found = await self._backend.read(slot[0], slot[1], self._taken_at)
+        snapshot = self._snapshot
+        if snapshot is None:
+            self._holds = self._holds or self._backend.pins_snapshots
+            self._snapshot, found = await self._backend.begin_read(self.txn_id, *slot)
+        else:
+            found = await self._backend.read(slot[0], slot[1], None if read_committed else snapshot)
         # The first observation is what serializable validation compares against.
         self._reads.setdefault(slot, found)
         return _decode(found.data)
@@ -666,6 +772,7 @@ class Transaction:
             else require_seconds("timeout", timeout, allow_zero=True)
         )
         self._require_active()
+        self._holds = True  # before asking: a grant whose reply is lost is released by end()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         delay = _LOCK_FIRST_DELAY
@@ -700,12 +807,13 @@ class Transaction:
                 and self.isolation is not Isolation.SERIALIZABLE
             ):
                 # Nothing to validate or record: the backing would answer exactly this.
-                result = CommitResult(self.taken_at)
+                snapshot = self._snapshot or await self._take_snapshot()
+                result = CommitResult(snapshot.sequence)
             else:
                 request = CommitRequest(
                     txn_id=self.txn_id,
                     isolation=self.isolation,
-                    taken_at=self.taken_at,
+                    snapshot=self._snapshot,
                     reads=tuple(
                         ReadRecord(resource, key, found.version)
                         for (resource, key), found in sorted(self._reads.items())
@@ -735,7 +843,7 @@ class Transaction:
         finally:
             # Whatever happened above, a cancellation included: the locks and the
             # snapshot are released before the caller goes on.
-            await finish(self._backend.end(self.txn_id))
+            await self._end()
         return result
 
     async def _commit(self, request: CommitRequest) -> CommitResult:
@@ -746,6 +854,8 @@ class Transaction:
         what it is about to overwrite). If it landed, ``result`` is set even
         though the caller gets ``CancelledError``.
         """
+        if self._backend.in_process:
+            return await self._backend.commit(request)  # never suspends: nothing to shield
         outcome = asyncio.ensure_future(self._backend.commit(request))
         try:
             return await finish(outcome)
@@ -761,11 +871,9 @@ class Transaction:
         The release completes even if the caller is cancelled meanwhile (which
         then gets its ``CancelledError`` once it has).
         """
-        if self._state == "active":
+        if self._state in ("active", "new"):
             self._state = "rolled back"
-            await finish(self._backend.end(self.txn_id))
-        elif self._state == "new":
-            self._state = "rolled back"
+            await self._end()
 
     def __repr__(self) -> str:
         return f"Transaction({self.txn_id}, {self.isolation.value}, {self._state})"

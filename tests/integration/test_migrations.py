@@ -378,16 +378,18 @@ async def test_a_database_stamped_with_an_old_id_upgrades_cleanly(
 
 
 async def test_old_ids_are_read_as_new_and_accepted_as_arguments(empty_database_url: str) -> None:
-    """At the old 0003, current() and check() report head with nothing to do; the old ids
-    work as upgrade and downgrade targets."""
-    await migrate.upgrade(empty_database_url)
+    """At the old 0003, current() reports statepact_0003; the old ids work as upgrade and
+    downgrade targets, and the upgrade from there reaches head with nothing left to do."""
+    await migrate.upgrade(empty_database_url, "statepact_0003")
     await _stamp(empty_database_url, "0003")
-    assert await migrate.current(empty_database_url) == migrate.head()
-    assert await migrate.check(empty_database_url) == []
+    assert await migrate.current(empty_database_url) == "statepact_0003"
     await migrate.downgrade(empty_database_url, "0002")
     assert await migrate.current(empty_database_url) == "statepact_0002"
     await migrate.upgrade(empty_database_url, "0003")
     assert await migrate.current(empty_database_url) == "statepact_0003"
+    await migrate.upgrade(empty_database_url)
+    assert await migrate.current(empty_database_url) == migrate.head()
+    assert await migrate.check(empty_database_url) == []
 
 
 def test_the_alembic_command_rewrites_an_old_record(empty_database_url_sync: str) -> None:

@@ -182,7 +182,8 @@ async def test_postgres_open_backing_leaves_an_engine_it_was_given_open(
             assert backing.client is engine and backing.backend.engine is engine
             await _exercise(backing)
         async with engine.connect() as conn:
-            assert (await conn.execute(text("SELECT seq FROM statepact_meta"))).scalar() == 1
+            sequence = text("SELECT last_value FROM statepact_version_seq")
+            assert (await conn.execute(sequence)).scalar() == 1
     finally:
         await engine.dispose()
 

@@ -173,7 +173,8 @@ async def test_open_on_an_engine_the_caller_owns(pg_database_url: str, clock: Ma
         await backend.close()
         assert await backend.health_check() is False
         async with engine.connect() as conn:
-            assert (await conn.execute(text("SELECT seq FROM statepact_meta"))).scalar() == 1
+            sequence = text("SELECT last_value FROM statepact_version_seq")
+            assert (await conn.execute(sequence)).scalar() == 1
     finally:
         await engine.dispose()
 
@@ -197,44 +198,58 @@ async def test_unreachable_server_is_statepersistenceerror(clock: ManualClock) -
 # -- one statement per call ------------------------------------------------------------------
 
 
-async def test_every_call_is_one_statement(
-    pg_database_url: str, backends: Callable[..., Any]
-) -> None:
-    """begin, a read, a commit (with reads, writes, a key and fencing) and a lock attempt are one
-    statement each, in autocommit; end() without locks sends nothing."""
-    backend = await backends(pg_database_url, min_size=0)
-    manager = TransactionManager(backend)
+async def test_every_call_is_one_statement(pg_database_url: str, clock: ManualClock) -> None:
+    """manager.begin(), a read (the first one takes the snapshot with it), a commit (with
+    reads, writes, a key and fencing) and a lock attempt are one statement each, in
+    autocommit; end() without locks sends nothing; a blind write is its commit alone."""
     statements: list[str] = []
+    engine = create_async_engine(pg_database_url, pool_size=3, max_overflow=0)
 
-    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        statements.append(statement)
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Every query asyncpg sends on the connection, whoever sends it.
+        dbapi_connection.driver_connection.add_query_logger(
+            lambda record: statements.append(record.query)
+        )
 
-    event.listen(backend.engine.sync_engine, "before_cursor_execute", seen)
+    event.listen(engine.sync_engine, "connect", on_connect)
+
+    async def sent() -> int:
+        await asyncio.sleep(0)  # asyncpg calls its loggers with call_soon
+        return len(statements)
+
+    backend = await PostgresBackend.open(engine, clock=clock)
+    manager = TransactionManager(backend)
     try:
-        await _write(manager, "warm", 1)  # the first call on a connection may prepare
+        await _write(manager, "warm", 1)
         lease = await manager.acquire_lease("job", "w1", 30)
         assert lease is not None
         statements.clear()
         tx = await manager.begin("serializable", idempotency_key="k1", fencing=lease)
-        assert len(statements) == 1
+        assert await sent() == 1
         await tx.read(R, "warm")
         await tx.read(R, "absent")
-        assert len(statements) == 3
+        assert await sent() == 3
         tx.write(R, "o1", {"n": 1})
         tx.write("other", "o2", {"n": 2})
         await tx.commit()
-        assert len(statements) == 4
+        assert await sent() == 4
         assert "statepact_commit" in statements[-1]
         tx = await manager.begin()
         await tx.lock(R, "o1")
-        assert len(statements) == 6
+        assert await sent() == 6
         await tx.rollback()  # end() releases the lock: one statement
-        assert len(statements) == 7
+        assert await sent() == 7
         tx = await manager.begin()
         await tx.rollback()  # no locks: end() sends nothing
-        assert len(statements) == 8
+        assert await sent() == 8
+        async with manager.transaction() as tx:
+            assert await tx.read(R, "warm") == 1  # begin and read in one statement
+        assert await sent() == 9
+        assert await _write(manager, "blind", 1) > 0  # no read: the commit alone
+        assert await sent() == 10
     finally:
-        event.remove(backend.engine.sync_engine, "before_cursor_execute", seen)
+        await backend.close()
+        await engine.dispose()
 
 
 async def test_values_come_back_verbatim(
@@ -247,7 +262,7 @@ async def test_values_come_back_verbatim(
     await _write(manager, "o1", value)
     stored = await backend.read(R, "o1", None)
     assert stored.data == '{"a":[1.5,"ü",{"k":null}],"big":12345678901234567890,"z":1}'
-    assert (await backend.read(R, "o1", 1)).data == stored.data
+    assert (await backend.read(R, "o1", await backend.begin("t"))).data == stored.data
     assert await _read(manager, "o1") == value
 
 
@@ -267,11 +282,10 @@ async def test_commit_sent_twice_is_applied_once(
     backend = await backends(pg_database_url)
     for n, isolation in enumerate(Isolation):
         txn_id = uuid.uuid4().hex
-        taken_at = await backend.begin(txn_id)
         request = CommitRequest(
             txn_id=txn_id,
             isolation=isolation,
-            taken_at=taken_at,
+            snapshot=await backend.begin(txn_id),
             reads=(),
             writes=(WriteRecord(R, "o1", f'{{"n":{n}}}'), WriteRecord(R, "o2", None)),
             idempotency_key=None,
@@ -288,7 +302,7 @@ async def test_commit_sent_twice_is_applied_once(
     again = CommitRequest(
         txn_id=other,
         isolation=Isolation.READ_COMMITTED,
-        taken_at=await backend.begin(other),
+        snapshot=await backend.begin(other),
         reads=(),
         writes=(WriteRecord(R, "o1", '{"n":2}'), WriteRecord(R, "o2", None)),
         idempotency_key=None,
@@ -425,8 +439,9 @@ async def test_an_exhausted_pool_raises_at_once(
     pg_database_url: str, backends: Callable[..., Any]
 ) -> None:
     """With every pooled connection taken, a call raises PoolExhaustedError after the pool
-    timeout, without failover retries."""
+    timeout, without failover retries; the backend holds no connection between calls."""
     backend = await backends(pg_database_url, max_size=1, pool_timeout=0.2)
+    await _write(TransactionManager(backend), "o1", 0)
     held = await backend.engine.connect()
     try:
         began = time.monotonic()
@@ -435,7 +450,7 @@ async def test_an_exhausted_pool_raises_at_once(
         assert time.monotonic() - began < 1.0
     finally:
         await held.close()
-    assert await backend.begin("t2") == 0
+    assert (await backend.begin("t2")).sequence == 1
 
 
 # -- concurrency ---------------------------------------------------------------------------------
@@ -490,45 +505,86 @@ async def test_snapshots_stay_consistent_under_concurrent_commits(
     assert len(versions) - 5 == 2 * (len(set(versions)) - 1)
 
 
-async def test_a_later_version_never_becomes_visible_before_an_earlier_one(
+async def test_commits_to_different_keys_do_not_wait_on_each_other(
     pg_database_url: str, backends: Callable[..., Any]
 ) -> None:
-    """A commit holding version n and stalled before COMMIT keeps every other writing commit
-    (even on unrelated keys) from completing, and begin() meanwhile does not see it: version
-    order is commit order, so no snapshot can see n + 1 and miss n. Once n + 1 is acknowledged,
-    n is visible to a new snapshot, whether or not its own caller has heard back yet."""
+    """A commit stalled on a row lock an outside session holds on its key, and then one stalled
+    after it drew its version, delay no commit to another key: there is no global
+    serialisation point. Snapshots stay consistent meanwhile: one taken while the stalled
+    commit is in flight never sees it, not even after it lands; a new one sees both."""
     first = TransactionManager(await backends(pg_database_url))
     second = TransactionManager(await backends(pg_database_url))
     outsider = create_async_engine(pg_database_url, poolclass=pool.NullPool)
     try:
+        await _write(first, "k1", "k1-before")
         async with outsider.connect() as conn:
-            # An uncommitted history row with the key and version the first commit will
-            # write: its insert waits on the unique index after it took version 1.
+            # (1) The outside session holds k1's row: the commit waits in its lock phase.
             await conn.execute(
                 text(
-                    "INSERT INTO statepact_history (resource, key, version, committed_at) "
-                    "VALUES (:r, 'k1', 1, '2026-01-01T00:00:00Z')"
+                    "SELECT 1 FROM statepact_values WHERE resource = :r AND key = 'k1' FOR UPDATE"
                 ),
                 {"r": R},
             )
-
-            stalled = asyncio.create_task(_write(first, "k1", "k1"))
+            stalled = asyncio.create_task(_write(first, "k1", "k1-locked"))
             await _wait_for_lock_wait(pg_database_url, "statepact_commit")
-            independent = asyncio.create_task(_write(second, "k2", "k2"))
-            await asyncio.sleep(0.5)
-            assert not stalled.done() and not independent.done()
-            assert (await second.begin()).taken_at == 0
+            assert await asyncio.wait_for(_write(second, "k2", "k2"), 5.0) == 2
+            assert not stalled.done()
             await conn.rollback()
-            # Which caller hears back first is up to the event loop; what the database
-            # promises is that n + 1's acknowledgement implies n is visible.
-            assert await independent == 2
-            async with second.transaction() as tx:
-                assert tx.taken_at == 2
-                assert await tx.read(R, "k1") == "k1"
-            assert await stalled == 1
+            assert await stalled == 3
+        async with outsider.connect() as conn:
+            # (2) An uncommitted history row with the version the next commit of k3 draws:
+            # that commit holds its number and its row locks, and waits in its insert.
+            await conn.execute(
+                text(
+                    "INSERT INTO statepact_history (resource, key, version, committed_at) "
+                    "VALUES (:r, 'k3', 4, '2026-01-01T00:00:00Z')"
+                ),
+                {"r": R},
+            )
+            stalled = asyncio.create_task(_write(first, "k3", "k3"))
+            await _wait_for_lock_wait(pg_database_url, "statepact_commit")
+            before = await second.begin()
+            assert await asyncio.wait_for(_write(second, "k4", "k4"), 5.0) == 5
+            assert not stalled.done()
+            after_k4 = await second.begin()
+            await conn.rollback()
+            assert await stalled == 4
+        # Neither snapshot taken while k3's commit was in flight ever sees it.
+        assert await before.read(R, "k3") is None
+        assert await before.read(R, "k4") is None
+        assert await after_k4.read(R, "k3") is None
+        assert await after_k4.read(R, "k4") == "k4"
+        await before.rollback()
+        await after_k4.rollback()
+        async with second.transaction() as tx:
+            assert [await tx.read(R, k) for k in ("k1", "k2", "k3", "k4")] == [
+                "k1-locked",
+                "k2",
+                "k3",
+                "k4",
+            ]
     finally:
         await outsider.dispose()
-    assert [v.version for v in await second.history(R, "k1")] == [1]
+    assert [v.version for v in await second.history(R, "k3")] == [4]
+
+
+async def test_a_snapshot_reads_what_its_first_read_saw(
+    pg_database_url: str, backends: Callable[..., Any]
+) -> None:
+    """A transaction's snapshot is taken by its first read, in the same statement: later reads
+    of other keys see the state of that moment, whatever commits in between."""
+    writer = TransactionManager(await backends(pg_database_url))
+    reader = TransactionManager(await backends(pg_database_url))
+    await _write(writer, "a", 1)
+    await _write(writer, "b", 1)
+    async with reader.transaction() as tx:
+        assert await tx.read(R, "a") == 1
+        assert tx.taken_at == 2
+        await _write(writer, "b", 2)
+        await _write(writer, "c", 2)
+        assert await tx.read(R, "b") == 1
+        assert await tx.read(R, "c") is None
+    assert tx.result == CommitResult(2)
 
 
 async def test_hot_key_increments_from_several_pools_all_land(
@@ -717,3 +773,32 @@ async def test_clear_empties_only_the_statepact_tables(
         assert await _scalar(pg_database_url, f"SELECT count(*) FROM {table}") == 0
     assert await _scalar(pg_database_url, "SELECT seq FROM statepact_meta") == 0
     assert await _write(manager, "o1", 1) == 1
+
+
+async def test_the_backend_holds_no_connection_once_idle(
+    pg_database_url: str, clock: ManualClock
+) -> None:
+    """Connections pass from one call to the next while calls keep coming, and are all back
+    in the pool once none runs; after engine.dispose(), which replaces the pool, calls check
+    out of the new pool (a kept reference to the old one would leak into a disposed pool)."""
+    engine = create_async_engine(pg_database_url, pool_size=4, max_overflow=0)
+    backend = await PostgresBackend.open(engine, clock=clock)
+    manager = TransactionManager(backend)
+    try:
+        await asyncio.gather(*(_write(manager, f"k{n}", n) for n in range(20)))
+        await asyncio.sleep(0)  # the check-in runs as soon as no call is running
+        first = engine.sync_engine.pool
+        assert first.checkedout() == 0  # type: ignore[attr-defined]
+        assert first.checkedin() > 0  # type: ignore[attr-defined]
+        await engine.dispose()
+        await asyncio.gather(*(_write(manager, f"k{n}", -n) for n in range(20)))
+        await asyncio.sleep(0)
+        second = engine.sync_engine.pool
+        assert second is not first
+        assert first.checkedin() == 0  # type: ignore[attr-defined]
+        assert second.checkedout() == 0  # type: ignore[attr-defined]
+        assert second.checkedin() > 0  # type: ignore[attr-defined]
+        assert [await _read(manager, f"k{n}") for n in range(20)] == [-n for n in range(20)]
+    finally:
+        await backend.close()
+        await engine.dispose()

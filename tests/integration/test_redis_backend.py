@@ -41,6 +41,7 @@ from statepact.tx import (
     CommitRequest,
     CommitResult,
     Isolation,
+    Snapshot,
     Transaction,
     TransactionManager,
     WriteRecord,
@@ -114,7 +115,7 @@ async def test_keys_follow_the_documented_layout(
         f"{{{p}}}:fence:3:job",
         f"{{{p}}}:lease:3:job",
         f"{{{p}}}:lock:3:a:b:1:c",
-        f"{{{p}}}:op:32:{txn}",
+        f"{{{p}}}:op:{len(txn)}:{txn}",
     }
     assert keys == {
         TxKeys(p).seq,
@@ -150,18 +151,20 @@ def test_prefix_with_braces_is_refused() -> None:
 
 
 async def test_every_commit_is_one_evalsha(observed_redis: ObservedRedis) -> None:
-    """begin is one GET, a commit one EVALSHA, a latest read one HGET; nothing else is sent."""
+    """A transaction's first read takes the snapshot with it in one EVALSHA, a commit is one
+    EVALSHA, a later latest read one HGET, begin() one GET; nothing else is sent."""
     backend = RedisBackend(observed_redis.client, prefix="rt", clock=ManualClock())
     manager = TransactionManager(backend)
     # Warm up: the first call of each script also loads it.
     await _write(manager, "warm", 0)
     async with manager.transaction("serializable", idempotency_key="warm") as tx:
-        await tx.read(R, "warm")
+        await tx.read(R, "warm")  # tx_begin_read
+        await tx.read(R, "other")  # tx_read
         tx.write(R, "warm", 1)
     await observed_redis.reset()
     for i in range(10):
         await _write(manager, f"k{i}", i)
-    assert await observed_redis.round_trips() == ["GET", "EVALSHA"] * 10
+    assert await observed_redis.round_trips() == ["EVALSHA"] * 10
 
     await observed_redis.reset()
     async with manager.transaction("serializable", idempotency_key="big") as tx:
@@ -169,12 +172,17 @@ async def test_every_commit_is_one_evalsha(observed_redis: ObservedRedis) -> Non
             assert await tx.read(R, f"k{i}") == i
             tx.write(R, f"k{i}", i + 1)
         tx.delete(R, "warm")
-    assert await observed_redis.round_trips() == ["GET"] + ["EVALSHA"] * 10 + ["EVALSHA"]
+    assert await observed_redis.round_trips() == ["EVALSHA"] * 10 + ["EVALSHA"]
 
     await observed_redis.reset()
     async with manager.transaction("read_committed") as tx:
         await tx.read(R, "k1")
-    assert await observed_redis.round_trips() == ["GET", "HGET"]
+        await tx.read(R, "k2")
+    assert await observed_redis.round_trips() == ["EVALSHA", "HGET"]
+
+    await observed_redis.reset()
+    await manager.begin()
+    assert await observed_redis.round_trips() == ["GET"]
 
 
 async def test_clear_removes_only_its_own_keys(
@@ -194,7 +202,7 @@ async def test_clear_removes_only_its_own_keys(
     assert not any(key.startswith(f"{{{globby.prefix}}}:") for key in left)
     assert await TransactionManager(plain).history(R, "k") != []
     assert [await redis_client.get(key) for key in bystanders] == [b"mine"] * 3
-    assert await globby.begin("t") == 0
+    assert (await globby.begin("t")).sequence == 0
     await redis_client.delete(*bystanders)
 
 
@@ -233,6 +241,7 @@ async def test_history_is_capped_and_a_trimmed_snapshot_is_refused(
     async def read_k(tx: Transaction) -> object:
         nonlocal attempts
         attempts += 1
+        await tx.read(R, "other")  # the snapshot is taken here
         if attempts == 1:
             for i in range(4):
                 await _write(manager, "k", f"w{i}")
@@ -306,7 +315,7 @@ async def test_a_commit_whose_reply_was_lost_is_applied_once(
             assert result == CommitResult(2, replayed=False)
             history = await TransactionManager(direct).history(R, "counter")
             assert [(e.version, e.value) for e in history] == [(2, 1), (1, 0)]
-            assert await direct.begin("probe") == 2
+            assert (await direct.begin("probe")).sequence == 2
         finally:
             await client.aclose()
 
@@ -359,11 +368,11 @@ async def test_a_resent_commit_answers_as_it_did_and_a_refused_one_stays_refused
     new = await manager.acquire_lease("job", "w2", 10)
     assert new is not None
 
-    def request(txn_id: str, taken_at: int, data: str, fencing: Any = None) -> CommitRequest:
+    def request(txn_id: str, snapshot: Snapshot, data: str, fencing: Any = None) -> CommitRequest:
         return CommitRequest(
             txn_id=txn_id,
             isolation=Isolation.SNAPSHOT,
-            taken_at=taken_at,
+            snapshot=snapshot,
             reads=(),
             writes=(WriteRecord(R, "o1", data),),
             idempotency_key=None,
@@ -663,7 +672,7 @@ async def test_a_client_that_decodes_responses_works(
         info = await manager.resource_info(R)
         assert info is not None and info.metadata == {"ü": 1} and info.version == 2
         await backend.clear()
-        assert await backend.begin("t") == 0
+        assert (await backend.begin("t")).sequence == 0
     finally:
         await backend.clear()
         await client.aclose()

@@ -62,7 +62,7 @@ async def test_connect_preflights_and_keeps_a_backend_in_one_slot(
         await holder.rollback()
         await backend.clear()
         assert [key async for key in probe.scan_iter(match=TxKeys(prefix).match_all)] == []
-        assert await backend.begin("t") == 0
+        assert (await backend.begin("t")).sequence == 0
     finally:
         await probe.aclose()
         await backend.close()

@@ -176,3 +176,27 @@ async def test_a_timeout_inside_the_work_still_fires() -> None:
         return "slept"
 
     assert await asyncio.wait_for(finish(bounded()), 2.0) == "timed out"
+
+
+async def test_work_nested_in_finished_work_is_protected_once() -> None:
+    """finish() inside work that finish() already protects awaits directly (no second task),
+    and the outer caller's cancellation still waits for the inner work to end."""
+    inner = Work(0.05)
+    tasks_seen: list[asyncio.Task[Any] | None] = []
+
+    async def outer() -> str:
+        tasks_seen.append(asyncio.current_task())
+        return await finish(_in_current_task(inner, tasks_seen))
+
+    caller = asyncio.ensure_future(finish(outer()))
+    await inner.started.wait()
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert inner.finished
+    assert tasks_seen[0] is tasks_seen[1]  # the inner work ran in the outer work's task
+
+
+async def _in_current_task(work: Work, seen: list[asyncio.Task[Any] | None]) -> str:
+    seen.append(asyncio.current_task())
+    return await work()

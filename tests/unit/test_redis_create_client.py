@@ -12,6 +12,7 @@ from redis.asyncio import Redis, RedisCluster
 
 from statepact.settings import RedisStoreSettings
 from statepact.storage.redis import create_client
+from statepact.storage.redis._client import CallGate, gate_of
 
 SECRET = "Kp4-unitPW-z19"
 
@@ -106,16 +107,20 @@ async def test_connect_refuses_a_database_that_is_not_an_index() -> None:
 
 
 async def test_pool_wait_makes_a_pool_that_waits() -> None:
-    """pool_wait: a BlockingConnectionPool of pool_size that waits that long; no wait on a
-    cluster (its per-node pools cannot), and never a negative one."""
-    from redis.asyncio import BlockingConnectionPool
-
+    """pool_wait: a pool of pool_size behind a CallGate of pool_size calls that waits that
+    long (the stores built on the client share it); no wait on a cluster (its per-node pools
+    cannot), and never a negative one; without pool_wait, no gate."""
     settings = RedisStoreSettings(dsn=SecretStr("redis://127.0.0.1:1/2"), pool_size=7)
     client = create_client(settings, pool_wait=1.5)
     pool = client.connection_pool
-    assert isinstance(pool, BlockingConnectionPool)
-    assert (pool.max_connections, pool.timeout, pool.connection_kwargs["db"]) == (7, 1.5, 2)
+    assert (pool.max_connections, pool.connection_kwargs["db"]) == (7, 2)
+    gate = gate_of(client)
+    assert isinstance(gate, CallGate)
+    assert (gate.size, gate.wait) == (7, 1.5)
     await client.aclose()
+    plain = create_client(settings)
+    assert gate_of(plain) is None
+    await plain.aclose()
     for cluster, wait in ((True, 1.0), (False, -1.0)):
         with pytest.raises(ValueError, match=r"^pool_wait: "):
             create_client(settings, cluster=cluster, pool_wait=wait)

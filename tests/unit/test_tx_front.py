@@ -17,6 +17,7 @@ from statepact.tx import (
     CommitResult,
     Isolation,
     Lease,
+    Snapshot,
     TransactionManager,
     WriteRecord,
     fingerprint,
@@ -183,6 +184,7 @@ class SlowBackend(MemoryBackend):
     seconds, so a cancellation can land while one of them is in flight."""
 
     ROUND_TRIP = 0.05
+    in_process = False  # its calls suspend, as a server's do: the front must shield them
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -194,11 +196,11 @@ class SlowBackend(MemoryBackend):
         self.in_flight[call].set()
         await asyncio.sleep(self.ROUND_TRIP)
 
-    async def begin(self, txn_id: str) -> int:
-        taken_at = await super().begin(txn_id)
+    async def begin(self, txn_id: str) -> Snapshot:
+        snapshot = await super().begin(txn_id)
         self.begun.append(txn_id)
         await self._reply("begin")
-        return taken_at
+        return snapshot
 
     async def commit(self, request: CommitRequest) -> CommitResult:
         result = await super().commit(request)

@@ -1,6 +1,6 @@
 """``MemoryBackend``: the in-process ``StorageBackend``, and the reference for the other two.
 
-Commits are validated and applied under one ``asyncio.Lock``, each key keeps a
+A commit never awaits, so it is atomic in the event loop; each key keeps a
 chain of versions that garbage collection trims to what live snapshots need,
 locks go through the lock manager (``_locks.py``) and ``serializable`` commits
 through the audit (``_serialization.py``): docs/backings.md#memory.
@@ -11,7 +11,6 @@ arrive in the requests), or validates a caller's input (``statepact.tx`` did).
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 from collections import Counter
 from collections.abc import Iterable
@@ -36,12 +35,26 @@ from statepact.tx import (
     Lease,
     LeaseRequest,
     LockMode,
+    Snapshot,
     StoredResource,
     StoredValue,
     StoredVersion,
 )
 
 __all__ = ["MemoryBackend"]
+
+_ABSENT = StoredValue(None, 0)
+# Garbage collection is batched: the versions no snapshot needs any more are dropped once
+# this many snapshot sequences were released, and a key's chain is trimmed at once when it
+# grows this many versions past what it keeps (history() and retained_versions() collect
+# first, so they show what a collection leaves).
+_GC_EVERY = 64
+_GC_SLACK = 32
+
+
+def _version_of(entry: StoredVersion) -> int:
+    return entry.version
+
 
 _CURRENT = 2**63  # "not superseded yet"
 
@@ -84,6 +97,8 @@ class MemoryBackend:
     """
 
     detects_deadlocks = True
+    pins_snapshots = True
+    in_process = True
 
     def __init__(
         self,
@@ -106,7 +121,6 @@ class MemoryBackend:
         self.serialization_window = self._settings.serialization_window
         self.retain_versions = self._settings.retain_versions
         self.gc = self._settings.gc
-        self._commit_lock = asyncio.Lock()
         self._closed = False
         self._reset()
 
@@ -125,13 +139,17 @@ class MemoryBackend:
     def _reset(self) -> None:
         self._seq = 0
         self._chains: dict[Slot, _Chain] = {}
+        # Keys holding more versions than retain_versions; released, not yet collected.
         self._prunable: set[Slot] = set()
+        self._released = 0
         self._snapshots: dict[str, int] = {}
         self._snapshot_counts: Counter[int] = Counter()
         self._idempotency: dict[str, tuple[str, CommitResult]] = {}
         self._fence: dict[str, int] = {}
         self._leases: dict[str, Lease] = {}
-        self._resources: dict[str, StoredResource] = {}
+        # The registry: a resource's metadata, and its last writing commit (version, time).
+        self._metadata: dict[str, str] = {}
+        self._last_commit: dict[str, tuple[int, datetime]] = {}
         self._graph = SerializationGraph(self.serialization_window)
         self.locks = LockManager()
 
@@ -144,36 +162,68 @@ class MemoryBackend:
 
     # -- snapshots and reads ------------------------------------------------------------
 
-    async def begin(self, txn_id: str) -> int:
+    async def begin(self, txn_id: str) -> Snapshot:
+        return self._pin(txn_id)
+
+    async def begin_read(
+        self, txn_id: str, resource: str, key: str
+    ) -> tuple[Snapshot, StoredValue]:
+        snapshot = self._pin(txn_id)
+        return snapshot, self._read_latest(resource, key)
+
+    def _pin(self, txn_id: str) -> Snapshot:
         self._check_open()
-        self._snapshots[txn_id] = self._seq
-        self._snapshot_counts[self._seq] += 1
-        return self._seq
+        seq = self._seq
+        previous = self._snapshots.get(txn_id)
+        if previous is not None:  # the same transaction again: keep one pin
+            self._unpin(previous)
+        self._snapshots[txn_id] = seq
+        self._snapshot_counts[seq] += 1
+        return Snapshot(seq)
 
     async def end(self, txn_id: str) -> None:
         self.locks.release_all(txn_id)
         taken_at = self._snapshots.pop(txn_id, None)
-        if taken_at is None:
-            return
-        self._snapshot_counts[taken_at] -= 1
-        if self._snapshot_counts[taken_at] <= 0:
-            del self._snapshot_counts[taken_at]
-            # A snapshot sequence nobody holds any more: its versions may go.
-            self._collect(list(self._prunable))
+        if taken_at is not None:
+            self._unpin(taken_at)
 
-    async def read(self, resource: str, key: str, at: int | None) -> StoredValue:
-        self._check_open()
+    def _unpin(self, taken_at: int) -> None:
+        counts = self._snapshot_counts
+        counts[taken_at] -= 1
+        if counts[taken_at] <= 0:
+            del counts[taken_at]
+            # A snapshot sequence nobody holds any more: its versions may go, in a batch.
+            self._released += 1
+            if self._released >= _GC_EVERY and self._prunable:
+                self._collect_all()
+
+    def _collect_all(self) -> None:
+        self._released = 0
+        self._collect(list(self._prunable))
+
+    def _read_latest(self, resource: str, key: str) -> StoredValue:
         chain = self._chains.get((resource, key))
         if chain is None:
-            return StoredValue(None, 0)
+            return _ABSENT
+        newest = chain.versions[-1]
+        return StoredValue(newest.data, newest.version)
+
+    async def read(self, resource: str, key: str, at: Snapshot | None) -> StoredValue:
+        self._check_open()
         if at is None:
-            newest = chain.versions[-1]
+            return self._read_latest(resource, key)
+        chain = self._chains.get((resource, key))
+        if chain is None:
+            return _ABSENT
+        seq = at.sequence
+        newest = chain.versions[-1]
+        if newest.version <= seq:
             return StoredValue(newest.data, newest.version)
-        if at < chain.first:
-            return StoredValue(None, 0)
-        index = bisect.bisect_right(chain.versions, at, key=lambda v: v.version) - 1
-        if index < 0 or chain.until[index] <= at:
-            raise ConflictError.snapshot_too_old(resource, key, at=at, gone="garbage-collected")
+        if seq < chain.first:
+            return _ABSENT
+        index = bisect.bisect_right(chain.versions, seq, key=_version_of) - 1
+        if index < 0 or chain.until[index] <= seq:
+            raise ConflictError.snapshot_too_old(resource, key, at=seq, gone="garbage-collected")
         found = chain.versions[index]
         return StoredValue(found.data, found.version)
 
@@ -184,33 +234,35 @@ class MemoryBackend:
     # -- commit ---------------------------------------------------------------------------
 
     async def commit(self, request: CommitRequest) -> CommitResult:
+        # Atomic in the event loop: nothing below awaits, so no other task runs between
+        # the checks and the apply.
         self._check_open()
-        async with self._commit_lock:
-            if request.fencing is not None:
-                fence = request.fencing
-                highest = self._fence.get(fence.resource, 0)
-                if fence.token < highest:
-                    raise FencingError(resource=fence.resource, token=fence.token, highest=highest)
-            if request.idempotency_key is not None:
-                seen = self._idempotency.get(request.idempotency_key)
-                if seen is not None:
-                    if seen[0] != request.fingerprint:
-                        raise IdempotencyConflictError(request.idempotency_key)
-                    return replace(seen[1], replayed=True)
-            self._validate(request)
-            result = self._apply(request)
-            if request.idempotency_key is not None and request.fingerprint is not None:
-                self._idempotency[request.idempotency_key] = (request.fingerprint, result)
-            return result
+        if request.fencing is not None:
+            fence = request.fencing
+            highest = self._fence.get(fence.resource, 0)
+            if fence.token < highest:
+                raise FencingError(resource=fence.resource, token=fence.token, highest=highest)
+        if request.idempotency_key is not None:
+            seen = self._idempotency.get(request.idempotency_key)
+            if seen is not None:
+                if seen[0] != request.fingerprint:
+                    raise IdempotencyConflictError(request.idempotency_key)
+                return replace(seen[1], replayed=True)
+        taken_at = self._seq if request.snapshot is None else request.snapshot.sequence
+        self._validate(request, taken_at)
+        result = self._apply(request, taken_at)
+        if request.idempotency_key is not None and request.fingerprint is not None:
+            self._idempotency[request.idempotency_key] = (request.fingerprint, result)
+        return result
 
-    def _validate(self, request: CommitRequest) -> None:
+    def _validate(self, request: CommitRequest, taken_at: int) -> None:
         if request.isolation is Isolation.READ_COMMITTED:
             return
         for write in request.writes:
             latest = self._latest((write.resource, write.key))
-            if latest > request.taken_at:
+            if latest > taken_at:
                 raise ConflictError.write_conflict(
-                    write.resource, write.key, latest=latest, taken_at=request.taken_at
+                    write.resource, write.key, latest=latest, taken_at=taken_at
                 )
         if request.isolation is not Isolation.SERIALIZABLE:
             return
@@ -243,9 +295,9 @@ class MemoryBackend:
             writes=frozenset((w.resource, w.key) for w in request.writes),
         )
 
-    def _apply(self, request: CommitRequest) -> CommitResult:
+    def _apply(self, request: CommitRequest, taken_at: int) -> CommitResult:
         if not request.writes:
-            return CommitResult(request.taken_at)
+            return CommitResult(taken_at)
         self._seq += 1
         seq = self._seq
         written: list[Slot] = []
@@ -256,15 +308,15 @@ class MemoryBackend:
                 chain = self._chains[slot] = _Chain(first=seq)
             chain.append(StoredVersion(seq, write.data, request.now))
             written.append(slot)
-            entry = self._resources.get(write.resource)
-            self._resources[write.resource] = StoredResource(
-                name=write.resource,
-                metadata="{}" if entry is None else entry.metadata,
-                version=seq,
-                last_commit_at=request.now,
-            )
+            self._last_commit[write.resource] = (seq, request.now)
         self._graph.add(self._footprint(request, seq))
-        self._collect(written)
+        floor = self.retain_versions or 1
+        for slot in written:
+            length = len(self._chains[slot].versions)
+            if length > floor:
+                self._prunable.add(slot)
+                if length > floor + _GC_SLACK:
+                    self._collect((slot,))
         return CommitResult(seq)
 
     # -- garbage collection ---------------------------------------------------------------
@@ -285,7 +337,7 @@ class MemoryBackend:
                 continue
             keep = set(range(len(versions) - floor, len(versions)))
             for taken_at in live:
-                index = bisect.bisect_right(versions, taken_at, key=lambda v: v.version) - 1
+                index = bisect.bisect_right(versions, taken_at, key=_version_of) - 1
                 if index >= 0:
                     keep.add(index)
             if len(keep) < len(versions):
@@ -358,6 +410,8 @@ class MemoryBackend:
 
     async def history(self, resource: str, key: str, limit: int) -> list[StoredVersion]:
         self._check_open()
+        if self._prunable:
+            self._collect_all()  # what is retained is what GC leaves, batched or not
         chain = self._chains.get((resource, key))
         if chain is None:
             return []
@@ -365,17 +419,20 @@ class MemoryBackend:
 
     async def register_resource(self, name: str, metadata: str, now: datetime) -> None:
         self._check_open()
-        entry = self._resources.get(name)
-        self._resources[name] = StoredResource(
-            name=name,
-            metadata=metadata,
-            version=0 if entry is None else entry.version,
-            last_commit_at=None if entry is None else entry.last_commit_at,
-        )
+        self._metadata[name] = metadata
 
     async def resource_info(self, name: str) -> StoredResource | None:
         self._check_open()
-        return self._resources.get(name)
+        metadata = self._metadata.get(name)
+        last = self._last_commit.get(name)
+        if metadata is None and last is None:
+            return None
+        return StoredResource(
+            name=name,
+            metadata="{}" if metadata is None else metadata,
+            version=0 if last is None else last[0],
+            last_commit_at=None if last is None else last[1],
+        )
 
     async def health_check(self) -> bool:
         return not self._closed
@@ -401,5 +458,7 @@ class MemoryBackend:
 
     def retained_versions(self, resource: str, key: str) -> list[int]:
         """The versions of a key still held in memory, oldest first."""
+        if self._prunable:
+            self._collect_all()
         chain = self._chains.get((resource, key))
         return [] if chain is None else [v.version for v in chain.versions]

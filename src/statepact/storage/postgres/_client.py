@@ -40,11 +40,13 @@ __all__ = [
     "BoundExecutor",
     "EngineExecutor",
     "Executor",
+    "Failures",
     "FirstAttemptCommitted",
     "Runner",
     "constraint_of",
     "create_engine",
     "is_connection_error",
+    "is_rolled_back",
     "refuse_closed_connections",
     "sqlstate_of",
 ]
@@ -131,6 +133,13 @@ def is_connection_error(exc: BaseException) -> bool:
         # the middle of operation" carry no SQLSTATE.
         if name in ("ConnectionDoesNotExistError", "InterfaceError") and "closed" in str(link):
             return True
+        # A connection whose protocol is stuck mid-message: the server sent an error on its
+        # own (57P01/57P02 "terminating connection" as it shut down or crashed) while the
+        # connection sat idle, and asyncpg refuses the next statement before sending it.
+        if name == "InternalClientError" or (
+            name == "InterfaceError" and "another operation is in progress" in str(link)
+        ):
+            return True
     return False
 
 
@@ -145,7 +154,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(root).__name__}" + (f", SQLSTATE {state}" if state else "")
 
 
-class _Failures:
+class Failures:
     """How one store names its failures: state and queue raise different public errors."""
 
     def __init__(self, unavailable: Callable[[str], StatepactError], what: str) -> None:
@@ -229,7 +238,7 @@ class EngineExecutor:
         what: str,
     ) -> None:
         self._policy = policy
-        self._failures = _Failures(unavailable, what)
+        self._failures = Failures(unavailable, what)
         self._lock: asyncio.Lock | None = None
         if isinstance(target, AsyncEngine):
             # One statement per call runs in its own implicit transaction: one round
@@ -346,7 +355,7 @@ class BoundExecutor:
             )
         self._target = target
         self._kind = type(target).__name__
-        self._failures = _Failures(unavailable, what)
+        self._failures = Failures(unavailable, what)
 
     def _refuse(self, why: str) -> OutOfTurnError:
         return OutOfTurnError(

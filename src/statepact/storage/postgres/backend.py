@@ -3,8 +3,10 @@
 Keyed JSON values with their full MVCC history, leases with fencing tokens,
 lock rows and durable idempotency records in the ``statepact_*`` tables; every
 call is one autocommit statement of ``_sql/tx.py`` (a commit is one call of the
-``statepact_commit`` function). Why version order is commit order, resends and
-locks: docs/backings.md#the-commit-function.
+``statepact_commit`` function; a snapshot is taken by the first read's
+statement), run on the driver by ``_direct.DirectExecutor``. How snapshots see
+exactly the commits before them, resends and locks:
+docs/backings.md#the-commit-function.
 
 This module must never create or alter a table except through the packaged
 Alembic revisions (:meth:`PostgresBackend.connect` on an empty database),
@@ -18,7 +20,6 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any, Self, TypeVar
 
-from sqlalchemy import Row
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -36,25 +37,9 @@ from statepact.errors import (
     StatePersistenceError,
 )
 from statepact.settings import PostgresStoreSettings
-from statepact.storage.postgres._client import EngineExecutor, Runner, create_engine, sqlstate_of
-from statepact.storage.postgres._sql.tx import (
-    ACQUIRE_LEASE,
-    BEGIN,
-    COMMIT,
-    HISTORY,
-    READ_AT,
-    READ_LATEST,
-    REGISTER,
-    RELEASE_LEASE,
-    RENEW_LEASE,
-    RESET_SEQ,
-    RESOURCE_INFO,
-    TRUNCATE,
-    TRY_LOCK,
-    UNLOCK,
-)
-from statepact.storage.postgres._sql.tx import PING as _PING
-from statepact.storage.postgres._sql.tx import SCHEMA_PRESENT as _SCHEMA_PRESENT
+from statepact.storage.postgres._client import create_engine, sqlstate_of
+from statepact.storage.postgres._direct import DirectExecutor, Prepared, Statements
+from statepact.storage.postgres._sql import tx as sql
 from statepact.tx import (
     CommitRequest,
     CommitResult,
@@ -62,12 +47,32 @@ from statepact.tx import (
     Lease,
     LeaseRequest,
     LockMode,
+    Snapshot,
     StoredResource,
     StoredValue,
     StoredVersion,
 )
 
 __all__ = ["PostgresBackend"]
+
+# Compiled once for the driver (_direct.Prepared).
+ACQUIRE_LEASE = Prepared(sql.ACQUIRE_LEASE)
+BEGIN = Prepared(sql.BEGIN)
+BEGIN_READ = Prepared(sql.BEGIN_READ)
+COMMIT = Prepared(sql.COMMIT)
+HISTORY = Prepared(sql.HISTORY)
+READ_AT = Prepared(sql.READ_AT)
+READ_LATEST = Prepared(sql.READ_LATEST)
+REGISTER = Prepared(sql.REGISTER)
+RELEASE_LEASE = Prepared(sql.RELEASE_LEASE)
+RENEW_LEASE = Prepared(sql.RENEW_LEASE)
+RESET_SEQ = Prepared(sql.RESET_SEQ)
+RESOURCE_INFO = Prepared(sql.RESOURCE_INFO)
+TRUNCATE = Prepared(sql.TRUNCATE)
+TRY_LOCK = Prepared(sql.TRY_LOCK)
+UNLOCK = Prepared(sql.UNLOCK)
+_SCHEMA_PRESENT = Prepared(sql.SCHEMA_PRESENT)
+_ABSENT = StoredValue(None, 0)
 
 T = TypeVar("T")
 
@@ -144,10 +149,13 @@ def _asyncpg_url(dsn: str) -> Any:
 def _request_json(request: CommitRequest) -> dict[str, Any]:
     """The commit as the ``statepact_commit`` function reads it (writes and reads sorted)."""
     fencing = request.fencing
+    snapshot = request.snapshot
     return {
         "txn_id": request.txn_id,
         "isolation": request.isolation.value,
-        "taken_at": request.taken_at,
+        # None: the transaction read nothing, its snapshot is the commit point.
+        "snapshot": None if snapshot is None else snapshot.token,
+        "taken_at": None if snapshot is None else snapshot.sequence,
         "now": request.now.isoformat(),
         "writes": [[w.resource, w.key, w.data] for w in request.writes],
         # Only serializable validates reads: do not ship them otherwise.
@@ -167,7 +175,7 @@ class PostgresBackend:
 
     Built like the PostgreSQL stores: ``PostgresBackend(engine, clock=,
     settings=)`` takes an SQLAlchemy ``AsyncEngine`` on asyncpg whose database
-    has the statepact tables at revision 0002 or later, does not check it, and
+    has the statepact tables at revision statepact_0004 or later, does not check it, and
     leaves the engine to its owner; ``await PostgresBackend.open(engine,
     clock=, settings=)`` checks the schema first (``create_schema=True``
     applies the packaged migrations to a database without the tables);
@@ -191,6 +199,8 @@ class PostgresBackend:
     """
 
     detects_deadlocks = False
+    pins_snapshots = False
+    in_process = False
 
     def __init__(
         self,
@@ -219,7 +229,7 @@ class PostgresBackend:
         self.clock: Clock | None = clock
         self._engine = engine
         self._owns_engine = False
-        self._executor = EngineExecutor(
+        self._executor = DirectExecutor(
             engine,
             policy=settings.retry_policy,
             unavailable=_unavailable,
@@ -346,7 +356,7 @@ class PostgresBackend:
         return self._settings
 
     async def _ensure_schema(self, create: bool) -> None:
-        async def present(conn: Runner) -> Row[Any]:
+        async def present(conn: Statements) -> Any:
             return (await conn.execute(_SCHEMA_PRESENT)).one()
 
         row = await self._run(present, idempotent=True)
@@ -370,13 +380,14 @@ class PostgresBackend:
         if tables:
             raise SchemaVersionError(
                 "PostgresBackend: the statepact tables are at a revision without the commit "
-                "functions (revision 0002); run `statepact db upgrade`",
-                expected="0002",
+                "functions and version sequence of revision statepact_0004; run "
+                "`statepact db upgrade`",
+                expected="statepact_0004",
             )
         raise SchemaVersionError(
             "PostgresBackend: the statepact tables do not exist and create_schema=False; "
             "run `statepact db upgrade` (or connect with create_schema=True)",
-            expected="0002",
+            expected="statepact_0004",
         )
 
     async def _warm(self, count: int) -> None:
@@ -389,7 +400,7 @@ class PostgresBackend:
             for _ in range(count):
                 conn = await engine.connect()
                 opened.append(conn)
-                await conn.execute(_PING)
+                await conn.execute(sql.PING)
         except Exception:
             return  # warming is an optimisation; the first real call reports any trouble
         finally:
@@ -403,16 +414,30 @@ class PostgresBackend:
     def __repr__(self) -> str:
         return f"PostgresBackend(lock_timeout={self.lock_timeout:g})"
 
-    async def _run(self, work: Callable[[Runner], Awaitable[T]], *, idempotent: bool) -> T:
+    async def _run(self, work: Callable[[Statements], Awaitable[T]], *, idempotent: bool) -> T:
         if self._closed:
             raise RuntimeError("PostgresBackend: closed")
         return await self._executor.run(work, idempotent=idempotent)
 
     # -- snapshots and reads ----------------------------------------------------------------
 
-    async def begin(self, txn_id: str) -> int:
-        async def work(conn: Runner) -> int:
-            return int((await conn.execute(BEGIN)).scalar_one())
+    async def begin(self, txn_id: str) -> Snapshot:
+        async def work(conn: Statements) -> Snapshot:
+            token, sequence = (await conn.execute(BEGIN)).one()
+            return Snapshot(int(sequence), token)
+
+        return await self._run(work, idempotent=True)
+
+    async def begin_read(
+        self, txn_id: str, resource: str, key: str
+    ) -> tuple[Snapshot, StoredValue]:
+        params = {"resource": resource, "key": key}
+
+        async def work(conn: Statements) -> tuple[Snapshot, StoredValue]:
+            token, sequence, data, version = (await conn.execute(BEGIN_READ, params)).one()
+            # No row, or a version-0 placeholder: absent.
+            found = StoredValue(data, 0 if version is None else int(version))
+            return Snapshot(int(sequence), token), found
 
         return await self._run(work, idempotent=True)
 
@@ -433,7 +458,7 @@ class PostgresBackend:
         hide the outcome of a commit that has already happened.
         """
 
-        async def work(conn: Runner) -> None:
+        async def work(conn: Statements) -> None:
             await conn.execute(UNLOCK, {"txn_ids": txn_ids})
 
         try:
@@ -441,15 +466,16 @@ class PostgresBackend:
         except StatepactError:
             return
 
-    async def read(self, resource: str, key: str, at: int | None) -> StoredValue:
-        async def work(conn: Runner) -> StoredValue:
+    async def read(self, resource: str, key: str, at: Snapshot | None) -> StoredValue:
+        async def work(conn: Statements) -> StoredValue:
             if at is None:
                 result = await conn.execute(READ_LATEST, {"resource": resource, "key": key})
             else:
-                result = await conn.execute(READ_AT, {"resource": resource, "key": key, "at": at})
+                params = {"resource": resource, "key": key, "snapshot": at.token}
+                result = await conn.execute(READ_AT, params)
             row: Any = result.first()
             if row is None:
-                return StoredValue(None, 0)
+                return _ABSENT
             return StoredValue(row[0], int(row[1]))
 
         return await self._run(work, idempotent=True)
@@ -458,11 +484,17 @@ class PostgresBackend:
 
     async def commit(self, request: CommitRequest) -> CommitResult:
         payload = _request_json(request)
+        attempts = 0
 
-        async def work(conn: Runner) -> CommitResult:
+        async def work(conn: Statements) -> CommitResult:
+            nonlocal attempts
+            attempts += 1
+            # A second attempt may meet its first one applied (docs/backings.md, "Lost
+            # replies"): it says so, and the function looks for it.
+            sent = payload if attempts == 1 else {**payload, "resend": True}
             try:
-                reply = (await conn.execute(COMMIT, {"request": payload})).scalar_one()
-            except sa_exc.DBAPIError as exc:
+                reply = (await conn.execute(COMMIT, {"request": json.dumps(sent)})).scalar_one()
+            except Exception as exc:
                 public = _refusal(exc)
                 if public is None:
                     raise
@@ -495,7 +527,7 @@ class PostgresBackend:
             "ttl": timedelta(seconds=self.lock_ttl_seconds),
         }
 
-        async def attempt(conn: Runner) -> bool:
+        async def attempt(conn: Statements) -> bool:
             return bool((await conn.execute(TRY_LOCK, params)).scalar_one())
 
         # Idempotent: asking again for a lock the transaction holds is a no-op.
@@ -512,7 +544,7 @@ class PostgresBackend:
             "p_now": request.now,
         }
 
-        async def work(conn: Runner) -> int | None:
+        async def work(conn: Statements) -> int | None:
             token = (await conn.execute(ACQUIRE_LEASE, params)).scalar_one_or_none()
             return None if token is None else int(token)
 
@@ -539,7 +571,7 @@ class PostgresBackend:
             "p_ttl": request.ttl,
         }
 
-        async def work(conn: Runner) -> bool:
+        async def work(conn: Statements) -> bool:
             return (await conn.execute(RENEW_LEASE, params)).first() is not None
 
         if not await self._run(work, idempotent=True):
@@ -555,7 +587,7 @@ class PostgresBackend:
     async def release_lease(self, lease: Lease, now: datetime) -> bool:
         params = {"p_resource": lease.resource, "p_token": lease.token, "p_now": now}
 
-        async def work(conn: Runner) -> bool:
+        async def work(conn: Statements) -> bool:
             return (await conn.execute(RELEASE_LEASE, params)).first() is not None
 
         # Not sent again after a lost reply: a second attempt would answer False.
@@ -566,7 +598,7 @@ class PostgresBackend:
     async def history(self, resource: str, key: str, limit: int) -> list[StoredVersion]:
         params = {"resource": resource, "key": key, "limit": limit}
 
-        async def work(conn: Runner) -> list[StoredVersion]:
+        async def work(conn: Statements) -> list[StoredVersion]:
             rows: Any = (await conn.execute(HISTORY, params)).all()
             return [StoredVersion(int(row[0]), row[1], row[2]) for row in rows]
 
@@ -575,13 +607,13 @@ class PostgresBackend:
     async def register_resource(self, name: str, metadata: str, now: datetime) -> None:
         params = {"p_name": name, "p_metadata": metadata, "p_now": now}
 
-        async def work(conn: Runner) -> None:
+        async def work(conn: Statements) -> None:
             await conn.execute(REGISTER, params)
 
         await self._run(work, idempotent=True)
 
     async def resource_info(self, name: str) -> StoredResource | None:
-        async def work(conn: Runner) -> StoredResource | None:
+        async def work(conn: Statements) -> StoredResource | None:
             row: Any = (await conn.execute(RESOURCE_INFO, {"name": name})).one()
             stored_metadata, version, committed_at = row
             if stored_metadata is None and version is None:
@@ -608,7 +640,7 @@ class PostgresBackend:
     async def _ping(self) -> bool:
         try:
             async with self._engine.connect() as conn:
-                await conn.execute(_PING)
+                await conn.execute(sql.PING)
         except Exception:
             return False
         return True
@@ -626,6 +658,7 @@ class PostgresBackend:
         if self._locking:
             await self._unlock(sorted(self._locking))
         self._locking.clear()
+        self._executor.check_in()
         if self._owns_engine:
             try:
                 await self._engine.dispose()
@@ -639,7 +672,7 @@ class PostgresBackend:
         is not meant to run beside them.
         """
 
-        async def work(conn: Runner) -> None:
+        async def work(conn: Statements) -> None:
             await conn.execute(TRUNCATE)
             await conn.execute(RESET_SEQ)
 

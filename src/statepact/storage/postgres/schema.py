@@ -368,6 +368,9 @@ def _define_backend_tables(meta: MetaData) -> None:
         Column("version", BigInteger, nullable=False, server_default=text("0")),
         Column("data", JSON, nullable=True),
         Column("committed_at", _tz(), nullable=True),
+        # The transaction (pg_current_xact_id) that wrote the version (revision 0004): a
+        # commit conflicts when its snapshot does not see it. NULL: written before 0004.
+        Column("writer_xid", BigInteger, nullable=True),
         PrimaryKeyConstraint("resource", "key"),
         CheckConstraint("version >= 0", name="version"),
         Index("ix_statepact_values_resource_version", "resource", "version"),
@@ -384,7 +387,10 @@ def _define_backend_tables(meta: MetaData) -> None:
         # The transaction that wrote the version (revision 0002): a commit sent
         # again after a lost reply recognises its own first attempt.
         Column("txn_id", _ident(), nullable=True),
-        # Newest first and "newest at or before a snapshot" are backward scans of the key.
+        # The PostgreSQL transaction that wrote the version (revision 0004): a snapshot
+        # read takes the newest version whose writer the snapshot sees.
+        Column("writer_xid", BigInteger, nullable=True),
+        # Newest first and "newest visible in a snapshot" are backward scans of the key.
         PrimaryKeyConstraint("resource", "key", "version"),
         CheckConstraint("version > 0", name="version"),
     )

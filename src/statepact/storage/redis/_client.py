@@ -13,12 +13,13 @@ URL or a password in a message.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar, overload
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from redis import exceptions as rex
-from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
+from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -27,10 +28,12 @@ from statepact.errors import PoolExhaustedError, StatepactError
 from statepact.settings import RedisStoreSettings, redact_dsn
 
 __all__ = [
+    "CallGate",
     "Failover",
     "as_text",
     "check_database",
     "create_client",
+    "gate_of",
     "is_pool_exhausted",
     "is_transient",
     "is_write_race",
@@ -101,6 +104,50 @@ def as_text(value: Any) -> str:
     return str(value)
 
 
+class CallGate:
+    """At most ``size`` calls at once on a client whose pool holds ``size`` connections; a
+    call beyond waits up to ``wait`` seconds for one to end, then ``PoolExhaustedError``.
+
+    What redis-py's ``BlockingConnectionPool`` does, for a fraction of its cost per
+    call: a free slot is taken without suspending (no condition variable, no timer).
+    Every statepact call holds one connection at a time, so the pool underneath (one
+    that does not wait) never runs out while the calls go through the gate.
+    """
+
+    def __init__(self, size: int, wait: float) -> None:
+        self.size = size
+        self.wait = wait
+        self._slots = asyncio.Semaphore(size)
+
+    async def run(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
+        slots = self._slots
+        if slots.locked():
+            try:
+                async with asyncio.timeout(self.wait):
+                    await slots.acquire()
+            except TimeoutError:
+                raise PoolExhaustedError(
+                    f"no free Redis connection for {what} within {self.wait:g} s: every "
+                    "connection of the pool is in use; size the pool to the concurrent calls"
+                ) from None
+        else:
+            await slots.acquire()  # free: returns without suspending
+        try:
+            return await operation()
+        finally:
+            slots.release()
+
+
+# The gates of the clients create_client built with pool_wait: every statepact store,
+# queue and backend on such a client goes through its one gate.
+_GATES: weakref.WeakKeyDictionary[Any, CallGate] = weakref.WeakKeyDictionary()
+
+
+def gate_of(redis: Any) -> CallGate | None:
+    """The gate :func:`create_client` gave ``redis`` (``pool_wait``), if any."""
+    return _GATES.get(redis)
+
+
 class Failover:
     """Runs operations against Redis within a retry budget, translating its errors.
 
@@ -109,16 +156,29 @@ class Failover:
     ``QueueUnavailableError``).
     """
 
-    def __init__(self, policy: RetryPolicy, unavailable: Callable[[str], StatepactError]) -> None:
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        unavailable: Callable[[str], StatepactError],
+        gate: CallGate | None = None,
+    ) -> None:
         self._policy = policy
         self._unavailable = unavailable
+        self._gate = gate
 
     @property
     def policy(self) -> RetryPolicy:
         return self._policy
 
-    async def run(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
-        """Run ``operation`` (one call to Redis; ``what`` names it in messages)."""
+    async def run(
+        self, what: str, operation: Callable[[], Awaitable[T]], *, abandonable: bool = False
+    ) -> T:
+        """Run ``operation`` (one call to Redis; ``what`` names it in messages).
+
+        ``abandonable``: a read the caller may walk away from. It is not shielded
+        from the caller's cancellation (redis-py drops a connection whose reply
+        was abandoned, so none is misread); anything else runs to its end first.
+        """
 
         def give_up(exc: BaseException) -> StatepactError:
             return self._unavailable(
@@ -144,14 +204,17 @@ class Failover:
                 return self._unavailable(f"Redis failed {what}: {type(exc).__name__}: {exc}")
             return None
 
+        gate = self._gate
+        attempt = operation if gate is None else (lambda: gate.run(what, operation))
         return await call_with_failover(
-            operation,
+            attempt,
             policy=self._policy,
             is_transient=is_transient,
             give_up=give_up,
             translate=translate,
             what=what,
             backing="redis",
+            shield=not abandonable,
         )
 
 
@@ -228,8 +291,8 @@ def create_client(
     - ``max_connections`` is ``settings.pool_size``, on a pool that does not
       wait: a call beyond it raises ``PoolExhaustedError`` at once; with
       ``pool_wait`` (seconds) it waits that long for a free connection first
-      (redis-py's ``BlockingConnectionPool``; not on a cluster, whose per-node
-      pools cannot wait);
+      (through a :class:`CallGate` the stores, queues and backends built on the
+      client share; not on a cluster, whose per-node pools cannot wait);
     - ``socket_timeout`` and ``socket_connect_timeout`` come from the settings,
       so a stalled server becomes a dropped connection the failover budget
       waits out, instead of a call that never returns;
@@ -266,13 +329,10 @@ def create_client(
         client: Redis | RedisCluster
         if cluster:
             client = RedisCluster.from_url(url, **options)
-        elif pool_wait is None:
-            client = Redis.from_url(url, **options)
         else:
-            # The client owns the pool (from_pool): aclose() closes it.
-            client = Redis.from_pool(
-                BlockingConnectionPool.from_url(url, timeout=pool_wait, **options)
-            )
+            client = Redis.from_url(url, **options)
+            if pool_wait is not None:
+                _GATES[client] = CallGate(settings.pool_size, pool_wait)
     except ValueError:
         # ``from None``: redis-py's message or its cause may quote the URL.
         raise ValueError(

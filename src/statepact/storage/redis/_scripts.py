@@ -86,16 +86,22 @@ class ScriptRunner:
         encoded_keys = [key.encode("utf-8") for key in keys]
         encoded_args = [arg.encode("utf-8") if isinstance(arg, str) else arg for arg in args]
         script = self._scripts[name]
+        redis = self._redis
+        # EVALSHA straight on the client: redis-py's Script.__call__ would spend as long
+        # as the send finding out that the client is not a pipeline.
         try:
-            return await script(keys=encoded_keys, args=encoded_args)
+            return await redis.evalsha(script.sha, len(encoded_keys), *encoded_keys, *encoded_args)
         except NoScriptError:
-            # Still NOSCRIPT after redis-py loaded it: on a cluster whose topology moved
-            # (a replica promoted after a full resync has an empty script cache) the load
-            # went to the old primaries. EVAL goes where the keys live and caches it there;
-            # NOSCRIPT means nothing ran, so sending the source is safe.
-            return await self._redis.eval(
-                script.script, len(encoded_keys), *encoded_keys, *encoded_args
-            )
+            pass  # not in this server's script cache (a restart, a failover): load it
+        try:
+            script.sha = await redis.script_load(script.script)
+            return await redis.evalsha(script.sha, len(encoded_keys), *encoded_keys, *encoded_args)
+        except NoScriptError:
+            # Still NOSCRIPT after loading it: on a cluster whose topology moved (a replica
+            # promoted after a full resync has an empty script cache) the load went to the
+            # old primaries. EVAL goes where the keys live and caches it there; NOSCRIPT
+            # means nothing ran, so sending the source is safe.
+            return await redis.eval(script.script, len(encoded_keys), *encoded_keys, *encoded_args)
 
 
 async def load_scripts(redis: Any) -> None:

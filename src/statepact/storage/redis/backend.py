@@ -28,7 +28,7 @@ from statepact.errors import (
     StatePersistenceError,
 )
 from statepact.settings import RedisStoreSettings
-from statepact.storage.redis._client import Failover, check_database, create_client
+from statepact.storage.redis._client import Failover, check_database, create_client, gate_of
 from statepact.storage.redis._keys import TxKeys
 from statepact.storage.redis._scripts import TX_SCRIPTS, ScriptRunner
 from statepact.storage.redis.preflight import check
@@ -39,6 +39,7 @@ from statepact.tx import (
     Lease,
     LeaseRequest,
     LockMode,
+    Snapshot,
     StoredResource,
     StoredValue,
     StoredVersion,
@@ -51,6 +52,7 @@ T = TypeVar("T")
 # Replies of lua/tx/tx_commit.lua.
 _COMMITTED, _REPLAYED, _FENCED, _IDEMPOTENCY_CONFLICT, _CONFLICT = range(5)
 _WRITE, _READ = 1, 2
+_ABSENT = StoredValue(None, 0)
 _TOO_OLD = -1  # lua/tx/tx_read.lua: the version the snapshot needs was trimmed
 _CLEAR_BATCH = 500
 # The pool of connect()'s own client: its size, and how long a call waits for a
@@ -112,6 +114,8 @@ class RedisBackend:
     """
 
     detects_deadlocks = False
+    pins_snapshots = False
+    in_process = False
 
     def __init__(
         self,
@@ -143,7 +147,7 @@ class RedisBackend:
         self._redis = redis
         self._owns_client = False
         self._scripts = ScriptRunner(redis, TX_SCRIPTS)
-        self._failover = Failover(settings.retry_policy, _unavailable)
+        self._failover = Failover(settings.retry_policy, _unavailable, gate_of(redis))
         # The lock keys each live transaction of this process asked for; end() releases them.
         self._locks: dict[str, set[str]] = {}
         self._closed = False
@@ -240,20 +244,40 @@ class RedisBackend:
     def __repr__(self) -> str:
         return f"RedisBackend(prefix={self._keys.prefix!r}, history_limit={self.history_limit})"
 
-    async def _call(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
+    async def _call(
+        self, what: str, operation: Callable[[], Awaitable[T]], *, abandonable: bool = False
+    ) -> T:
         if self._closed:
             raise RuntimeError("RedisBackend: closed")
-        return await self._failover.run(what, operation)
+        return await self._failover.run(what, operation, abandonable=abandonable)
 
-    async def _script(self, name: str, keys: list[str], args: list[str | int]) -> Any:
-        return await self._call(name, lambda: self._scripts(name, keys, args))
+    async def _script(
+        self, name: str, keys: list[str], args: list[str | int], *, abandonable: bool = False
+    ) -> Any:
+        return await self._call(
+            name, lambda: self._scripts(name, keys, args), abandonable=abandonable
+        )
 
     # -- snapshots and reads ------------------------------------------------------------
 
-    async def begin(self, txn_id: str) -> int:
+    async def begin(self, txn_id: str) -> Snapshot:
         # Nothing to register: history is capped by count, not by live snapshots.
-        raw = await self._call("begin", lambda: self._redis.get(_bytes(self._keys.seq)))
-        return 0 if raw is None else int(raw)
+        raw = await self._call(
+            "begin", lambda: self._redis.get(_bytes(self._keys.seq)), abandonable=True
+        )
+        return Snapshot(0 if raw is None else int(raw))
+
+    async def begin_read(
+        self, txn_id: str, resource: str, key: str
+    ) -> tuple[Snapshot, StoredValue]:
+        reply = await self._script(
+            "tx_begin_read", [self._keys.seq, self._keys.data(resource)], [key]
+        )
+        snapshot = Snapshot(int(reply[0]))
+        if len(reply) < 2:
+            return snapshot, _ABSENT
+        version, _, data = _parse_entry(reply[1])
+        return snapshot, StoredValue(data, version)
 
     async def end(self, txn_id: str) -> None:
         keys = self._locks.get(txn_id)
@@ -281,25 +305,30 @@ class RedisBackend:
         except StatepactError:
             return
 
-    async def read(self, resource: str, key: str, at: int | None) -> StoredValue:
+    async def read(self, resource: str, key: str, at: Snapshot | None) -> StoredValue:
         data_key = self._keys.data(resource)
         if at is None:
-            raw = await self._call("read", lambda: self._redis.hget(_bytes(data_key), _bytes(key)))
+            raw = await self._call(
+                "read",
+                lambda: self._redis.hget(_bytes(data_key), _bytes(key)),
+                abandonable=True,
+            )
         else:
             raw = await self._script(
                 "tx_read",
                 [data_key, self._keys.history(resource, key), self._keys.trimmed(resource)],
-                [key, at],
+                [key, at.sequence],
+                abandonable=True,
             )
             if raw == _TOO_OLD:
                 raise ConflictError.snapshot_too_old(
                     resource,
                     key,
-                    at=at,
+                    at=at.sequence,
                     gone=f"trimmed from the history (history_limit={self.history_limit})",
                 )
         if raw is None:
-            return StoredValue(None, 0)
+            return _ABSENT
         version, _, data = _parse_entry(raw)
         return StoredValue(data, version)
 
@@ -317,7 +346,7 @@ class RedisBackend:
             script_keys.append(keys.fence(fence.resource))
         args: list[str | int] = [
             request.isolation.value,
-            request.taken_at,
+            "" if request.snapshot is None else request.snapshot.sequence,
             to_micros(request.now),
             request.txn_id,
             self.history_limit,
@@ -429,7 +458,9 @@ class RedisBackend:
 
     async def history(self, resource: str, key: str, limit: int) -> list[StoredVersion]:
         history_key = _bytes(self._keys.history(resource, key))
-        rows = await self._call("history", lambda: self._redis.lrange(history_key, 0, limit - 1))
+        rows = await self._call(
+            "history", lambda: self._redis.lrange(history_key, 0, limit - 1), abandonable=True
+        )
         out = []
         for raw in rows:
             version, micros, data = _parse_entry(raw)
@@ -444,7 +475,9 @@ class RedisBackend:
     async def resource_info(self, name: str) -> StoredResource | None:
         meta_key = _bytes(self._keys.meta(name))
         version, at, metadata = await self._call(
-            "resource_info", lambda: self._redis.hmget(meta_key, ["version", "at", "metadata"])
+            "resource_info",
+            lambda: self._redis.hmget(meta_key, ["version", "at", "metadata"]),
+            abandonable=True,
         )
         if version is None and metadata is None:
             return None

@@ -27,7 +27,7 @@ from statepact.errors import QueueUnavailableError
 from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem
 from statepact.queue import BaseWorkQueue, FailOutcome, LapseOutcome, QueuePolicy, WorkWatch
 from statepact.settings import RedisStoreSettings
-from statepact.storage.redis._client import Failover, as_text
+from statepact.storage.redis._client import Failover, as_text, gate_of
 from statepact.storage.redis._keys import QueueKeys, ref
 from statepact.storage.redis._scripts import QUEUE_SCRIPTS, ScriptRunner
 from statepact.storage.redis.preflight import check
@@ -71,7 +71,7 @@ class RedisWorkQueue(BaseWorkQueue):
         self._keys = QueueKeys(settings.namespace, settings.queue_name)
         self._fixed = self._keys.fixed()
         self._scripts = ScriptRunner(redis, QUEUE_SCRIPTS)
-        self._failover = Failover(settings.retry_policy, _unavailable)
+        self._failover = Failover(settings.retry_policy, _unavailable, gate_of(redis))
 
     @classmethod
     async def open(

@@ -29,7 +29,7 @@ from statepact.state import (
     RunWrite,
     SessionWrite,
 )
-from statepact.storage.redis._client import Failover, as_text
+from statepact.storage.redis._client import Failover, as_text, gate_of
 from statepact.storage.redis._keys import StateKeys
 from statepact.storage.redis._scripts import STATE_SCRIPTS, ScriptRunner
 from statepact.storage.redis.preflight import check
@@ -67,7 +67,7 @@ class RedisStateStore(BaseStateStore):
         self._settings = settings
         self._keys = StateKeys(settings.namespace)
         self._scripts = ScriptRunner(redis, STATE_SCRIPTS)
-        self._failover = Failover(settings.retry_policy, _unavailable)
+        self._failover = Failover(settings.retry_policy, _unavailable, gate_of(redis))
 
     @classmethod
     async def open(

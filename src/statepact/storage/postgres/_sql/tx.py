@@ -1,9 +1,10 @@
 """The statements of ``PostgresBackend``: the ``statepact_*`` tables under ``TransactionManager``.
 
 A commit is one call of the PL/pgSQL function ``statepact_commit`` (Alembic
-revision 0002) and a lock attempt one of ``statepact_try_lock``; reads, leases
-and the registry are one statement each. Why the commit locks what it locks,
-and why version order is commit order: docs/backings.md#the-commit-function.
+revision 0004) and a lock attempt one of ``statepact_try_lock``; a snapshot is
+taken with the first read, in its statement; reads, leases and the registry are
+one statement each. Why the commit locks what it locks, and how a snapshot sees
+exactly the commits before it: docs/backings.md#the-commit-function.
 
 Lock rows are stamped with the server's ``now()`` (a real-time TTL, as Redis's
 ``PX``); every other time is a bound parameter from the injected clock.
@@ -17,16 +18,21 @@ from sqlalchemy import (
     Boolean,
     Interval,
     Text,
+    any_,
     bindparam,
+    case,
     cast,
+    column,
     delete,
     func,
+    literal,
     select,
+    table,
     text,
     update,
 )
-from sqlalchemy.dialects.postgresql import JSONB, insert
-from sqlalchemy.types import JSON
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
+from sqlalchemy.types import JSON, UserDefinedType
 
 from statepact.storage.postgres.schema import metadata
 
@@ -34,6 +40,7 @@ __all__ = [
     "ACQUIRE_LEASE",
     "BACKEND_TABLES",
     "BEGIN",
+    "BEGIN_READ",
     "COMMIT",
     "HISTORY",
     "PING",
@@ -49,15 +56,17 @@ __all__ = [
     "TRUNCATE",
     "TRY_LOCK",
     "UNLOCK",
+    "VERSION_SEQUENCE",
 ]
 
-# Everything PostgresBackend needs from revision 0002 on.
+# The functions PostgresBackend calls (revision 0002; statepact_commit rewritten in 0004).
 REQUIRED_FUNCTIONS = (
     "statepact_commit(jsonb)",
     "statepact_try_lock(text, text, text, text, timestamptz, timestamptz)",
 )
+#: The version sequence of revision 0004: without it the commit function is 0002's.
+VERSION_SEQUENCE = "statepact_version_seq"
 
-_meta = metadata.tables["statepact_meta"]
 _values = metadata.tables["statepact_values"]
 _history = metadata.tables["statepact_history"]
 _resources = metadata.tables["statepact_resources"]
@@ -78,8 +87,60 @@ BACKEND_TABLES = (
 # stored text byte for byte) and written from text, never through a Python dict.
 
 
+class _PgSnapshot(UserDefinedType[str]):
+    """PostgreSQL's ``pg_snapshot``, for casts only (no column has this type)."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kw: Any) -> str:
+        return "pg_snapshot"
+
+
+class _Xid8(UserDefinedType[str]):
+    """PostgreSQL's ``xid8``, for casts only (``writer_xid`` is stored as a bigint)."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kw: Any) -> str:
+        return "xid8"
+
+
+def _sequence_now() -> Any:
+    """The last version the sequence handed out (0 before the first): a snapshot's number."""
+    sequence = table(VERSION_SEQUENCE, column("last_value"), column("is_called"))
+    return select(case((sequence.c.is_called, sequence.c.last_value), else_=0)).scalar_subquery()
+
+
+def _visible(writer_xid: Any) -> Any:
+    """Whether the snapshot bound as ``snapshot`` sees the transaction that wrote a row
+    (a row written before revision 0004, with no writer recorded, is seen by all)."""
+    snapshot = cast(bindparam("snapshot", type_=Text), _PgSnapshot())
+    return writer_xid.is_(None) | func.pg_visible_in_snapshot(
+        cast(cast(writer_xid, Text), _Xid8()), snapshot
+    )
+
+
 def _stmt_begin() -> Any:
-    return select(_meta.c.seq).where(_meta.c.id == 1)
+    # In autocommit, the statement's own snapshot is pg_current_snapshot().
+    return select(cast(func.pg_current_snapshot(), Text), _sequence_now())
+
+
+def _stmt_begin_read() -> Any:
+    # One statement: the snapshot and the key's row as that same snapshot sees it.
+    one = select(literal(1).label("one")).subquery()
+    return (
+        select(
+            cast(func.pg_current_snapshot(), Text),
+            _sequence_now(),
+            cast(_values.c.data, Text),
+            _values.c.version,
+        )
+        .select_from(one)
+        .outerjoin(
+            _values,
+            (_values.c.resource == bindparam("resource")) & (_values.c.key == bindparam("key")),
+        )
+    )
 
 
 def _stmt_read_latest() -> Any:
@@ -89,12 +150,13 @@ def _stmt_read_latest() -> Any:
 
 
 def _stmt_read_at() -> Any:
+    # The newest version whose writer the snapshot sees: a backward scan of the key.
     return (
         select(cast(_history.c.data, Text), _history.c.version)
         .where(
             _history.c.resource == bindparam("resource"),
             _history.c.key == bindparam("key"),
-            _history.c.version <= bindparam("at"),
+            _visible(_history.c.writer_xid),
         )
         .order_by(_history.c.version.desc())
         .limit(1)
@@ -132,7 +194,7 @@ def _stmt_try_lock() -> Any:
 
 
 def _stmt_unlock() -> Any:
-    return delete(_locks).where(_locks.c.txn_id.in_(bindparam("txn_ids", expanding=True)))
+    return delete(_locks).where(_locks.c.txn_id == any_(bindparam("txn_ids", type_=ARRAY(Text))))
 
 
 def _stmt_acquire_lease() -> Any:
@@ -233,11 +295,13 @@ def _stmt_resource_info() -> Any:
 def _stmt_schema_present() -> Any:
     return select(
         func.to_regclass("statepact_meta").is_not(None),
+        func.to_regclass(VERSION_SEQUENCE).is_not(None),
         *(func.to_regprocedure(signature).is_not(None) for signature in REQUIRED_FUNCTIONS),
     )
 
 
 BEGIN = _stmt_begin()
+BEGIN_READ = _stmt_begin_read()
 READ_LATEST = _stmt_read_latest()
 READ_AT = _stmt_read_at()
 HISTORY = _stmt_history()
@@ -251,5 +315,5 @@ REGISTER = _stmt_register()
 RESOURCE_INFO = _stmt_resource_info()
 SCHEMA_PRESENT = _stmt_schema_present()
 TRUNCATE = text(f"TRUNCATE {', '.join(BACKEND_TABLES)}")
-RESET_SEQ = update(_meta).where(_meta.c.id == 1).values(seq=0)
+RESET_SEQ = text(f"SELECT setval('{VERSION_SEQUENCE}', 1, false)")
 PING = text("SELECT 1")

@@ -10,7 +10,8 @@ then 4 keys per write, in the order of the writes:
 then 1 key per read, in the order of the reads:
          P:data:R
 ARGV[1]  isolation: 'read_committed' | 'snapshot' | 'serializable'
-ARGV[2]  taken_at, the snapshot sequence begin() returned
+ARGV[2]  taken_at, the snapshot's sequence; '' for a transaction that read nothing
+         (its snapshot is this commit: the current sequence, so no write conflicts)
 ARGV[3]  now, µs since the epoch (the front's injected clock)
 ARGV[4]  txn_id
 ARGV[5]  history_limit (>= 1)
@@ -52,7 +53,12 @@ registry), idempotency record, outcome record -- all in this one script, so
 one round trip.
 ]]
 local isolation = ARGV[1]
-local taken_at = tonumber(ARGV[2])
+local taken_at
+if ARGV[2] == '' then
+  taken_at = tonumber(redis.call('GET', KEYS[1]) or '0')
+else
+  taken_at = tonumber(ARGV[2])
+end
 local now, txn = ARGV[3], ARGV[4]
 local limit = tonumber(ARGV[5])
 local fingerprint, token = ARGV[7], ARGV[8]

@@ -1,0 +1,254 @@
+"""The direct executor: a backing's statements on the asyncpg connection of a pooled connection.
+
+Each call takes a connection checked out of the backing's SQLAlchemy
+``AsyncEngine`` pool, runs its statement (a Core expression compiled once to its
+SQL text, see :class:`Prepared`) on the asyncpg connection underneath, and puts
+it back. While calls keep coming, connections go from one call to the next
+without a trip through the pool; as soon as no call is running they are checked
+back in (before the event loop runs anything else), and a caller waiting on the
+pool gets the next one given back.
+That skips what SQLAlchemy does around a statement (an ``AsyncConnection``, two
+greenlet hops, result processing), which costs several times the round trip on
+a loopback server, while everything else stays the engine's: its pool and its
+limits, its checkout and connect events (``statement_timeout``, refusing a
+closed connection), its type codecs. Nothing is held while the backing is idle.
+
+:class:`DirectExecutor` has the contract of ``_client.EngineExecutor``
+(``await executor.run(work, idempotent=...)``, ``work`` gets something with
+``execute(statement, parameters)``), its error translation and its failover. A
+statement's parameters must be what asyncpg takes as they are (JSON as text);
+``expanding`` parameters are refused (use ``= ANY(:array)``).
+
+Cancellation: a call, once its statement is sent, runs to its end
+(``statepact._cancel.finish``) before the caller's cancellation goes on: asyncpg
+would otherwise cancel it on the server, and a connection closed before that
+settled leaves futures nobody answers.
+
+This module must never retry a statement that is not idempotent or resend-safe
+and never let an asyncpg or SQLAlchemy exception out. See docs/backings.md
+("Statements on the driver").
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar, cast
+
+from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
+from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.pool import Pool, PoolProxiedConnection
+from sqlalchemy.sql import ClauseElement
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.util import greenlet_spawn
+
+from statepact._retry import RetryPolicy, call_with_failover
+from statepact.errors import StatepactError
+from statepact.storage.postgres._client import Failures, is_connection_error, is_rolled_back
+
+__all__ = ["DirectExecutor", "Prepared", "Rows", "Statements"]
+
+T = TypeVar("T")
+
+_DIALECT: Dialect = asyncpg_dialect()  # type: ignore[no-untyped-call]
+
+
+class Prepared:
+    """A Core statement compiled once for asyncpg: its SQL text and its parameters in order
+    (a named ``bindparam`` is taken from the call's parameters, a literal keeps its value)."""
+
+    __slots__ = ("_order", "sql")
+
+    def __init__(self, statement: ClauseElement) -> None:
+        compiled = cast(SQLCompiler, statement.compile(dialect=_DIALECT))
+        binds = compiled.binds
+        if any(bind.expanding for bind in binds.values()):
+            raise ValueError("statement: expanding parameters cannot be prepared; use = ANY()")
+        self.sql = str(compiled)
+        self._order: tuple[tuple[str, bool, Any], ...] = tuple(
+            (name, binds[name].required, binds[name].value) for name in compiled.positiontup or ()
+        )
+
+    def arguments(self, parameters: Mapping[str, Any] | None) -> list[Any]:
+        given = parameters or {}
+        return [given[name] if required else value for name, required, value in self._order]
+
+
+class Rows:
+    """The rows of one statement, answering the ``Result`` methods the backings use."""
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, rows: Sequence[Any]) -> None:
+        self._rows = rows
+
+    def all(self) -> Sequence[Any]:
+        return self._rows
+
+    def first(self) -> Any:
+        return self._rows[0] if self._rows else None
+
+    def one(self) -> Any:
+        if len(self._rows) != 1:
+            raise LookupError(f"expected one row, got {len(self._rows)}")
+        return self._rows[0]
+
+    def scalar(self) -> Any:
+        return self._rows[0][0] if self._rows else None
+
+    def scalar_one(self) -> Any:
+        return self.one()[0]
+
+    def scalar_one_or_none(self) -> Any:
+        if len(self._rows) > 1:
+            raise LookupError(f"expected at most one row, got {len(self._rows)}")
+        return self.scalar()
+
+
+class Statements:
+    """What a call's ``work`` runs its statements on: one checked-out connection."""
+
+    __slots__ = ("driver",)
+
+    def __init__(self, driver: Any) -> None:
+        self.driver = driver
+
+    async def execute(
+        self, statement: Prepared, parameters: Mapping[str, Any] | None = None
+    ) -> Rows:
+        return Rows(await self.driver.fetch(statement.sql, *statement.arguments(parameters)))
+
+
+class DirectExecutor:
+    """Runs a call's statements on a connection of ``engine``'s pool, with failover.
+
+    ``policy`` is the failover budget; ``unavailable`` and ``what`` name the
+    backing's public error, as for ``EngineExecutor``.
+    """
+
+    bound = False
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        policy: RetryPolicy,
+        unavailable: Callable[[str], StatepactError],
+        what: str,
+    ) -> None:
+        self._engine = engine
+        self._policy = policy
+        self._failures = Failures(unavailable, what)
+        # Checked-out connections between two calls, with the pool each came from; checked
+        # in once no call is running.
+        self._free: list[tuple[Pool, PoolProxiedConnection]] = []
+        self._running = 0
+        self._waiting = 0  # calls inside the pool's checkout (opening, or waiting for one)
+        self._check_in_soon: asyncio.Handle | None = None
+
+    @property
+    def engine(self) -> AsyncEngine:
+        return self._engine
+
+    async def _checkout(self) -> tuple[Pool, PoolProxiedConnection]:
+        # The engine's pool now: engine.dispose() replaces it, and a connection of the old
+        # one goes back to the old one (which closes it) rather than on to the next call.
+        pool = self._engine.sync_engine.pool
+        while self._free:
+            taken = self._free.pop()
+            if taken[0] is pool:
+                return taken
+            taken[1].close()
+        # The pool's own checkout, with its events, its waiting and its timeout (I/O when
+        # it opens, pings or replaces a connection, hence the greenlet).
+        self._waiting += 1
+        try:
+            return pool, await greenlet_spawn(pool.connect)
+        finally:
+            self._waiting -= 1
+
+    def _give_back(self, taken: tuple[Pool, PoolProxiedConnection]) -> None:
+        if self._waiting:
+            taken[1].close()  # a call waits on the pool: this one is its next
+            return
+        self._free.append(taken)
+
+    def _check_in_idle(self) -> None:
+        self._check_in_soon = None
+        if not self._running:
+            self.check_in()
+
+    def check_in(self) -> None:
+        """Give every connection held between calls back to the pool (the backing closing).
+        Checking in is plain code: the driver never began a transaction, so its reset sends
+        nothing."""
+        free, self._free = self._free, []
+        for _pool, connection in free:
+            connection.close()
+
+    async def run(
+        self,
+        work: Callable[[Statements], Awaitable[T]],
+        *,
+        idempotent: bool,
+        resend_safe: bool = False,
+    ) -> T:
+        """Run ``work`` on a pooled connection, waiting out a failover within the policy.
+
+        ``idempotent``: running it twice is harmless. ``resend_safe``: a write
+        that recognises its own first attempt.
+        """
+        sent = False
+
+        async def attempt() -> T:
+            nonlocal sent
+            sent = False
+            self._running += 1
+            try:
+                taken = await self._checkout()
+                connection = taken[1]
+                sent = True
+                try:
+                    result = await work(Statements(connection.driver_connection))
+                except BaseException as exc:
+                    if is_connection_error(exc):
+                        # Never pooled again; closing the dead socket is I/O. Invalidating
+                        # checks the connection in: closing it as well would return its
+                        # record to the pool twice, for two callers to share.
+                        await greenlet_spawn(connection.invalidate, exc)
+                    else:
+                        self._give_back(taken)
+                    raise
+                self._give_back(taken)
+                return result
+            finally:
+                self._running -= 1
+                if not self._running and self._free and self._check_in_soon is None:
+                    loop = asyncio.get_running_loop()
+                    self._check_in_soon = loop.call_soon(self._check_in_idle)
+
+        def transient(exc: BaseException) -> bool:
+            if is_rolled_back(exc):
+                return True
+            return is_connection_error(exc) and (idempotent or resend_safe or not sent)
+
+        def translate(exc: BaseException) -> StatepactError | None:
+            return self._failures.translate(exc, bound=False)
+
+        def give_up(exc: BaseException) -> StatepactError:
+            if is_rolled_back(exc):
+                public = self._failures.translate(exc, bound=False)
+                assert public is not None
+                return public
+            return self._failures.give_up(exc, self._policy.attempts)
+
+        return await call_with_failover(
+            attempt,
+            policy=self._policy,
+            is_transient=transient,
+            give_up=give_up,
+            translate=translate,
+            what=self._failures.what,
+            backing="postgres",
+        )
