@@ -207,8 +207,27 @@ async def test_bench_on_redis_reports_every_scenario(statepact_redis_url: str) -
     assert code == 0, err.getvalue()
     results = json.loads(out.getvalue())["results"]
     for backing, floors in (
-        ("memory", {"dict+asyncio.Lock"}),
-        ("redis", {"raw PING", "raw EVALSHA"}),
+        (
+            "memory",
+            {
+                "dict+asyncio.Lock",
+                "seed.memory.independent",
+                "seed.memory.hot",
+                "seed.memory.readonly",
+            },
+        ),
+        (
+            "redis",
+            {
+                "raw EVALSHA",
+                "redis.ping",
+                "redis.evalsha_2r2w",
+                "redis.hincrby_own",
+                "seed.redis.independent",
+                "seed.redis.hot",
+                "seed.redis.readonly",
+            },
+        ),
     ):
         rows = [r for r in results if r["backing"] == backing]
         scenarios = {r["scenario"] for r in rows}
@@ -218,6 +237,7 @@ async def test_bench_on_redis_reports_every_scenario(statepact_redis_url: str) -
             "tx.read_only",
             "state.get",
             "state.put",
+            "state.patch_own",
             "state.patch",
             "queue.enqueue.w1",
             "queue.enqueue.w10",

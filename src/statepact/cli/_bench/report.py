@@ -51,6 +51,12 @@ class BenchResult:
     #: Of those, the ones sent inside the backend's ``commit`` (transaction scenarios only).
     commit_round_trips_per_op: float | None = None
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BenchResult:
+        """A result from its ``--json`` form (``dataclasses.asdict``'s)."""
+        also = [Against(**one) for one in data.get("also", [])]
+        return cls(**{**data, "also": also})
+
     def against(self) -> Iterator[Against]:
         """Every floor and peer it is held against, its own floor first."""
         yield Against(self.floor, self.floor_ops_per_s, self.ratio, self.target)

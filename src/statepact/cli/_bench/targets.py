@@ -157,12 +157,13 @@ class Floors:
     async def floor(self, name: str) -> Floor:
         """The floor ``name``, set up on first use."""
         if name not in self._floors:
-            made = self._make(name)
+            made = self.make(name)
             self._floors[name] = made  # before setup: close() removes what half a setup made
             await made.setup()
         return self._floors[name]
 
-    def _make(self, name: str) -> Floor:
+    def make(self, name: str) -> Floor:
+        """A new floor ``name`` on this backing (not set up yet)."""
         if name.startswith("seed."):
             kind, scenario = name.removeprefix("seed.").rsplit(".", 1)
             if kind not in self._designs:
