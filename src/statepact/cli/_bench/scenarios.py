@@ -232,73 +232,61 @@ class Runner:
                 RunRecord(tenant=tenant, run_id=f"run-{caller}", data={"step": 0})
             )
 
-        self.progress.start(f"{self.b.kind}: state get_run ({c} callers x {n})")
-
         async def get(caller: int, _i: int) -> None:
             await state.get_run(tenant, f"run-{caller}")
 
-        seconds, sent = await self.timed(c, n, get)
-        await self.record(
-            "state.get",
-            f"state: get_run ({c} callers x {n})",
-            concurrency=c,
-            ops=c * n,
-            seconds=seconds,
-            sent=sent,
-        )
-
-        self.progress.start(f"{self.b.kind}: state put_run ({c} callers x {n})")
+        await self.state_calls("state.get", "get_run", get)
 
         async def put(caller: int, i: int) -> None:
             versions[caller] = await state.put_run(
                 versions[caller].model_copy(update={"data": {"step": i + 1}})
             )
 
-        seconds, sent = await self.timed(c, n, put)
-        await self.record(
-            "state.put",
-            f"state: put_run ({c} callers x {n})",
-            concurrency=c,
-            ops=c * n,
-            seconds=seconds,
-            sent=sent,
-        )
-
-        self.progress.start(f"{self.b.kind}: state patch_run, own run ({c} callers x {n})")
+        await self.state_calls("state.put", "put_run", put)
 
         async def patch_own(caller: int, _i: int) -> None:
             await state.patch_run(
                 tenant, f"run-{caller}", input_tokens=100, cost="0.0001", iterations=1
             )
 
-        seconds, sent = await self.timed(c, n, patch_own)
-        for caller in range(c):
-            mine = await state.get_run(tenant, f"run-{caller}")
-            if mine is None or mine.iterations != n:
-                raise CommandError(f"bench: patch_run lost updates ({mine!r})")
-        await self.record(
-            "state.patch_own",
-            f"state: patch_run, own run ({c} callers x {n})",
-            concurrency=c,
-            ops=c * n,
-            seconds=seconds,
-            sent=sent,
-        )
+        async def each_added_up() -> None:
+            for caller in range(c):
+                mine = await state.get_run(tenant, f"run-{caller}")
+                if mine is None or mine.iterations != n:
+                    raise CommandError(f"bench: patch_run lost updates ({mine!r})")
 
-        self.progress.start(f"{self.b.kind}: state patch_run, one run ({c} callers x {n})")
-        await state.put_run(RunRecord(tenant=tenant, run_id="shared"))
+        await self.state_calls("state.patch_own", "patch_run, own run", patch_own, each_added_up)
 
         # Every caller patches the SAME run: the counters must add up exactly.
+        await state.put_run(RunRecord(tenant=tenant, run_id="shared"))
+
         async def patch(_caller: int, _i: int) -> None:
             await state.patch_run(tenant, "shared", input_tokens=100, cost="0.0001", iterations=1)
 
-        seconds, sent = await self.timed(c, n, patch)
-        final = await state.get_run(tenant, "shared")
-        if final is None or final.iterations != c * n:
-            raise CommandError(f"bench: patch_run lost updates ({final!r})")
+        async def added_up() -> None:
+            final = await state.get_run(tenant, "shared")
+            if final is None or final.iterations != c * n:
+                raise CommandError(f"bench: patch_run lost updates ({final!r})")
+
+        await self.state_calls("state.patch", "patch_run, one run", patch, added_up)
+
+    async def state_calls(
+        self,
+        scenario: str,
+        what: str,
+        op: Callable[[int, int], Awaitable[object]],
+        check: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """One state scenario: ``--concurrency`` callers doing ``op`` ``--ops`` times each,
+        then ``check`` (untimed), then the floors beside it."""
+        c, n = self.p.concurrency, self.p.ops
+        self.progress.start(f"{self.b.kind}: state {what} ({c} callers x {n})")
+        seconds, sent = await self.timed(c, n, op)
+        if check is not None:
+            await check()
         await self.record(
-            "state.patch",
-            f"state: patch_run, one run ({c} callers x {n})",
+            scenario,
+            f"state: {what} ({c} callers x {n})",
             concurrency=c,
             ops=c * n,
             seconds=seconds,
