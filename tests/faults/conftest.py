@@ -18,7 +18,7 @@ import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 from redis.asyncio import Redis
@@ -26,6 +26,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from statepact._retry import RetryPolicy
+from statepact.clock import ManualClock
 from statepact.testing.cluster import LocalRedisCluster, cluster_unavailable_reason
 from statepact.testing.servers import (
     PostgresServer,
@@ -34,6 +35,9 @@ from statepact.testing.servers import (
     local_unavailable_reason,
     missing_server,
 )
+
+if TYPE_CHECKING:
+    from tests.faults._proxied import Proxied, ProxiedPostgres, ProxiedRedis
 
 # The failover budget of the fault tests: small, so a test that outlasts it is short.
 FAST_FAILOVER = RetryPolicy(attempts=3, base_delay=0.05, max_delay=0.2)
@@ -158,11 +162,12 @@ def need_local(kind: str) -> None:
         missing_server(f"the fault lane starts its own {kind} server: {why}", os.environ)
 
 
-@pytest.fixture(scope="session")
-def fault_redis_server() -> Iterator[RedisServer]:
-    """A Redis of our own for the proxy tests (no persistence: nothing here restarts it)."""
-    need_local("redis")
-    server = RedisServer(["--appendonly", "no", "--save", ""])
+S = TypeVar("S", RedisServer, PostgresServer)
+
+
+def started(server: S) -> Iterator[S]:
+    """A fixture's body for ``server``: started (closed at once if it cannot start), yielded,
+    closed."""
     try:
         server.start()
     except ServerStartError:
@@ -170,20 +175,20 @@ def fault_redis_server() -> Iterator[RedisServer]:
         raise
     yield server
     server.close()
+
+
+@pytest.fixture(scope="session")
+def fault_redis_server() -> Iterator[RedisServer]:
+    """A Redis of our own for the proxy tests (no persistence: nothing here restarts it)."""
+    need_local("redis")
+    yield from started(RedisServer(["--appendonly", "no", "--save", ""]))
 
 
 @pytest.fixture(scope="session")
 def fault_postgres_server() -> Iterator[PostgresServer]:
     """A PostgreSQL of our own for the proxy tests (fast settings: nothing here kills it)."""
     need_local("postgres")
-    server = PostgresServer()
-    try:
-        server.start()
-    except ServerStartError:
-        server.close()
-        raise
-    yield server
-    server.close()
+    yield from started(PostgresServer())
 
 
 def fault_redis_client(port: int, *, socket_timeout: float = SOCKET_TIMEOUT) -> Redis:
@@ -200,16 +205,6 @@ def fault_redis_client(port: int, *, socket_timeout: float = SOCKET_TIMEOUT) -> 
         socket_connect_timeout=socket_timeout,
         retry=Retry(NoBackoff(), 0),
     )
-
-
-@pytest.fixture
-async def redis_direct(fault_redis_server: RedisServer) -> AsyncIterator[Redis]:
-    """A client straight to the lane's Redis (no proxy), for checking what landed."""
-    client = fault_redis_client(fault_redis_server.port, socket_timeout=5.0)
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 @pytest.fixture(scope="session")
@@ -266,3 +261,54 @@ async def fault_pg_url(
         yield url
     finally:
         await drop_database(fault_postgres_server.url, name)
+
+
+# -- a backing behind a fault proxy (tests/faults/_proxied.py) ---------------------------------
+
+
+def lane_server(request: pytest.FixtureRequest, kind: str) -> tuple[int, str]:
+    """The port of the lane's own ``kind`` server and a URL to use on it: for PostgreSQL a
+    fresh migrated database of this test's own (``fault_pg_url``)."""
+    if kind == "redis":
+        redis: RedisServer = request.getfixturevalue("fault_redis_server")
+        return redis.port, redis.url
+    postgres: PostgresServer = request.getfixturevalue("fault_postgres_server")
+    return postgres.port, request.getfixturevalue("fault_pg_url")
+
+
+@pytest.fixture
+async def proxied_redis(
+    fault_redis_server: RedisServer, clock: ManualClock
+) -> AsyncIterator[ProxiedRedis]:
+    """The lane's Redis behind a fault proxy, under a namespace of this test's own."""
+    from tests.faults._proxied import ProxiedRedis, behind_proxy
+
+    port = fault_redis_server.port
+    async with behind_proxy(port, lambda proxy: ProxiedRedis(proxy, clock, port)) as backing:
+        yield backing
+
+
+@pytest.fixture
+async def proxied_postgres(
+    fault_postgres_server: PostgresServer, fault_pg_url: str, clock: ManualClock
+) -> AsyncIterator[ProxiedPostgres]:
+    """The lane's PostgreSQL behind a fault proxy, on a migrated database of this test's own."""
+    from tests.faults._proxied import ProxiedPostgres, behind_proxy
+
+    port = fault_postgres_server.port
+    async with behind_proxy(
+        port, lambda proxy: ProxiedPostgres(proxy, clock, fault_pg_url)
+    ) as backing:
+        yield backing
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("redis", marks=pytest.mark.integration),
+        pytest.param("postgres", marks=pytest.mark.integration),
+    ]
+)
+def proxied(request: pytest.FixtureRequest) -> Proxied:
+    """Each server backing in turn behind a fault proxy: ``proxied_redis``, ``proxied_postgres``."""
+    backing: Proxied = request.getfixturevalue(f"proxied_{request.param}")
+    return backing

@@ -58,11 +58,10 @@ from statepact.models import ItemStatus, Lease, RunRecord, SessionRecord, WorkIt
 from statepact.queue import QueuePolicy, WorkQueue
 from statepact.state import StateStore
 from statepact.storage.memory import MemoryBackend, MemoryStateStore, MemoryWorkQueue
-from statepact.testing.faults import FaultProxy
-from statepact.testing.servers import PostgresServer, RedisServer
 from statepact.tx import Lease as ResourceLease
 from statepact.tx import LockMode, StorageBackend, Transaction, TransactionManager
-from tests.faults.conftest import FAST_FAILOVER, FaultFigures
+from tests.faults._proxied import RESENDING, Proxied
+from tests.faults.conftest import FaultFigures, lane_server
 
 pytestmark = [pytest.mark.faults]
 
@@ -114,7 +113,12 @@ class Stores:
     backend: StorageBackend
     manager: TransactionManager
     in_use: Callable[[], dict[str, int]]
-    close: Callable[[], Awaitable[None]]
+    #: What was opened for these stores, closed last first by :meth:`close`.
+    opened: list[Callable[[], Awaitable[None]]]
+
+    async def close(self) -> None:
+        for close in reversed(self.opened):
+            await close()
 
 
 def _redis_in_use(client: Any) -> int:
@@ -133,7 +137,7 @@ async def open_memory(clock: ManualClock) -> Stores:
         backend,
         TransactionManager(backend),
         dict,
-        backend.close,
+        [backend.close],
     )
 
 
@@ -146,7 +150,7 @@ async def open_redis(clock: ManualClock, port: int) -> Stores:
     from statepact.storage.redis import RedisBackend, RedisStateStore, RedisWorkQueue
 
     tag = f"cx{uuid.uuid4().hex[:8]}"
-    settings = RedisStoreSettings(namespace=tag, durable=False)
+    settings = RedisStoreSettings(namespace=tag, tx_prefix=tag, durable=False)
     # Fewer connections than workers: calls queue for one, so a cancel also lands there.
     pool = BlockingConnectionPool(
         host="127.0.0.1",
@@ -158,12 +162,7 @@ async def open_redis(clock: ManualClock, port: int) -> Stores:
         retry=Retry(NoBackoff(), 0),
     )
     client = Redis.from_pool(pool)
-    backend = RedisBackend(client, prefix=tag, clock=clock)
-
-    async def close() -> None:
-        await backend.close()
-        await client.aclose()
-
+    backend = RedisBackend(client, clock=clock, settings=settings)
     return Stores(
         "redis",
         clock,
@@ -172,7 +171,7 @@ async def open_redis(clock: ManualClock, port: int) -> Stores:
         backend,
         TransactionManager(backend),
         lambda: {"redis": _redis_in_use(client)},
-        close,
+        [client.aclose, backend.close],
     )
 
 
@@ -187,11 +186,6 @@ async def open_postgres(clock: ManualClock, url: str) -> Stores:
     backend = await PostgresBackend.connect(
         url, clock=clock, max_size=POOL_SIZE, create_schema=False
     )
-
-    async def close() -> None:
-        await backend.close()
-        await engine.dispose()
-
     return Stores(
         "postgres",
         clock,
@@ -203,7 +197,7 @@ async def open_postgres(clock: ManualClock, url: str) -> Stores:
             "state+queue engine": engine.sync_engine.pool.checkedout(),
             "backend engine": backend.engine.sync_engine.pool.checkedout(),
         },
-        close,
+        [engine.dispose, backend.close],
     )
 
 
@@ -214,23 +208,20 @@ async def open_postgres(clock: ManualClock, url: str) -> Stores:
         pytest.param("postgres", marks=pytest.mark.integration),
     ]
 )
-def backing(request: pytest.FixtureRequest) -> tuple[str, Any]:
+def backing(request: pytest.FixtureRequest) -> tuple[str, int, str]:
     """Which backing, and where its server is (the lane's own servers)."""
-    if request.param == "redis":
-        server: RedisServer = request.getfixturevalue("fault_redis_server")
-        return "redis", server.port
-    if request.param == "postgres":
-        return "postgres", request.getfixturevalue("fault_pg_url")
-    return "memory", None
+    if request.param == "memory":
+        return "memory", 0, ""
+    return request.param, *lane_server(request, request.param)
 
 
 @pytest.fixture
-async def stores(backing: tuple[str, Any], clock: ManualClock) -> AsyncIterator[Stores]:
-    kind, where = backing
+async def stores(backing: tuple[str, int, str], clock: ManualClock) -> AsyncIterator[Stores]:
+    kind, port, url = backing
     if kind == "redis":
-        opened = await open_redis(clock, where)
+        opened = await open_redis(clock, port)
     elif kind == "postgres":
-        opened = await open_postgres(clock, where)
+        opened = await open_postgres(clock, url)
     else:
         opened = await open_memory(clock)
     try:
@@ -759,68 +750,16 @@ async def test_cancelled_calls_leave_nothing_behind(
 # -- a backing's own bookkeeping, when the release itself is cancelled ---------------------------
 
 
-@pytest.fixture(params=["redis", "postgres"])
-def server_of(request: pytest.FixtureRequest) -> tuple[str, int, str]:
-    """``(kind, port, url)`` of one of the lane's own servers."""
-    if request.param == "redis":
-        server: RedisServer = request.getfixturevalue("fault_redis_server")
-        return "redis", server.port, server.url
-    pg: PostgresServer = request.getfixturevalue("fault_postgres_server")
-    return "postgres", pg.port, request.getfixturevalue("fault_pg_url")
-
-
-@pytest.fixture
-async def proxied_backends(
-    server_of: tuple[str, int, str], clock: ManualClock
-) -> AsyncIterator[tuple[StorageBackend, StorageBackend, FaultProxy]]:
-    """A backend through a fault proxy, a second one straight to the same server, the proxy."""
-    from sqlalchemy.engine import make_url
-
-    from statepact.storage.postgres import PostgresBackend
-    from statepact.storage.redis import RedisBackend
-    from tests.faults.conftest import fault_redis_client
-
-    kind, port, url = server_of
-    closers: list[Callable[[], Awaitable[None]]] = []
-    try:
-        proxy = await FaultProxy(port).start()
-        closers.append(proxy.close)
-        through: StorageBackend
-        direct: StorageBackend
-        if kind == "redis":
-            prefix = f"cxp{uuid.uuid4().hex[:8]}"
-            clients = [fault_redis_client(proxy.port), fault_redis_client(port)]
-            closers.extend(client.aclose for client in clients)
-            through, direct = (
-                RedisBackend(client, prefix=prefix, clock=clock, failover=FAST_FAILOVER)
-                for client in clients
-            )
-        else:
-            proxied = make_url(url).set(port=proxy.port).render_as_string(hide_password=False)
-            through = await PostgresBackend.connect(
-                proxied,
-                clock=clock,
-                failover=FAST_FAILOVER,
-                create_schema=False,
-                connect_args={"timeout": 1.0, "command_timeout": 2.0},
-            )
-            direct = await PostgresBackend.connect(url, clock=clock, create_schema=False)
-        closers.extend([through.close, direct.close])
-        yield through, direct, proxy
-    finally:
-        for close in reversed(closers):
-            with contextlib.suppress(Exception):
-                await close()
-
-
 @pytest.mark.integration
 async def test_an_end_cancelled_before_its_unlock_went_out_can_be_repeated(
-    proxied_backends: tuple[StorageBackend, StorageBackend, FaultProxy],
+    proxied: Proxied,
 ) -> None:
     """``end`` cancelled while it waits out a failover (the unlock never reached the server)
     keeps the transaction's lock bookkeeping, so the next ``end`` releases the locks; before,
     the bookkeeping was dropped first and the keys stayed locked for lock_ttl_seconds."""
-    through, direct, proxy = proxied_backends
+    # A budget the poll below cannot outlast: with three attempts and a jittered delay of a
+    # millisecond, end() could give up (and forget its keys) before the cancel landed.
+    through, direct, proxy = proxied.backend(RESENDING), proxied.backend(), proxied.proxy
     await through.begin("t1")
     assert await through.try_lock("t1", R, "o1", LockMode.EXCLUSIVE, 0)
     proxy.refuse()

@@ -24,7 +24,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,18 +143,8 @@ def _app(tmp_path: Path, url: str) -> App:
 
 
 @pytest.fixture
-def database(statepact_postgres_url: str) -> Iterator[str]:
-    name = unique_database_name("app")
-    url = run_in_thread(lambda: create_database(statepact_postgres_url, name))
-    try:
-        yield url
-    finally:
-        run_in_thread(lambda: drop_database(statepact_postgres_url, name))
-
-
-@pytest.fixture
-def app(tmp_path: Path, database: str) -> App:
-    return _app(tmp_path, database)
+def app(tmp_path: Path, empty_database_url_sync: str) -> App:
+    return _app(tmp_path, empty_database_url_sync)
 
 
 async def _query(url: str, sql: str) -> list[Any]:

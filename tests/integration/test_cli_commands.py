@@ -6,7 +6,6 @@ refuse what ``preflight()``/``verify()`` refuse, name the setting, and exit 1.
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import socket
@@ -19,29 +18,16 @@ from statepact.cli import bench, demo, doctor
 from statepact.cli._bench.targets import beside
 from statepact.testing.plugin import RedisServerFactory
 from statepact.testing.servers import missing_server
+from tests._cli import bench_scenarios, parse, redis_keys, summary_table
 
 pytestmark = pytest.mark.integration
 
 redis_asyncio = pytest.importorskip("redis.asyncio")
 
 
-def _parse(add: Callable[[argparse.ArgumentParser], None], *argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add(parser)
-    return parser.parse_args(list(argv))
-
-
-async def _keys(url: str, pattern: str) -> list[Any]:
-    client: Any = redis_asyncio.Redis.from_url(url)
-    try:
-        return [key async for key in client.scan_iter(match=pattern, count=1000)]
-    finally:
-        await client.aclose()
-
-
 def _demo_transcript(*argv: str) -> tuple[int, str]:
     out = io.StringIO()
-    code = demo.command(_parse(demo.add_arguments, *argv), out=out)
+    code = demo.command(parse(demo.add_arguments, *argv), out=out)
     return code, out.getvalue()
 
 
@@ -76,27 +62,21 @@ async def test_demo_tells_the_story_on_redis_and_cleans_up(statepact_redis_url: 
     for point in STORY:
         assert point in transcript, point
     assert "namespace 'statepact_cli_" in transcript
-    assert await _keys(statepact_redis_url, "*statepact_cli_*") == []
+    assert await redis_keys(statepact_redis_url, "*statepact_cli_*") == []
 
 
 async def test_demo_counters_match_memory_for_the_same_seed(statepact_redis_url: str) -> None:
     """``--seed`` repeats the numbers on a server too: the summary table equals memory's."""
-
-    def table(transcript: str) -> list[str]:
-        lines = transcript.splitlines()
-        start = next(i for i, line in enumerate(lines) if line.strip().startswith("tenant"))
-        return lines[start : start + 4]
-
     _, on_memory = await _run_off_loop(lambda: _demo_transcript("--seed", "9"))
     _, on_redis = await _run_off_loop(
         lambda: _demo_transcript("--redis", statepact_redis_url, "--seed", "9")
     )
-    assert table(on_memory) == table(on_redis)
+    assert summary_table(on_memory) == summary_table(on_redis)
 
 
 def _run_doctor(*argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    code = doctor.command(_parse(doctor.add_arguments, *argv), out=out, err=err)
+    code = doctor.command(parse(doctor.add_arguments, *argv), out=out, err=err)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -186,7 +166,7 @@ async def test_doctor_says_an_unreachable_redis_is_unreachable_without_its_passw
 async def test_bench_on_redis_reports_every_scenario(statepact_redis_url: str) -> None:
     """Tiny sizes on memory and Redis: every scenario with ops/s and its ratio to the floor."""
     out, err = io.StringIO(), io.StringIO()
-    args = _parse(
+    args = parse(
         bench.add_arguments,
         "--backend",
         "memory,redis",
@@ -210,29 +190,10 @@ async def test_bench_on_redis_reports_every_scenario(statepact_redis_url: str) -
     for backing in ("memory", "redis"):
         rows = [r for r in results if r["backing"] == backing]
         scenarios = {r["scenario"] for r in rows}
-        assert scenarios >= {
-            "tx.independent",
-            "tx.hot_key",
-            "tx.read_only",
-            "state.get",
-            "state.put",
-            "state.patch_own",
-            "state.patch",
-            "queue.enqueue.w1",
-            "queue.enqueue.w10",
-            "queue.claim_ack.w1",
-            "queue.claim_ack.w10",
-            "queue.enqueue_many",
-            "queue.worker.c10",
-            "queue.worker.wake",
-            "queue.claim_cost.t2.q20",
-            "queue.claim_cost.t2.q40",
-            "queue.claim_cost.t20.q20",
-            "queue.claim_cost.t20.q40",
-        }
+        assert scenarios >= set(bench_scenarios((2, 20), (20, 40)))
         # each stands beside the first floor its plan names (docs/benchmarks.md)
         assert all(r["floor"] == beside(backing, r["scenario"])[0].floor for r in rows)
         for r in rows:
             assert r["ops_per_s"] > 0
             assert r["ratio"] == pytest.approx(r["ops_per_s"] / r["floor_ops_per_s"])
-    assert await _keys(statepact_redis_url, "*bench*") == []
+    assert await redis_keys(statepact_redis_url, "*bench*") == []

@@ -8,15 +8,11 @@ naming the setting and the fix, one without.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import io
 import json
 import re
-import subprocess
-import sys
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -25,6 +21,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from statepact.cli import bench, demo, doctor
 from statepact.cli._bench.targets import beside
+from tests._cli import bench_scenarios, parse, redis_keys, run_statepact, summary_table
 from tests.fixtures.postgres import (
     admin_execute,
     database_url,
@@ -33,12 +30,6 @@ from tests.fixtures.postgres import (
 )
 
 pytestmark = pytest.mark.integration
-
-
-def _parse(add: Callable[[argparse.ArgumentParser], None], *argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add(parser)
-    return parser.parse_args(list(argv))
 
 
 async def _schemas(url: str, like: str) -> list[str]:
@@ -58,7 +49,7 @@ async def test_demo_tells_the_story_on_postgres_and_drops_its_schema(
 ) -> None:
     """State, queue and transactions on PostgreSQL, in a schema that is dropped afterwards."""
     out = io.StringIO()
-    args = _parse(demo.add_arguments, "--postgres", statepact_postgres_url, "--seed", "4")
+    args = parse(demo.add_arguments, "--postgres", statepact_postgres_url, "--seed", "4")
     code = await asyncio.to_thread(lambda: demo.command(args, out=out))
     transcript = out.getvalue()
     assert code == 0, transcript
@@ -99,34 +90,14 @@ STORY_AND_SUMMARY = [
 ]
 
 
-def _summary_table(section: str) -> list[str]:
-    lines = section.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.strip().startswith("tenant"))
-    return lines[start : start + 4]
-
-
-async def _redis_keys(url: str, pattern: str) -> list[Any]:
-    redis_asyncio: Any = pytest.importorskip("redis.asyncio")
-    client: Any = redis_asyncio.Redis.from_url(url)
-    try:
-        return [key async for key in client.scan_iter(match=pattern, count=1000)]
-    finally:
-        await client.aclose()
-
-
 async def test_demo_on_redis_and_postgres_tells_the_story_on_each_in_turn(
     statepact_redis_url: str, statepact_postgres_url: str
 ) -> None:
     """The installed ``statepact demo --redis URL --postgres URL --seed 1``: the whole story and
     its summary on Redis, then on PostgreSQL, each headed; exit 0; nothing left behind; the
     seed gives both (and memory) the same counters."""
-    script = Path(sys.executable).parent / "statepact"
-    assert script.is_file(), f"no statepact console script at {script}; run pip install -e ."
-    argv = [str(script), "demo", "--redis", statepact_redis_url]
-    argv += ["--postgres", statepact_postgres_url, "--seed", "1"]
-    result = await asyncio.to_thread(
-        lambda: subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
-    )
+    argv = ["demo", "--redis", statepact_redis_url, "--postgres", statepact_postgres_url]
+    result = await asyncio.to_thread(lambda: run_statepact(*argv, "--seed", "1", timeout=300))
     assert result.returncode == 0, result.stdout + result.stderr
     # The plugin's Redis is durable and the schema is fresh: nothing to note on stderr.
     assert result.stderr == ""
@@ -157,12 +128,12 @@ async def test_demo_on_redis_and_postgres_tells_the_story_on_each_in_turn(
     assert transcript.rstrip().endswith("the same story, seed 1, ran on redis and then postgres")
     # --seed repeats the numbers: both servers' tables equal the memory demo's for seed 1.
     memory = io.StringIO()
-    args = _parse(demo.add_arguments, "--seed", "1")
+    args = parse(demo.add_arguments, "--seed", "1")
     assert await asyncio.to_thread(lambda: demo.command(args, out=memory)) == 0
-    assert _summary_table(on_redis) == _summary_table(on_postgres)
-    assert _summary_table(on_postgres) == _summary_table(memory.getvalue())
+    assert summary_table(on_redis) == summary_table(on_postgres)
+    assert summary_table(on_postgres) == summary_table(memory.getvalue())
     # Each server is left as it was found.
-    assert await _redis_keys(statepact_redis_url, "*statepact_cli_*") == []
+    assert await redis_keys(statepact_redis_url, "*statepact_cli_*") == []
     assert await _schemas(statepact_postgres_url, "statepact_cli_%") == []
 
 
@@ -171,7 +142,7 @@ async def test_bench_reports_every_scenario_on_all_three_backings(
 ) -> None:
     """Tiny sizes on memory, Redis and PostgreSQL: every scenario with ops/s and ratio."""
     out, err = io.StringIO(), io.StringIO()
-    args = _parse(
+    args = parse(
         bench.add_arguments,
         "--backend",
         "memory,redis,postgres",
@@ -196,26 +167,7 @@ async def test_bench_reports_every_scenario_on_all_three_backings(
     payload = json.loads(out.getvalue())
     assert set(payload["backings"]) == {"memory", "redis", "postgres"}
     assert "postgres" not in json.dumps(payload["backings"]["memory"])
-    scenarios = {
-        "tx.independent",
-        "tx.hot_key",
-        "tx.read_only",
-        "state.get",
-        "state.put",
-        "state.patch_own",
-        "state.patch",
-        "queue.enqueue.w1",
-        "queue.enqueue.w10",
-        "queue.claim_ack.w1",
-        "queue.claim_ack.w10",
-        "queue.enqueue_many",
-        "queue.worker.c10",
-        "queue.worker.wake",
-        "queue.claim_cost.t2.q10",
-        "queue.claim_cost.t2.q20",
-        "queue.claim_cost.t10.q10",
-        "queue.claim_cost.t10.q20",
-    }
+    scenarios = set(bench_scenarios((2, 10), (10, 20)))
     for backing in ("memory", "redis", "postgres"):
         rows = [r for r in payload["results"] if r["backing"] == backing]
         assert {r["scenario"] for r in rows} == scenarios
@@ -244,7 +196,7 @@ async def bare_database(statepact_postgres_url: str) -> AsyncIterator[str]:
 
 def _run_doctor(*argv: str) -> tuple[int, str]:
     out, err = io.StringIO(), io.StringIO()
-    code = doctor.command(_parse(doctor.add_arguments, *argv), out=out, err=err)
+    code = doctor.command(parse(doctor.add_arguments, *argv), out=out, err=err)
     assert err.getvalue() == ""
     return code, out.getvalue()
 

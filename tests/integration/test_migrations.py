@@ -25,7 +25,6 @@ import os
 import subprocess
 import sys
 import venv
-from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -41,29 +40,16 @@ from statepact.clock import ManualClock
 from statepact.errors import SchemaVersionError
 from statepact.storage.postgres import PostgresStateStore, migrate
 from statepact.storage.postgres.schema import SCHEMA_VERSION, metadata
+from tests._cli import run_statepact
 from tests.fixtures.postgres import (
     apply_sql_script,
-    create_database,
-    drop_database,
     run_in_thread,
-    unique_database_name,
 )
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 OWN_TABLES = frozenset(metadata.tables)
-
-
-@pytest.fixture
-def empty_database_url_sync(statepact_postgres_url: str) -> Iterator[str]:
-    """The same, for tests that run the command line (which starts its own event loop)."""
-    name = unique_database_name("m")
-    url = run_in_thread(lambda: create_database(statepact_postgres_url, name))
-    try:
-        yield url
-    finally:
-        run_in_thread(lambda: drop_database(statepact_postgres_url, name))
 
 
 async def _tables(url: str) -> set[str]:
@@ -240,23 +226,6 @@ def test_statepact_db_errors_are_one_line_without_the_password() -> None:
     assert "STATEPACT_DATABASE_URL" in err
 
 
-def _installed_statepact() -> Path:
-    """The ``statepact`` console script installed beside this interpreter."""
-    script = Path(sys.executable).parent / "statepact"
-    assert script.is_file(), f"no statepact console script at {script}; run pip install -e ."
-    return script
-
-
-def _statepact_process(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(_installed_statepact()), *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 async def _execute(url: str, statement: str) -> None:
     engine = create_async_engine(url)
     try:
@@ -297,16 +266,16 @@ def test_db_check_passes_after_upgrade_and_fails_after_a_manual_alter_table(
     plain = url.set(drivername="postgresql", password=password).render_as_string(
         hide_password=False
     )
-    upgrade = _statepact_process("db", "upgrade", "--url", plain)
+    upgrade = run_statepact("db", "upgrade", "--url", plain)
     assert upgrade.returncode == 0, upgrade.stderr
     assert f"at revision {migrate.head()}" in upgrade.stdout
-    clean = _statepact_process("db", "check", "--url", plain)
+    clean = run_statepact("db", "check", "--url", plain)
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert f"matches this release (revision {migrate.head()})" in clean.stdout
     assert str(password) not in clean.stdout + clean.stderr
 
     run_in_thread(lambda: _execute(empty_database_url_sync, drift))
-    drifted = _statepact_process("db", "check", "--url", plain)
+    drifted = run_statepact("db", "check", "--url", plain)
     assert drifted.returncode == 1, drifted.stdout + drifted.stderr
     assert drifted.stderr == ""
     lines = drifted.stdout.splitlines()
@@ -459,17 +428,6 @@ async def test_tables_made_by_another_environment_are_named_as_such(
 # -- offline SQL (--sql) --------------------------------------------------------------------
 
 
-def _cli_process(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(_installed_statepact()), *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=env,
-    )
-
-
 def test_db_upgrade_sql_touches_no_database_and_builds_what_verify_accepts(
     empty_database_url_sync: str, clock: ManualClock
 ) -> None:
@@ -480,7 +438,7 @@ def test_db_upgrade_sql_touches_no_database_and_builds_what_verify_accepts(
         **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
         "STATEPACT_DATABASE_URL": "postgresql://nobody:pw@127.0.0.1:9/nowhere",
     }
-    upgrade = _cli_process("db", "upgrade", "--sql", env=environment)
+    upgrade = run_statepact("db", "upgrade", "--sql", env=environment)
     assert upgrade.returncode == 0, upgrade.stderr
     assert upgrade.stderr == ""
     script = upgrade.stdout
@@ -501,7 +459,7 @@ def test_db_upgrade_sql_touches_no_database_and_builds_what_verify_accepts(
 
     run_in_thread(open_store)
 
-    downgrade = _cli_process("db", "downgrade", "base", "--sql", env=environment)
+    downgrade = run_statepact("db", "downgrade", "base", "--sql", env=environment)
     assert downgrade.returncode == 0, downgrade.stderr
     run_in_thread(lambda: apply_sql_script(url, downgrade.stdout))
     assert not OWN_TABLES & run_in_thread(lambda: _tables(url))

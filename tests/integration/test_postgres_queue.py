@@ -12,11 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from statepact.clock import ManualClock
@@ -26,18 +24,6 @@ from statepact.storage.postgres import PostgresWorkQueue
 pytestmark = pytest.mark.integration
 
 LEASE = 30.0
-
-
-@pytest.fixture
-def statements(pg_engine: AsyncEngine) -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        seen.append(statement)
-
-    event.listen(pg_engine.sync_engine, "before_cursor_execute", record)
-    yield seen
-    event.remove(pg_engine.sync_engine, "before_cursor_execute", record)
 
 
 async def _fill(queue: PostgresWorkQueue, tenant: str, count: int, prefix: str = "i") -> None:

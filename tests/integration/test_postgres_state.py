@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -44,19 +43,6 @@ FAST_FAILOVER = {"failover_attempts": 3, "failover_base_delay": 0.01, "failover_
 
 def _run(run_id: str, **fields: Any) -> RunRecord:
     return RunRecord(tenant="acme", run_id=run_id, **fields)
-
-
-@pytest.fixture
-def statements(pg_engine: AsyncEngine) -> Iterator[list[str]]:
-    """Every SQL statement the engine sends, in order."""
-    seen: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        seen.append(statement)
-
-    event.listen(pg_engine.sync_engine, "before_cursor_execute", record)
-    yield seen
-    event.remove(pg_engine.sync_engine, "before_cursor_execute", record)
 
 
 async def _scalar(engine: AsyncEngine, sql: str) -> Any:

@@ -31,11 +31,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 from pydantic import SecretStr
 
 from statepact.clock import ManualClock
@@ -471,3 +474,99 @@ def postgres_model_backing(
         yield PostgresBacking(url)
     finally:
         run_in_thread(lambda: drop_database(statepact_postgres_url, name))
+
+
+# -- lockstep machines --------------------------------------------------------------------------
+# What the model machines (tests/model/test_*_model.py) share: the settings they run under,
+# a base that owns the run's loop and clock and compares one call on all three, the walk
+# through every page of a listing, and the test body that runs a machine on one backing.
+
+
+def machine_settings(max_examples: int, steps: int) -> settings:
+    """``max_examples`` runs of up to ``steps`` steps, no deadline (servers are slow)."""
+    return settings(
+        max_examples=max_examples,
+        stateful_step_count=steps,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+
+
+class LockstepMachine(RuleBasedStateMachine):
+    """Drives ``backing`` (``self.real``), the memory reference (``self.ref``) and a plain
+    model in lockstep; a subclass opens ``real`` (through ``self.runner``) and ``ref`` on
+    ``self.clock``, and keeps ``self.used`` for :func:`within_budget`."""
+
+    backing: ClassVar[Backing]
+    real: Any
+    ref: Any
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runner = LoopRunner()
+        self.clock = ManualClock()
+        self.used: Counter[str] = Counter()
+
+    def teardown(self) -> None:
+        self.runner.close()
+
+    def compare(
+        self,
+        what: str,
+        call: Callable[[Any], Awaitable[Any]],
+        model_call: Callable[[], Any],
+        form: Callable[[Any], Any] = same,
+    ) -> tuple[Outcome, dict[str, Any]]:
+        """``call`` on the backing's store and on memory's, ``model_call`` on the model; they
+        must agree. Returns the backing's outcome and the three raw values."""
+        outcomes, values = self.compare_each(
+            what, lambda: call(self.real), lambda: call(self.ref), model_call, form
+        )
+        return outcomes["real"], values
+
+    def compare_each(
+        self,
+        what: str,
+        real_call: Callable[[], Awaitable[Any]],
+        ref_call: Callable[[], Awaitable[Any]],
+        model_call: Callable[[], Any],
+        form: Callable[[Any], Any] = same,
+    ) -> tuple[dict[str, Outcome], dict[str, Any]]:
+        """One call each, when the backing's and memory's differ by more than the store (a
+        transaction or a lease of their own); see :func:`compare`."""
+        return compare(self.runner, self.backing.name, what, real_call, ref_call, model_call, form)
+
+
+def run_machine(machine: type[LockstepMachine], backing: Backing, run: settings) -> None:
+    """Run ``machine`` against ``backing`` under ``run``."""
+    bound = type(f"{machine.__name__}_{backing.name}", (machine,), {"backing": backing})
+    run_state_machine_as_test(bound, settings=run)
+
+
+# A store's listing walk stops here, so a cursor that never ends fails instead of hanging.
+MOST_PAGES = 20
+
+
+async def walk_pages(page_after: Callable[[str | None], Awaitable[Page[T]]]) -> list[Page[T]]:
+    """Every page of a listing, following its cursors (at most ``MOST_PAGES``)."""
+    pages: list[Page[T]] = []
+    after: str | None = None
+    while len(pages) < MOST_PAGES:
+        page = await page_after(after)
+        pages.append(page)
+        if page.next is None:
+            break
+        after = page.next
+    return pages
+
+
+def walk_model_pages(page_after: Callable[[str | None], Page[T]]) -> list[Page[T]]:
+    """Every page of the plain model's listing."""
+    pages: list[Page[T]] = []
+    after: str | None = None
+    while True:
+        page = page_after(after)
+        pages.append(page)
+        if page.next is None:
+            return pages
+        after = page.next

@@ -22,21 +22,12 @@ Budget: ``MAX_EXAMPLES`` runs of up to ``STEPS`` steps per backing, no deadline.
 from __future__ import annotations
 
 import json
-from collections import Counter
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any
 
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    precondition,
-    rule,
-    run_state_machine_as_test,
-)
+from hypothesis.stateful import initialize, precondition, rule
 
 from statepact.clock import ManualClock
 from statepact.errors import LeaseLostError
@@ -45,24 +36,18 @@ from statepact.queue import QueuePolicy, WorkQueue
 from statepact.storage.memory import MemoryWorkQueue
 from tests.model._harness import (
     Backing,
-    LoopRunner,
-    Outcome,
-    compare,
+    LockstepMachine,
     item_form,
     lease_form,
-    same,
+    machine_settings,
+    run_machine,
     stats_form,
     within_budget,
 )
 
 MAX_EXAMPLES = 100
 STEPS = 50
-SETTINGS = settings(
-    max_examples=MAX_EXAMPLES,
-    stateful_step_count=STEPS,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+SETTINGS = machine_settings(MAX_EXAMPLES, STEPS)
 
 POLICY = QueuePolicy(max_attempts=3, backoff_base=5, backoff_cap=20, jitter=0)
 QUEUE = "default"
@@ -306,51 +291,22 @@ def _sorted_items(items: list[WorkItem]) -> Any:
 
 # -- the machine --------------------------------------------------------------------------------
 
-Call = Callable[[Any], Awaitable[Any]]
 
-
-class QueueMachine(RuleBasedStateMachine):
+class QueueMachine(LockstepMachine):
     """Drives ``backing``, the memory reference and the plain model in lockstep."""
-
-    backing: ClassVar[Backing]
 
     def __init__(self) -> None:
         super().__init__()
-        self.runner = LoopRunner()
-        self.clock = ManualClock()
         self.real: WorkQueue = self.runner.open(self.backing.work_queue(self.clock, POLICY)).value
         self.ref = MemoryWorkQueue(clock=self.clock, policy=POLICY, name=QUEUE)
         self.model = PlainQueueModel(self.clock, POLICY)
         # Every lease ever handed out, live or stale: {"real": ..., "ref": ..., "model": ...}.
         self.leases: list[dict[str, Lease]] = []
-        self.used: Counter[str] = Counter()
         self.tokens = {
             "real": TokenWatch(self.backing.name),
             "ref": TokenWatch("memory"),
             "model": TokenWatch("model"),
         }
-
-    def teardown(self) -> None:
-        self.runner.close()
-
-    def compare(
-        self,
-        what: str,
-        call: Call,
-        model_call: Callable[[], Any],
-        form: Callable[[Any], Any] = same,
-    ) -> tuple[Outcome, dict[str, Any]]:
-        """Make the call on all three; they must agree. Returns the outcome and raw values."""
-        outcomes, values = compare(
-            self.runner,
-            self.backing.name,
-            what,
-            lambda: call(self.real),
-            lambda: call(self.ref),
-            model_call,
-            form,
-        )
-        return outcomes["real"], values
 
     def keep(self, values: dict[str, list[Lease]]) -> None:
         """Remember new leases (one per queue per logical lease) and check their tokens."""
@@ -527,7 +483,4 @@ class QueueMachine(RuleBasedStateMachine):
 
 def test_work_queue_agrees_with_memory_and_the_model(model_backing: Backing) -> None:
     """Every backing answers random WorkQueue operations as memory and the plain model do."""
-    machine = type(
-        f"QueueMachine_{model_backing.name}", (QueueMachine,), {"backing": model_backing}
-    )
-    run_state_machine_as_test(machine, settings=SETTINGS)
+    run_machine(QueueMachine, model_backing, SETTINGS)

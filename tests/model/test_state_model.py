@@ -20,21 +20,14 @@ each run gets one event loop and empty stores (see ``tests/model/_harness.py``).
 from __future__ import annotations
 
 import json
-from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, ClassVar
+from typing import Any
 
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    rule,
-    run_state_machine_as_test,
-)
+from hypothesis.stateful import initialize, rule
 
 from statepact._codec import COST_SCALE, nanos_to_decimal
 from statepact.clock import ManualClock
@@ -44,24 +37,20 @@ from statepact.state import StateStore
 from statepact.storage.memory import MemoryStateStore
 from tests.model._harness import (
     Backing,
-    LoopRunner,
-    Outcome,
-    compare,
+    LockstepMachine,
+    machine_settings,
     page_form,
     run_form,
-    same,
+    run_machine,
     session_form,
+    walk_model_pages,
+    walk_pages,
     within_budget,
 )
 
 MAX_EXAMPLES = 100
 STEPS = 50
-SETTINGS = settings(
-    max_examples=MAX_EXAMPLES,
-    stateful_step_count=STEPS,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+SETTINGS = machine_settings(MAX_EXAMPLES, STEPS)
 
 TENANTS = ["acme", "globex", "ünï 'x'"]
 RUN_IDS = ["r1", "r2", "r3"]
@@ -160,18 +149,25 @@ class PlainStateModel:
         row = self.runs.get((tenant, run_id))
         return None if row is None else self._run(tenant, run_id, row)
 
-    def put_run(self, record: RunRecord) -> RunRecord:
-        key = (record.tenant, record.run_id)
-        row = self._write(self.runs, key, record.version, "run")
+    def _put(
+        self, table: dict[tuple[str, str], _Row], key: tuple[str, str], record: Any, kind: str
+    ) -> _Row:
+        """Create or replace ``record``'s row, the next version of it."""
+        row = self._write(table, key, record.version, kind)
         now = self.clock.now()
         if row is None:
             self.seq += 1
-            row = self.runs[key] = _Row("", 0, now, now, self.seq)
+            row = table[key] = _Row("", 0, now, now, self.seq)
         row.data = json.dumps(record.data)
-        row.session_id = record.session_id
-        row.status = record.status
         row.version += 1
         row.updated_at = now
+        return row
+
+    def put_run(self, record: RunRecord) -> RunRecord:
+        key = (record.tenant, record.run_id)
+        row = self._put(self.runs, key, record, "run")
+        row.session_id = record.session_id
+        row.status = record.status
         return self._run(*key, row)
 
     def patch_run(self, tenant: str, run_id: str, add: dict[str, int]) -> RunRecord:
@@ -214,15 +210,7 @@ class PlainStateModel:
 
     def put_session(self, record: SessionRecord) -> SessionRecord:
         key = (record.tenant, record.session_id)
-        row = self._write(self.sessions, key, record.version, "session")
-        now = self.clock.now()
-        if row is None:
-            self.seq += 1
-            row = self.sessions[key] = _Row("", 0, now, now, self.seq)
-        row.data = json.dumps(record.data)
-        row.version += 1
-        row.updated_at = now
-        return self._session(*key, row)
+        return self._session(*key, self._put(self.sessions, key, record, "session"))
 
     def get_session(self, tenant: str, session_id: str) -> SessionRecord | None:
         row = self.sessions.get((tenant, session_id))
@@ -278,18 +266,12 @@ class SeqWatch:
 
 # -- the machine --------------------------------------------------------------------------------
 
-Call = Callable[[Any], Awaitable[Any]]
 
-
-class StateMachine(RuleBasedStateMachine):
+class StateMachine(LockstepMachine):
     """Drives ``backing``, the memory reference and the plain model in lockstep."""
-
-    backing: ClassVar[Backing]
 
     def __init__(self) -> None:
         super().__init__()
-        self.runner = LoopRunner()
-        self.clock = ManualClock()
         self.real: StateStore = self.runner.open(self.backing.state_store(self.clock)).value
         self.ref = MemoryStateStore(clock=self.clock)
         self.model = PlainStateModel(self.clock)
@@ -300,29 +282,6 @@ class StateMachine(RuleBasedStateMachine):
         }
         # An open listing per store: (tenant, session, status, limit, its own next cursor).
         self.paging: dict[str, tuple[str, str | None, RunStatus | None, int, str]] = {}
-        self.used: Counter[str] = Counter()
-
-    def teardown(self) -> None:
-        self.runner.close()
-
-    def compare(
-        self,
-        what: str,
-        call: Call,
-        model_call: Callable[[], Any],
-        form: Callable[[Any], Any] = same,
-    ) -> tuple[Outcome, dict[str, Any]]:
-        """Make the call on all three; they must agree. Returns the outcome and raw values."""
-        outcomes, values = compare(
-            self.runner,
-            self.backing.name,
-            what,
-            lambda: call(self.real),
-            lambda: call(self.ref),
-            model_call,
-            form,
-        )
-        return outcomes["real"], values
 
     def watch_runs(self, values: dict[str, Any], *, created: bool = False) -> None:
         for who, value in values.items():
@@ -515,34 +474,20 @@ class StateMachine(RuleBasedStateMachine):
     ) -> None:
         """Every page of a listing, each store following its own cursors."""
 
-        async def walk(store: Any) -> list[Page[RunRecord]]:
-            pages: list[Page[RunRecord]] = []
-            after: str | None = None
-            while len(pages) < 20:
-                page = await store.list_runs(
+        def walk(store: Any) -> Awaitable[list[Page[RunRecord]]]:
+            return walk_pages(
+                lambda after: store.list_runs(
                     tenant, session_id=session_id, status=status, limit=limit, after=after
                 )
-                pages.append(page)
-                if page.next is None:
-                    break
-                after = page.next
-            return pages
-
-        def walk_model() -> list[Page[RunRecord]]:
-            pages: list[Page[RunRecord]] = []
-            after: str | None = None
-            while True:
-                page = self.model.list_runs(tenant, session_id, status, limit, after)
-                pages.append(page)
-                if page.next is None:
-                    return pages
-                after = page.next
+            )
 
         _, values = self.compare(
             f"list_runs({tenant!r}, session_id={session_id!r}, status={status!r}, "
             f"limit={limit}), every page",
             walk,
-            walk_model,
+            lambda: walk_model_pages(
+                lambda after: self.model.list_runs(tenant, session_id, status, limit, after)
+            ),
             lambda pages: [page_form(page) for page in pages],
         )
         for who, pages in values.items():
@@ -620,31 +565,12 @@ class StateMachine(RuleBasedStateMachine):
         )
 
     def list_all_sessions(self, tenant: str, limit: int) -> None:
-        async def walk(store: Any) -> list[Page[SessionRecord]]:
-            pages: list[Page[SessionRecord]] = []
-            after: str | None = None
-            while len(pages) < 20:
-                page = await store.list_sessions(tenant, limit=limit, after=after)
-                pages.append(page)
-                if page.next is None:
-                    break
-                after = page.next
-            return pages
-
-        def walk_model() -> list[Page[SessionRecord]]:
-            pages: list[Page[SessionRecord]] = []
-            after: str | None = None
-            while True:
-                page = self.model.list_sessions(tenant, limit, after)
-                pages.append(page)
-                if page.next is None:
-                    return pages
-                after = page.next
-
         _, values = self.compare(
             f"list_sessions({tenant!r}, limit={limit}), every page",
-            walk,
-            walk_model,
+            lambda store: walk_pages(
+                lambda after: store.list_sessions(tenant, limit=limit, after=after)
+            ),
+            lambda: walk_model_pages(lambda after: self.model.list_sessions(tenant, limit, after)),
             lambda pages: [page_form(page) for page in pages],
         )
         for who, pages in values.items():
@@ -655,7 +581,4 @@ class StateMachine(RuleBasedStateMachine):
 
 def test_state_store_agrees_with_memory_and_the_model(model_backing: Backing) -> None:
     """Every backing answers random StateStore operations as memory and the plain model do."""
-    machine = type(
-        f"StateMachine_{model_backing.name}", (StateMachine,), {"backing": model_backing}
-    )
-    run_state_machine_as_test(machine, settings=SETTINGS)
+    run_machine(StateMachine, model_backing, SETTINGS)

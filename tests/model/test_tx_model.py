@@ -26,21 +26,12 @@ Budget: ``MAX_EXAMPLES`` runs of up to ``STEPS`` steps per backing, no deadline.
 from __future__ import annotations
 
 import json
-from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any
 
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    precondition,
-    rule,
-    run_state_machine_as_test,
-)
+from hypothesis.stateful import initialize, precondition, rule
 
 from statepact.clock import ManualClock
 from statepact.errors import (
@@ -63,21 +54,15 @@ from statepact.tx import (
 )
 from tests.model._harness import (
     Backing,
-    LoopRunner,
-    Outcome,
-    compare,
-    same,
+    LockstepMachine,
+    machine_settings,
+    run_machine,
     within_budget,
 )
 
 MAX_EXAMPLES = 100
 STEPS = 50
-SETTINGS = settings(
-    max_examples=MAX_EXAMPLES,
-    stateful_step_count=STEPS,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+SETTINGS = machine_settings(MAX_EXAMPLES, STEPS)
 
 RESOURCES = ["orders", "users"]
 KEYS = ["k1", "ü'k"]
@@ -315,15 +300,11 @@ class Open:
     model: ModelTxn
 
 
-class TxMachine(RuleBasedStateMachine):
+class TxMachine(LockstepMachine):
     """Drives ``backing``, the memory reference and the plain model in lockstep."""
-
-    backing: ClassVar[Backing]
 
     def __init__(self) -> None:
         super().__init__()
-        self.runner = LoopRunner()
-        self.clock = ManualClock()
         real_backend = self.runner.open(self.backing.tx_backend(self.clock)).value
         self.real = TransactionManager(real_backend)
         self.ref = TransactionManager(MemoryBackend(clock=self.clock, gc=False))
@@ -332,7 +313,6 @@ class TxMachine(RuleBasedStateMachine):
         # Every resource lease handed out: {"real": ..., "ref": ..., "model": ...}.
         self.leases: list[dict[str, Lease]] = []
         self.tokens: dict[str, dict[str, int]] = {"real": {}, "ref": {}, "model": {}}
-        self.used: Counter[str] = Counter()
 
     def teardown(self) -> None:
         async def end_all() -> None:
@@ -341,17 +321,7 @@ class TxMachine(RuleBasedStateMachine):
                 await txn.ref.rollback()
 
         self.runner.run(end_all())
-        self.runner.close()
-
-    def compare(
-        self,
-        what: str,
-        real_call: Callable[[], Any],
-        ref_call: Callable[[], Any],
-        model_call: Callable[[], Any],
-        form: Callable[[Any], Any] = same,
-    ) -> tuple[dict[str, Outcome], dict[str, Any]]:
-        return compare(self.runner, self.backing.name, what, real_call, ref_call, model_call, form)
+        super().teardown()
 
     def pick_open(self, index: int) -> Open:
         """An open transaction; with none open, one begins (isolation chosen by ``index``)."""
@@ -431,14 +401,14 @@ class TxMachine(RuleBasedStateMachine):
         txn = self.pick_open(pick)
         slot = (resource, key)
         if op == "read":
-            self.compare(
+            self.compare_each(
                 f"read({resource!r}, {key!r}) in {txn.model}",
                 lambda: txn.real.read(resource, key),
                 lambda: txn.ref.read(resource, key),
                 lambda: self.model.read(txn.model, slot),
             )
         elif op == "lock":
-            self.compare(
+            self.compare_each(
                 f"lock({resource!r}, {key!r}, {mode.value}, timeout=0) in {txn.model}",
                 lambda: txn.real.lock(resource, key, mode, timeout=0),
                 lambda: txn.ref.lock(resource, key, mode, timeout=0),
@@ -458,7 +428,7 @@ class TxMachine(RuleBasedStateMachine):
                 else:
                     self.model.write(txn.model, slot, value)
 
-            self.compare(
+            self.compare_each(
                 f"{op}({resource!r}, {key!r}, {value!r}) in {txn.model}",
                 lambda: write_on(txn.real),
                 lambda: write_on(txn.ref),
@@ -479,7 +449,7 @@ class TxMachine(RuleBasedStateMachine):
             return
         # Worked out before the model commits: which keys make validation refuse it.
         conflicting = self.model.conflicting(txn.model)
-        outcomes, _ = self.compare(
+        outcomes, _ = self.compare_each(
             f"commit of {txn.model}",
             txn.real.commit,
             txn.ref.commit,
@@ -515,12 +485,7 @@ class TxMachine(RuleBasedStateMachine):
                 self.model.write(txn, (resource, key), value)
             return self.model.commit(txn)
 
-        self.compare(
-            f"autocommit {resource!r}/{key!r} = {value!r}",
-            lambda: one(self.real),
-            lambda: one(self.ref),
-            one_model,
-        )
+        self.compare(f"autocommit {resource!r}/{key!r} = {value!r}", one, one_model)
 
     @within_budget("interfere", 8)
     @precondition(lambda self: any(txn.model.reads or txn.model.writes for txn in self.open))
@@ -552,19 +517,18 @@ class TxMachine(RuleBasedStateMachine):
         self.used["lease"] += 1
         if op == "acquire" or not self.leases:
             ttl = ttl or 5
-            outcomes, got = self.compare(
+            outcome, got = self.compare(
                 f"acquire_lease({resource!r}, {owner!r}, {ttl!r})",
-                lambda: self.real.acquire_lease(resource, owner, ttl),
-                lambda: self.ref.acquire_lease(resource, owner, ttl),
+                lambda manager: manager.acquire_lease(resource, owner, ttl),
                 lambda: self.model.acquire_lease(resource, owner, seconds_of(ttl)),
                 lease_form,
             )
-            if outcomes["real"].ok and outcomes["real"].value is not None:
+            if outcome.ok and outcome.value is not None:
                 self.keep_lease(got)
             return
         lease = self.leases[pick % len(self.leases)]
         if op == "release":
-            self.compare(
+            self.compare_each(
                 f"release_lease({lease['model']})",
                 lambda: self.real.release_lease(lease["real"]),
                 lambda: self.ref.release_lease(lease["ref"]),
@@ -572,7 +536,7 @@ class TxMachine(RuleBasedStateMachine):
             )
             return
         model_ttl = lease["model"].ttl if ttl is None else seconds_of(ttl)
-        outcomes, got = self.compare(
+        outcomes, got = self.compare_each(
             f"renew_lease({lease['model']}, ttl={ttl!r})",
             lambda: self.real.renew_lease(lease["real"], ttl),
             lambda: self.ref.renew_lease(lease["ref"], ttl),
@@ -602,27 +566,23 @@ class TxMachine(RuleBasedStateMachine):
         if op == "history":
             self.compare(
                 f"history({resource!r}, {key!r}, limit={limit})",
-                lambda: self.real.history(resource, key, limit),
-                lambda: self.ref.history(resource, key, limit),
+                lambda manager: manager.history(resource, key, limit),
                 lambda: self.model.history((resource, key), limit),
             )
         elif op == "register":
             self.compare(
                 f"register_resource({resource!r}, {metadata!r})",
-                lambda: self.real.register_resource(resource, metadata),
-                lambda: self.ref.register_resource(resource, metadata),
+                lambda manager: manager.register_resource(resource, metadata),
                 lambda: self.model.register_resource(resource, metadata),
             )
         else:
             self.compare(
                 f"resource_info({resource!r})",
-                lambda: self.real.resource_info(resource),
-                lambda: self.ref.resource_info(resource),
+                lambda manager: manager.resource_info(resource),
                 lambda: self.model.resource_info(resource),
             )
 
 
 def test_transactions_agree_with_memory_and_the_model(model_backing: Backing) -> None:
     """Every backing answers random interleaved transactions as memory and the plain model do."""
-    machine = type(f"TxMachine_{model_backing.name}", (TxMachine,), {"backing": model_backing})
-    run_state_machine_as_test(machine, settings=SETTINGS)
+    run_machine(TxMachine, model_backing, SETTINGS)

@@ -10,34 +10,14 @@ import re
 import pytest
 
 from statepact.cli import bench
+from tests._cli import bench_scenarios, parse
 
-SCENARIOS = [
-    "tx.independent",
-    "tx.hot_key",
-    "tx.read_only",
-    "state.get",
-    "state.put",
-    "state.patch_own",
-    "state.patch",
-    "queue.enqueue.w1",
-    "queue.claim_ack.w1",
-    "queue.enqueue.w10",
-    "queue.claim_ack.w10",
-    "queue.enqueue_many",
-    "queue.worker.c10",
-    "queue.worker.wake",
-    "queue.claim_cost.t2.q20",
-    "queue.claim_cost.t2.q50",
-    "queue.claim_cost.t20.q20",
-    "queue.claim_cost.t20.q50",
-]
+SCENARIOS = bench_scenarios((2, 20), (20, 50))
 TINY = ["--concurrency", "4", "--ops", "3", "--tenants", "2,20", "--queued", "20,50"]
 
 
 def _args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    bench.add_arguments(parser)
-    return parser.parse_args(list(argv))
+    return parse(bench.add_arguments, *argv)
 
 
 def _run(*argv: str) -> tuple[int, str, str]:

@@ -13,12 +13,11 @@ import pytest
 from statepact.cli import _common, demo
 from statepact.clock import ManualClock
 from statepact.models import RunStatus
+from tests._cli import parse
 
 
 def _args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    demo.add_arguments(parser)
-    return parser.parse_args(list(argv))
+    return parse(demo.add_arguments, *argv)
 
 
 def _run(*argv: str) -> tuple[int, str, float]:

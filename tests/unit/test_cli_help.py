@@ -7,11 +7,11 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from statepact import cli
+from tests._cli import run_statepact
 
 DB_OPTIONS = ["--url URL", "--debug"]
 QUEUE_WHERE = [
@@ -147,22 +147,9 @@ def test_doctor_without_a_server_says_what_to_give(capsys: pytest.CaptureFixture
     )
 
 
-def _installed_statepact() -> Path:
-    """The ``statepact`` console script ``pip install`` put beside this interpreter."""
-    script = Path(sys.executable).parent / "statepact"
-    assert script.is_file(), f"no statepact console script at {script}; run pip install -e ."
-    return script
-
-
 def test_the_installed_command_runs_the_demo_in_a_fresh_process() -> None:
     """The README's ``statepact demo``: the installed console script, exit 0, nothing on stderr."""
-    result = subprocess.run(
-        [str(_installed_statepact()), "demo", "--seed", "2"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = run_statepact("demo", "--seed", "2")
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     assert "dead letter: globex/run-poison after 3 attempts" in result.stdout
