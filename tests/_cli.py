@@ -21,6 +21,7 @@ BENCH_SCENARIOS = [
     "tx.read_only",
     "state.get",
     "state.put",
+    "state.patch_own",
     "state.patch",
     "queue.enqueue.w1",
     "queue.claim_ack.w1",

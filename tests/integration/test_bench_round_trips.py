@@ -17,6 +17,12 @@ deterministic:
   exactly the three round trips, so the count follows from the retries; on
   PostgreSQL a commit may also be resent after a serialization failure, so
   only the floor (no retries) is asserted.
+- The floors: a raw call is one round trip; a minimal transaction design's
+  attempt is its read and its commit (Redis: ``HMGET``, ``EVALSHA``; PostgreSQL:
+  ``SELECT``, then ``BEGIN``, ``SELECT ... FOR UPDATE``, ``UPDATE``, ``COMMIT``, with
+  ``pg_advisory_xact_lock`` before them for the global-lock design, or one
+  ``UPDATE ... WHERE ver`` for compare-and-set), so the hot key's count follows
+  from its re-runs.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Any
 import pytest
 
 from statepact.cli import bench
+from statepact.cli._bench.targets import beside
 
 pytestmark = pytest.mark.integration
 
@@ -55,11 +62,33 @@ PER_OP: dict[str, tuple[int, int | None]] = {
     "tx.read_only": (1, 0),  # the first read; nothing to commit
     "state.get": (1, None),
     "state.put": (1, None),
+    "state.patch_own": (1, None),
     "state.patch": (1, None),
     "queue.enqueue.w1": (1, None),
     "queue.enqueue.w10": (1, None),
 }
 CLAIM_ACK = {"redis": 3, "postgres": 2}  # claim (two scripts on Redis) + ack
+# Round trips per operation of each floor (per attempt for the hot key's design).
+FLOOR_TRIPS = {
+    "redis": {
+        "raw EVALSHA": 1,
+        "redis.ping": 1,
+        "redis.hincrby_own": 1,
+        "redis.evalsha_2r2w": 1,
+        "seed.redis.independent": 2,
+        "seed.redis.readonly": 1,
+        "seed.redis.hot": 2,
+    },
+    "postgres": {
+        "raw one-row UPDATE": 1,
+        "pg.sqla.autocommit.select1": 1,
+        "pg.sqla.autocommit.update_own": 1,
+        "seed.pg.txn.independent": 5,
+        "seed.pg.seedlock.independent": 6,
+        "seed.pg.txn.readonly": 1,
+        "seed.pg.cas.hot": 2,
+    },
+}
 
 
 async def _bench_json(*argv: str) -> dict[str, Any]:
@@ -93,6 +122,34 @@ def _check_deterministic(results: dict[str, dict[str, Any]], backing: str, call:
     assert {"ops_per_s", "floor", "floor_ops_per_s", "ratio", "extra"} <= set(results["state.get"])
 
 
+def _check_floors(payload: dict[str, Any], backing: str) -> None:
+    """Each result stands beside the floors of its scenario, each measured right after it
+    (a sample per floor), with its ratio and target; a peer has a target and no rate. Each
+    floor sample sent what its floor sends."""
+    samples = [f for f in payload["floors"] if f["backing"] == backing]
+    for result in (r for r in payload["results"] if r["backing"] == backing):
+        planned = beside(backing, result["scenario"])
+        held = [
+            (result["floor"], result["floor_ops_per_s"], result["ratio"], result["target"]),
+            *((a["floor"], a["floor_ops_per_s"], a["ratio"], a["target"]) for a in result["also"]),
+        ]
+        assert [(h[0], h[3]) for h in held] == [(p.floor, p.target) for p in planned]
+        measured = [f for f in samples if f["extra"]["after"] == result["scenario"]]
+        assert [f["floor"] for f in measured] == [p.floor for p in planned if not p.peer]
+        for (name, rate, ratio, _), one in zip(held, planned, strict=True):
+            if one.peer:
+                assert (rate, ratio) == (None, None), name
+                continue
+            sample = next(f for f in measured if f["floor"] == name)
+            assert rate == sample["ops_per_s"] > 0
+            assert ratio == pytest.approx(result["ops_per_s"] / rate)
+    assert {f["floor"] for f in samples} == set(FLOOR_TRIPS[backing])
+    for sample in samples:
+        per_attempt = FLOOR_TRIPS[backing][sample["floor"]]
+        attempts = sample["ops"] + sample["extra"].get("retries", 0)
+        assert sample["round_trips_per_op"] == per_attempt * attempts / sample["ops"], sample
+
+
 async def test_round_trips_on_redis_and_none_on_memory(statepact_redis_url: str) -> None:
     payload = await _bench_json("--backend", "memory,redis", "--redis", statepact_redis_url)
     memory = _by_scenario(payload, "memory")
@@ -101,9 +158,14 @@ async def test_round_trips_on_redis_and_none_on_memory(statepact_redis_url: str)
 
     redis = _by_scenario(payload, "redis")
     _check_deterministic(redis, "redis", 1.0)
-    # The floors are one raw command each.
-    floors = [f for f in payload["floors"] if f["backing"] == "redis"]
-    assert floors and all(f["round_trips_per_op"] == 1.0 for f in floors)
+    _check_floors(payload, "redis")
+    assert (redis["state.patch_own"]["floor"], redis["state.patch_own"]["target"]) == (
+        "redis.hincrby_own",
+        0.8,
+    )
+    assert redis["queue.worker.c10"]["also"] == [
+        {"floor": "saq.process", "floor_ops_per_s": None, "ratio": None, "target": 3.0}
+    ]
     # Each hot-key attempt, conflicting or not, is read (with the snapshot) + commit.
     hot = redis["tx.hot_key"]
     attempts = CONCURRENCY * OPS + hot["extra"]["retries"]
@@ -113,14 +175,18 @@ async def test_round_trips_on_redis_and_none_on_memory(statepact_redis_url: str)
 
 async def test_round_trips_on_postgres(pg_database_url: str) -> None:
     payload = await _bench_json("--backend", "postgres", "--postgres", pg_database_url)
-    floors = [f for f in payload["floors"] if f["backing"] == "postgres"]
-    calls = {f["round_trips_per_op"] for f in floors}
-    # One statement per call, and no pre-ping in front of it.
-    assert calls == {1.0}, calls
+    # One statement per raw call, and no pre-ping in front of it.
+    _check_floors(payload, "postgres")
     call = 1.0
 
     results = _by_scenario(payload, "postgres")
     _check_deterministic(results, "postgres", call)
+    independent = results["tx.independent"]
+    assert (independent["floor"], independent["target"]) == ("seed.pg.txn.independent", 1.0)
+    assert [(a["floor"], a["target"]) for a in independent["also"]] == [
+        ("seed.pg.seedlock.independent", 2.5)
+    ]
+    assert results["state.get"]["floor"] == "pg.sqla.autocommit.select1"
     hot = results["tx.hot_key"]
     assert hot["round_trips_per_op"] >= 2 * call
     assert hot["commit_round_trips_per_op"] >= 1 * call

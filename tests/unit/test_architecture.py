@@ -90,6 +90,16 @@ def _private_to_a_backing(name: str) -> bool:
     )
 
 
+def _command(name: str) -> str:
+    """The command a ``cli`` module belongs to: ``cli/_bench/`` holds ``cli/bench.py``'s
+    parts (``_common`` is every command's, ``__main__`` the dispatcher's)."""
+    parts = name.split(".")
+    own = parts[2] if len(parts) > 2 else ""
+    if own.startswith("_") and not own.startswith("__") and own != "_common":
+        return f"statepact.cli.{own[1:]}"
+    return ".".join(parts[:3])
+
+
 # The modules holding a backing's protocol classes; its private helpers sit below them.
 CLASS_MODULES = frozenset({"state", "queue", "backend"})
 
@@ -121,9 +131,11 @@ def _broken_rule(importer: str, imported: str) -> str | None:
     if target == "cli" and source != "cli":
         return "a module outside cli/ imports cli/"
     if source == "cli" and target == "cli":
-        commands = {importer, imported} - {"statepact.cli", "statepact.cli._common"}
-        if len(commands) == 2:
+        commands = {_command(importer), _command(imported)}
+        if len(commands - {"statepact.cli", "statepact.cli._common"}) == 2:
             return "a command imports another command"
+        if importer != _command(importer) and imported == _command(importer):
+            return "a command's own parts import the command they sit below"
         if imported == "statepact.cli" and importer != "statepact.cli.__main__":
             return "a command imports the dispatcher"
     return None
@@ -156,6 +168,13 @@ def test_no_module_imports_across_its_layers_rules() -> None:
         ("statepact.testing.fixtures", "statepact.storage.redis._keys", "private module"),
         ("statepact.cli.bench", "statepact.cli.demo", "a command imports another command"),
         ("statepact.cli.bench", "statepact.cli._common", None),
+        ("statepact.cli.bench", "statepact.cli._bench.floors", None),
+        ("statepact.cli._bench.targets", "statepact.cli._bench.floors", None),
+        ("statepact.cli._bench.scenarios", "statepact.cli._common", None),
+        ("statepact.cli.demo", "statepact.cli._bench.report", "a command imports another command"),
+        ("statepact.cli._bench.floors", "statepact.cli.demo", "a command imports another command"),
+        ("statepact.cli._bench.report", "statepact.cli.bench", "sit below"),
+        ("statepact.cli.__main__", "statepact.cli", None),
         ("statepact.testing.fixtures", "statepact.cli._common", "outside cli/ imports cli/"),
         ("statepact.storage.redis.queue", "statepact.storage.redis._keys", None),
         ("statepact.storage.redis.backing", "statepact.storage", None),

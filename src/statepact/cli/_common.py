@@ -258,12 +258,14 @@ async def open_backings(
     policy: QueuePolicy,
     tag: str | None = None,
     notes: TextIO | None = None,
+    connections: int = 0,
 ) -> AsyncIterator[Backings]:
     """State store, work queue and transaction manager on ``kind``, removed again on exit.
 
     On a server everything lives under a namespace (Redis) or schema
     (PostgreSQL) named after ``tag`` (a fresh one by default), and the exit
-    deletes it, whatever happened inside.
+    deletes it, whatever happened inside. The client keeps at least
+    ``connections`` connections (the bench's callers that each hold one).
     """
     tag = tag or f"statepact_cli_{uuid.uuid4().hex[:10]}"
     notes = notes or sys.stderr
@@ -284,11 +286,15 @@ async def open_backings(
     if url is None:
         raise CommandError(f"--{kind} URL is needed for the {kind} backing")
     if kind == "redis":
-        async with _redis_backings(url, clock=clock, policy=policy, tag=tag, notes=notes) as b:
+        async with _redis_backings(
+            url, clock=clock, policy=policy, tag=tag, notes=notes, connections=connections
+        ) as b:
             yield b
         return
     if kind == "postgres":
-        async with _postgres_backings(url, clock=clock, policy=policy, tag=tag, notes=notes) as b:
+        async with _postgres_backings(
+            url, clock=clock, policy=policy, tag=tag, notes=notes, connections=connections
+        ) as b:
             yield b
         return
     raise CommandError(f"unknown backing {kind!r}; use memory, redis or postgres")
@@ -336,14 +342,16 @@ def redis_client(url: str, **options: Any) -> Any:
 
 @asynccontextmanager
 async def _redis_backings(
-    url: str, *, clock: Clock, policy: QueuePolicy, tag: str, notes: TextIO
+    url: str, *, clock: Clock, policy: QueuePolicy, tag: str, notes: TextIO, connections: int
 ) -> AsyncIterator[Backings]:
     from redis import exceptions as rex
 
     from statepact.settings import RedisStoreSettings
     from statepact.storage.redis import RedisWorkQueue, open_backing
 
-    client: Any = redis_client(url, socket_connect_timeout=5.0, max_connections=200)
+    client: Any = redis_client(
+        url, socket_connect_timeout=5.0, max_connections=max(200, connections)
+    )
     try:
         try:
             await client.ping()
@@ -384,7 +392,7 @@ CLI_STATEMENT_TIMEOUT_MS = 30_000
 
 @asynccontextmanager
 async def _postgres_backings(
-    url: str, *, clock: Clock, policy: QueuePolicy, tag: str, notes: TextIO
+    url: str, *, clock: Clock, policy: QueuePolicy, tag: str, notes: TextIO, connections: int
 ) -> AsyncIterator[Backings]:
     """Everything in a PostgreSQL schema of its own, built by the packaged migrations.
 
@@ -428,7 +436,9 @@ async def _postgres_backings(
                 f"{type(exc).__name__}: {first_line(exc)}; check the URL, that the server is "
                 "running, and that the user may CREATE SCHEMA in that database"
             ) from exc
-        settings = PostgresStoreSettings(dsn=plain, pool_size=50, pool_timeout=30.0)
+        settings = PostgresStoreSettings(
+            dsn=plain, pool_size=max(50, connections), pool_timeout=30.0
+        )
         engine = create_engine(
             settings,
             connect_args={
