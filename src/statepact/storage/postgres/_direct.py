@@ -32,7 +32,7 @@ and never let an asyncpg or SQLAlchemy exception out. See docs/backings.md
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
@@ -85,6 +85,13 @@ class Rows:
 
     def all(self) -> Sequence[Any]:
         return self._rows
+
+    def mappings(self) -> Rows:
+        """Itself: asyncpg's records are read by column name already (``Result.mappings()``)."""
+        return self
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._rows)
 
     def first(self) -> Any:
         return self._rows[0] if self._rows else None

@@ -17,10 +17,12 @@ import asyncio
 import contextlib
 import copy
 import zlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
-from typing import Any, Self
+from functools import cache
+from typing import Any, Protocol, Self, TypeVar
 
 import asyncpg
 from sqlalchemy.engine import RowMapping
@@ -41,13 +43,55 @@ from statepact.queue import (
     WorkWatch,
 )
 from statepact.settings import PostgresStoreSettings
-from statepact.storage.postgres._client import BoundExecutor, EngineExecutor, Executor, Runner
+from statepact.storage.postgres._client import BoundExecutor, EngineExecutor
+from statepact.storage.postgres._direct import DirectExecutor, Prepared
+from statepact.storage.postgres._sql.queue import QueueStatements
 from statepact.storage.postgres._sql.queue import statements as _statements
 from statepact.storage.postgres.schema import StateTables, Tables, tables_for
 
 __all__ = ["PostgresWorkQueue"]
 
 REAP_BATCH = 500
+
+
+T = TypeVar("T")
+
+
+class _Conn(Protocol):
+    """What a call's work runs its statements on: an ``AsyncConnection`` or ``AsyncSession``
+    (Core statements) or the driver's connection (``_direct.Statements``, prepared ones)."""
+
+    async def execute(self, statement: Any, parameters: Any = None) -> Any: ...
+
+
+class _Runs(Protocol):
+    """The executors: ``EngineExecutor``, ``BoundExecutor``, ``DirectExecutor``."""
+
+    @property
+    def bound(self) -> bool: ...
+
+    async def run(self, work: Callable[[Any], Awaitable[T]], *, idempotent: bool) -> T: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _PreparedStatements:
+    """``QueueStatements`` compiled once for the driver (``_direct.Prepared``), by name."""
+
+    by_name: dict[str, Prepared]
+
+    def __getattr__(self, name: str) -> Prepared:
+        try:
+            return self.by_name[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+@cache
+def _prepared(tables: Tables) -> _PreparedStatements:
+    core = _statements(tables)
+    return _PreparedStatements(
+        {field.name: Prepared(getattr(core, field.name)) for field in fields(QueueStatements)}
+    )
 
 
 def _channel(tables: Tables, queue: str) -> str:
@@ -174,10 +218,21 @@ class PostgresWorkQueue(BaseWorkQueue):
             max_value_bytes=self._settings.max_value_bytes,
         )
         self._tables = tables_for(tables, self._settings.db_schema)
-        self._sql = _statements(self._tables)
-        self._executor: Executor = EngineExecutor(
-            engine, policy=self._settings.retry_policy, unavailable=_unavailable, what="queue"
-        )
+        self._executor: _Runs
+        # The statements the executor runs: compiled once for the driver on an engine (the
+        # DirectExecutor, a fraction of SQLAlchemy's cost per statement), Core expressions on
+        # one AsyncConnection and inside a caller's transaction (bound).
+        self._sql: Any
+        if isinstance(engine, AsyncEngine):
+            self._sql = _prepared(self._tables)
+            self._executor = DirectExecutor(
+                engine, policy=self._settings.retry_policy, unavailable=_unavailable, what="queue"
+            )
+        else:
+            self._sql = _statements(self._tables)
+            self._executor = EngineExecutor(
+                engine, policy=self._settings.retry_policy, unavailable=_unavailable, what="queue"
+            )
         # watch() listens on its own connection of the engine (a bound clone keeps it).
         self._listen_on = engine if isinstance(engine, AsyncEngine) else None
         self._channel = _channel(self._tables, self.name)
@@ -203,6 +258,7 @@ class PostgresWorkQueue(BaseWorkQueue):
         """This queue, inside the transaction ``session`` already opened; it retries nothing."""
         clone = copy.copy(self)
         clone._executor = BoundExecutor(session, unavailable=_unavailable, what="queue")
+        clone._sql = _statements(self._tables)
         return clone
 
     @property
@@ -239,7 +295,7 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_now": item.created_at,
         }
 
-        async def work(conn: Runner) -> WorkItem:
+        async def work(conn: _Conn) -> WorkItem:
             inserted = (await conn.execute(self._sql.enqueue, params)).scalar()
             if inserted:
                 return item.model_copy(update={"payload": decode_json(payload)})
@@ -265,7 +321,7 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_available": [item.available_at for item, _ in batch],
         }
 
-        async def work(conn: Runner) -> list[WorkItem]:
+        async def work(conn: _Conn) -> list[WorkItem]:
             rows = (await conn.execute(self._sql.enqueue_many, params)).mappings().all()
             found = {
                 row["ord"]: batch[row["ord"] - 1][0] if row["status"] is None else _item(row)
@@ -298,7 +354,7 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_expires_at": expires_at,
         }
 
-        async def work(conn: Runner) -> list[Lease]:
+        async def work(conn: _Conn) -> list[Lease]:
             rows: list[RowMapping] = []
             if limit > 1:
                 batch = {**params, "p_limit": limit}
@@ -340,8 +396,9 @@ class PostgresWorkQueue(BaseWorkQueue):
             return None
         params = {**fence, **extra}
 
-        async def work(conn: Runner) -> RowMapping | None:
-            return (await conn.execute(statement, params)).mappings().first()
+        async def work(conn: _Conn) -> RowMapping | None:
+            row: RowMapping | None = (await conn.execute(statement, params)).mappings().first()
+            return row
 
         return await self._executor.run(work, idempotent=False)
 
@@ -373,7 +430,7 @@ class PostgresWorkQueue(BaseWorkQueue):
                 "p_tokens": [lease.token for lease in mine],
             }
 
-            async def work(conn: Runner) -> list[RowMapping]:
+            async def work(conn: _Conn) -> list[RowMapping]:
                 return list((await conn.execute(self._sql.ack_many, params)).mappings().all())
 
             for row in await self._executor.run(work, idempotent=False):
@@ -409,7 +466,7 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_error": outcome.error,
         }
 
-        async def work(conn: Runner) -> list[RowMapping]:
+        async def work(conn: _Conn) -> list[RowMapping]:
             rows: list[RowMapping] = []
             while True:
                 batch = list((await conn.execute(self._sql.reap, params)).mappings())
@@ -427,7 +484,7 @@ class PostgresWorkQueue(BaseWorkQueue):
     async def _dead_letters(self, tenant: str, limit: int) -> list[WorkItem]:
         params = {"p_queue": self.name, "p_tenant": tenant, "p_limit": limit}
 
-        async def work(conn: Runner) -> list[WorkItem]:
+        async def work(conn: _Conn) -> list[WorkItem]:
             result = await conn.execute(self._sql.dead_letters, params)
             return [_item(row) for row in result.mappings()]
 
@@ -438,7 +495,7 @@ class PostgresWorkQueue(BaseWorkQueue):
     ) -> WorkItem | ItemStatus | None:
         params = {**self._key(tenant, item_id), "p_now": now}
 
-        async def work(conn: Runner) -> WorkItem | ItemStatus | None:
+        async def work(conn: _Conn) -> WorkItem | ItemStatus | None:
             row = (await conn.execute(self._sql.requeue, params)).mappings().first()
             if row is not None:
                 return _item(row)
@@ -450,7 +507,7 @@ class PostgresWorkQueue(BaseWorkQueue):
     async def _purge_dead(self, tenant: str) -> int:
         params = {"p_queue": self.name, "p_tenant": tenant}
 
-        async def work(conn: Runner) -> int:
+        async def work(conn: _Conn) -> int:
             return int((await conn.execute(self._sql.purge_dead, params)).scalar_one())
 
         # Not retried once sent: a resend after a lost reply would report only what the
@@ -460,14 +517,14 @@ class PostgresWorkQueue(BaseWorkQueue):
     async def _get_item(self, tenant: str, item_id: str) -> WorkItem | None:
         params = self._key(tenant, item_id)
 
-        async def work(conn: Runner) -> WorkItem | None:
+        async def work(conn: _Conn) -> WorkItem | None:
             row = (await conn.execute(self._sql.get_item, params)).mappings().first()
             return None if row is None else _item(row)
 
         return await self._executor.run(work, idempotent=True)
 
     async def _stats(self) -> QueueStats:
-        async def work(conn: Runner) -> list[Any]:
+        async def work(conn: _Conn) -> list[Any]:
             return list(await conn.execute(self._sql.stats, {"p_queue": self.name}))
 
         counts: dict[str, dict[str, int]] = {}
@@ -484,7 +541,7 @@ class PostgresWorkQueue(BaseWorkQueue):
         return QueueStats(queue=self.name, tenants=tenants)
 
     async def _next_due(self, now: datetime) -> datetime | None:
-        async def work(conn: Runner) -> datetime | None:
+        async def work(conn: _Conn) -> datetime | None:
             due: datetime | None = (
                 await conn.execute(self._sql.next_due, {"p_queue": self.name, "p_now": now})
             ).scalar_one()
