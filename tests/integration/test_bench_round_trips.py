@@ -7,8 +7,8 @@ deterministic:
 - Redis: one command or script per call (``get_run`` is a script, ``put_run``
   one, ...); a transaction is ``GET`` of the sequence (begin), ``EVALSHA``
   ``tx_read`` (a snapshot read) and ``EVALSHA`` ``tx_commit``; a read-only one
-  skips the commit; a claim is two scripts (``claim``, then ``claimed`` for the
-  records) and an ack one (``settle``).
+  skips the commit; a claim is one script (``claim``, the records with it) and an ack
+  one (``settle``).
 - PostgreSQL: the same shapes counted in statements (AUTOCOMMIT: no ``BEGIN``
   or ``COMMIT``), and nothing else: ``create_engine`` does not pre-ping (on
   asyncpg a pre-ping is ``BEGIN``, ``;`` and ``ROLLBACK`` in front of every
@@ -59,7 +59,7 @@ PER_OP: dict[str, tuple[int, int | None]] = {
     "queue.enqueue.w1": (1, None),
     "queue.enqueue.w10": (1, None),
 }
-CLAIM_ACK = {"redis": 3, "postgres": 2}  # claim (two scripts on Redis) + ack
+CLAIM_ACK = {"redis": 2, "postgres": 2}  # claim + ack
 
 
 async def _bench_json(*argv: str) -> dict[str, Any]:

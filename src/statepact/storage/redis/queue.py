@@ -2,8 +2,8 @@
 
 It implements the ``_``-methods of :class:`~statepact.queue.BaseWorkQueue`
 with the memory reference's semantics: each call is one script of
-``lua/queue/`` (a claim is two), the whole queue in one slot. Layout, the
-two-script claim and replays: docs/backings.md#the-claim-in-two-scripts.
+``lua/queue/``, the whole queue in one slot. Layout, the claim and
+replays: docs/backings.md#the-claim-in-one-script.
 
 This module must never format a key (``_keys``), never read a clock, never
 decide a retry or the dead letter (the front passes ``QueuePolicy``'s
@@ -171,26 +171,17 @@ class RedisWorkQueue(BaseWorkQueue):
             # 1: a large batch of delayed items came due and was promoted; claim again.
             if int(reply[0]) == 0:
                 break
-        pairs = [as_text(value) for value in reply[1:]]
-        if not pairs:
-            return []
-        written = await self._run(f"claim by worker {worker_id!r}", "claimed", now, *pairs)
-        records = {
-            as_text(written[i]): self._item(written[i + 1]) for i in range(0, len(written), 2)
-        }
         leases = []
-        for i in range(0, len(pairs), 2):
-            record = records.get(pairs[i])
-            if record is not None:
-                leases.append(
-                    Lease(
-                        item=record,
-                        worker_id=worker_id,
-                        token=int(pairs[i + 1]),
-                        expires_at=expires_at,
-                        lease_seconds=seconds,
-                    )
+        for i in range(1, len(reply), 3):
+            leases.append(
+                Lease(
+                    item=self._item(reply[i + 2]),
+                    worker_id=worker_id,
+                    token=int(reply[i + 1]),
+                    expires_at=expires_at,
+                    lease_seconds=seconds,
                 )
+            )
         return leases
 
     # -- settle -------------------------------------------------------------

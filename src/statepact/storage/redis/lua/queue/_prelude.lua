@@ -17,6 +17,7 @@
 --   Q leases          zset   leased items: member R, score expires_at
 --   Q lease-tokens    hash   R -> token of the live lease (the fencing truth)
 --   Q pending         zset   R claimed but record not yet written: score claim time
+--                            (only the two-script claim of earlier versions left any)
 --   Q dead:<seg(T)>   zset   T's dead items: member id, score time of death
 --   Q count:<status>  hash   T -> number of T's items queued / leased / dead
 --   Q op:<seg(id)>    string/list  a write's replay key (_common.lua), KEYS[13]
@@ -87,8 +88,9 @@ local function schedule(tenant, id, ikey, available)
   end
 end
 
--- The record write of a claim (step 2), also done by reap for a claim whose
--- step 2 never came. Idempotent: a record already showing this token is left alone.
+-- The record write of a claim, done by reap for a pending claim (one an earlier
+-- version's two-script claim left half written). Idempotent: a record already
+-- showing this token is left alone.
 local function write_claim(r, token, at)
   local ikey = item_key(r)
   if redis.call('HGET', ikey, 'ctok') ~= token then
