@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from statepact.clock import ManualClock
 from statepact.models import ItemStatus, Lease, WorkItem
-from statepact.storage.postgres import PostgresWorkQueue
+from statepact.storage.postgres import PostgresWorkQueue, _direct
 
 pytestmark = pytest.mark.integration
 
@@ -29,12 +29,21 @@ LEASE = 30.0
 
 
 @pytest.fixture
-def statements(pg_engine: AsyncEngine) -> Iterator[list[str]]:
+def statements(pg_engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Every statement sent: through SQLAlchemy (bound, one AsyncConnection) and on the
+    driver (the DirectExecutor an engine's queue runs its statements with)."""
     seen: list[str] = []
 
     def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
         seen.append(statement)
 
+    direct = _direct.Statements.execute
+
+    async def execute(self: _direct.Statements, statement: Any, parameters: Any = None) -> Any:
+        seen.append(statement.sql)
+        return await direct(self, statement, parameters)
+
+    monkeypatch.setattr(_direct.Statements, "execute", execute)
     event.listen(pg_engine.sync_engine, "before_cursor_execute", record)
     yield seen
     event.remove(pg_engine.sync_engine, "before_cursor_execute", record)

@@ -5,8 +5,8 @@ Each call takes a connection checked out of the backing's SQLAlchemy
 SQL text, see :class:`Prepared`) on the asyncpg connection underneath, and puts
 it back. While calls keep coming, connections go from one call to the next
 without a trip through the pool; as soon as no call is running they are checked
-back in (before the event loop runs anything else), and a caller waiting on the
-pool gets the next one given back.
+back in (at the next step of the event loop), and a caller waiting on the pool
+gets the next one given back.
 That skips what SQLAlchemy does around a statement (an ``AsyncConnection``, two
 greenlet hops, result processing), which costs several times the round trip on
 a loopback server, while everything else stays the engine's: its pool and its
@@ -153,6 +153,7 @@ class DirectExecutor:
         self._running = 0
         self._waiting = 0  # calls inside the pool's checkout (opening, or waiting for one)
         self._check_in_soon: asyncio.Handle | None = None
+        self._closing: set[asyncio.Task[None]] = set()
 
     @property
     def engine(self) -> AsyncEngine:
@@ -183,13 +184,18 @@ class DirectExecutor:
 
     def _check_in_idle(self) -> None:
         self._check_in_soon = None
-        if not self._running:
-            self.check_in()
+        if not self._running and self._free:
+            # In a greenlet: a pool already full closes what comes back past its size (the
+            # overflow connections of a busy moment), and closing an asyncpg connection is I/O.
+            task = asyncio.get_running_loop().create_task(greenlet_spawn(self.check_in))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     def check_in(self) -> None:
         """Give every connection held between calls back to the pool (the backing closing).
-        Checking in is plain code: the driver never began a transaction, so its reset sends
-        nothing."""
+        The driver never began a transaction, so the reset sends nothing; a pool already
+        full closes an overflow connection, which is I/O: the idle check-in runs this in a
+        greenlet for that."""
         free, self._free = self._free, []
         for _pool, connection in free:
             connection.close()

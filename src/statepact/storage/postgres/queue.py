@@ -163,8 +163,12 @@ class _ListenWatch:
         if conn is None:
             return
         try:
-            if driver is not None and not driver.is_closed():
-                await driver.remove_listener(self._channel, self._notified)
+            if driver is None or driver.is_closed():
+                # Dropped under us: never back into the pool, where the next checkout
+                # (no pre-ping) would send a statement on it.
+                await conn.invalidate()
+                return
+            await driver.remove_listener(self._channel, self._notified)
             await conn.close()
         except (OSError, SQLAlchemyError, asyncpg.PostgresError):
             await conn.invalidate()
@@ -175,7 +179,8 @@ def _item_or_none(row: RowMapping | None) -> WorkItem | None:
 
 
 def _item(row: RowMapping) -> WorkItem:
-    return WorkItem(
+    # Read from this queue's own table: every field is of its type already, no validation.
+    return WorkItem.model_construct(
         queue=row["queue"],
         tenant=row["tenant"],
         item_id=row["item_id"],
@@ -224,6 +229,7 @@ class PostgresWorkQueue(BaseWorkQueue):
         # one AsyncConnection and inside a caller's transaction (bound).
         self._sql: Any
         if isinstance(engine, AsyncEngine):
+            self._shares_enqueues = True
             self._sql = _prepared(self._tables)
             self._executor = DirectExecutor(
                 engine, policy=self._settings.retry_policy, unavailable=_unavailable, what="queue"
@@ -259,6 +265,7 @@ class PostgresWorkQueue(BaseWorkQueue):
         clone = copy.copy(self)
         clone._executor = BoundExecutor(session, unavailable=_unavailable, what="queue")
         clone._sql = _statements(self._tables)
+        clone._shares_enqueues = False  # each enqueue is a statement of the caller's transaction
         return clone
 
     @property
@@ -298,7 +305,7 @@ class PostgresWorkQueue(BaseWorkQueue):
         async def work(conn: _Conn) -> WorkItem:
             inserted = (await conn.execute(self._sql.enqueue, params)).scalar()
             if inserted:
-                return item.model_copy(update={"payload": decode_json(payload)})
+                return item  # stored as sent: the front built the record
             row = (await conn.execute(self._sql.get_item, params)).mappings().first()
             if row is None:  # pragma: no cover - the conflicting row cannot vanish: no deletes
                 raise QueueUnavailableError(
@@ -309,37 +316,39 @@ class PostgresWorkQueue(BaseWorkQueue):
         return await self._executor.run(work, idempotent=True)
 
     async def _enqueue_many(self, batch: list[tuple[WorkItem, bytes]]) -> list[WorkItem]:
-        first = batch[0][0]
+        created = [item.created_at for item, _ in batch]
         params = {
             "p_queue": self.name,
             "p_channel": self._channel,
-            "p_now": first.created_at,
+            # The latest clock reading of the batch (concurrent enqueues share one): turns.
+            "p_now": max(created),  # type: ignore[type-var]
             "p_tenants": [item.tenant for item, _ in batch],
             "p_item_ids": [item.item_id for item, _ in batch],
             "p_payloads": [payload.decode("utf-8") for _, payload in batch],
             "p_priorities": [item.priority for item, _ in batch],
             "p_available": [item.available_at for item, _ in batch],
+            "p_created": created,
         }
 
         async def work(conn: _Conn) -> list[WorkItem]:
+            # Only the items the insert skipped come back; every other one was stored as sent.
+            answer = [item for item, _ in batch]
             rows = (await conn.execute(self._sql.enqueue_many, params)).mappings().all()
-            found = {
-                row["ord"]: batch[row["ord"] - 1][0] if row["status"] is None else _item(row)
-                for row in rows
-            }
-            if len(found) < len(batch):
+            for row in rows:
+                place = row["ord"] - 1
+                if row["status"] is not None:
+                    answer[place] = _item(row)
+                    continue
                 # Inserted by a concurrent enqueue after this statement's snapshot.
-                for place, (item, _) in enumerate(batch, start=1):
-                    if place not in found:
-                        key = self._key(item.tenant, item.item_id)
-                        row = (await conn.execute(self._sql.get_item, key)).mappings().first()
-                        if row is None:  # pragma: no cover - no deletes: it cannot vanish
-                            raise QueueUnavailableError(
-                                f"enqueue of item {item.item_id!r}: it existed, then could "
-                                "not be read"
-                            )
-                        found[place] = _item(row)
-            return [found[place] for place in range(1, len(batch) + 1)]
+                item = batch[place][0]
+                key = self._key(item.tenant, item.item_id)
+                found = (await conn.execute(self._sql.get_item, key)).mappings().first()
+                if found is None:  # pragma: no cover - no deletes: it cannot vanish
+                    raise QueueUnavailableError(
+                        f"enqueue of item {item.item_id!r}: it existed, then could not be read"
+                    )
+                answer[place] = _item(found)
+            return answer
 
         return await self._executor.run(work, idempotent=True)
 
@@ -367,7 +376,7 @@ class PostgresWorkQueue(BaseWorkQueue):
                     break
                 rows.append(row)
             return [
-                Lease(
+                Lease.model_construct(
                     item=_item(row),
                     worker_id=worker_id,
                     token=row["token"],
@@ -406,7 +415,7 @@ class PostgresWorkQueue(BaseWorkQueue):
         row = await self._settle(lease, self._sql.heartbeat, {"p_expires_at": expires_at})
         if row is None:
             return None
-        return Lease(
+        return Lease.model_construct(
             item=_item(row),
             worker_id=lease.worker_id,
             token=row["token"],

@@ -51,6 +51,8 @@ class RedisWorkQueue(BaseWorkQueue):
     runs :func:`~statepact.storage.redis.preflight` first.
     """
 
+    _shares_enqueues = True
+
     def __init__(
         self,
         redis: Any,
@@ -126,7 +128,8 @@ class RedisWorkQueue(BaseWorkQueue):
             to_micros(item.available_at),
             to_micros(item.created_at),
         )
-        return self._item(reply[1])
+        # Stored now: stored as sent (the front built the record); else the one already there.
+        return item if int(reply[0]) == 1 else self._item(reply[1])
 
     @asynccontextmanager
     async def _watch(self) -> AsyncIterator[WorkWatch]:
@@ -174,7 +177,7 @@ class RedisWorkQueue(BaseWorkQueue):
         leases = []
         for i in range(1, len(reply), 3):
             leases.append(
-                Lease(
+                Lease.model_construct(
                     item=self._item(reply[i + 2]),
                     worker_id=worker_id,
                     token=int(reply[i + 1]),
@@ -201,7 +204,7 @@ class RedisWorkQueue(BaseWorkQueue):
         )
         if int(reply[0]) == 0:
             return None
-        return Lease(
+        return Lease.model_construct(
             item=self._item(reply[2]),
             worker_id=lease.worker_id,
             token=int(reply[1]),
@@ -367,7 +370,8 @@ class RedisWorkQueue(BaseWorkQueue):
         """A ``WorkItem`` from an item hash (a flat HGETALL list or a dict)."""
         record = _as_dict(fields)
         error = record.get("error")
-        return WorkItem(
+        # Read from this queue's own store: every field is of its type already, no validation.
+        return WorkItem.model_construct(
             queue=self.name,
             tenant=record["tenant"],
             item_id=record["id"],

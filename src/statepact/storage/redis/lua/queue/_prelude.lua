@@ -61,8 +61,13 @@ end
 -- watcher blocked on it (BLPOP, RedisWorkQueue.watch) is woken by one item; for a
 -- delayed item the watcher asks next_due and sleeps until then.
 local WAKE_MAX = 64
+local woken = 0 -- tokens this script pushed: past WAKE_MAX more would be trimmed anyway
 
 local function wake()
+  if woken >= WAKE_MAX then
+    return
+  end
+  woken = woken + 1
   local list = Q .. 'wake'
   redis.call('LPUSH', list, '1')
   redis.call('LTRIM', list, 0, WAKE_MAX - 1)
@@ -109,9 +114,9 @@ local function end_lease(r, tenant)
 end
 
 -- Store a new item, or leave the one already stored under the same id untouched.
--- Returns {1, item} stored now, {0, item} already there; item is HGETALL (for an
--- item stored now only if answer_new: the caller may know it already).
-local function put_item(r, tenant, id, payload, priority, available, created, answer_new)
+-- Returns {1, {}} stored now (the caller has its record), {0, item} already there,
+-- item its HGETALL.
+local function put_item(r, tenant, id, payload, priority, available, created)
   local ikey = item_key(r)
   if redis.call('EXISTS', ikey) == 1 then
     return { 0, redis.call('HGETALL', ikey) }
@@ -122,9 +127,6 @@ local function put_item(r, tenant, id, payload, priority, available, created, an
     'created', created, 'updated', created, 'order', str(redis.call('INCR', ORDER)))
   count(N_QUEUED, tenant, 1)
   schedule(tenant, id, ikey, available)
-  if answer_new then
-    return { 1, redis.call('HGETALL', ikey) }
-  end
   return { 1, {} }
 end
 
