@@ -7,7 +7,7 @@ The behaviour shared with every backing is the conformance suite's
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from redis.asyncio import Redis
@@ -384,3 +384,37 @@ async def test_queues_by_name_and_namespace_are_apart(
     keys = {key async for key in redis_client.scan_iter(match="*")}
     assert keys
     assert all(key.startswith(QueueKeys("adk", "a").prefix.encode()) for key in keys)
+
+
+class _TickingClock(ManualClock):
+    """A manual clock that moves 1 ms forward at every reading: each enqueue has its own now."""
+
+    def now(self) -> datetime:
+        return self.advance(0.001)
+
+
+async def test_concurrent_enqueues_share_round_trips_and_are_due_at_once(
+    observed_redis: ObservedRedis,
+) -> None:
+    """Forty enqueues at once go in a few scripts (one alone, the others together), each
+    caller gets its own item, and every item is ready: none waits in the delayed set because
+    its batch was sent with another caller's earlier clock reading."""
+    clock = _TickingClock()
+    queue = RedisWorkQueue(observed_redis.client, clock=clock)
+    await queue.enqueue(WorkItem(tenant="warm", item_id="w"))  # loads the scripts
+    await observed_redis.reset()
+    items = [WorkItem(tenant=f"t{n % 4}", item_id=f"i{n}", payload={"n": n}) for n in range(40)]
+    stored = await asyncio.gather(*(queue.enqueue(item) for item in items))
+    trips = await observed_redis.round_trips()
+    assert 2 <= len(trips) < 10, trips
+    assert [(item.tenant, item.item_id, item.payload) for item in stored] == [
+        (item.tenant, item.item_id, item.payload) for item in items
+    ]
+    assert all(item.status is ItemStatus.QUEUED for item in stored)
+    for item in stored:
+        assert await queue.get_item(item.tenant, item.item_id) == item
+    keys = QueueKeys(queue.settings.namespace, queue.name)
+    assert await observed_redis.client.zcard(keys.delayed) == 0
+    assert await queue.next_due() is None
+    leases = await queue.claim_batch("w", lease_for=LEASE, limit=100)
+    assert len(leases) == 41

@@ -148,9 +148,10 @@ class RedisWorkQueue(BaseWorkQueue):
                 to_micros(item.available_at),
                 to_micros(item.created_at),
             )
-        reply = await self._run(
-            f"enqueue of {len(batch)} items", "enqueue_many", batch[0][0].created_at, *args
-        )
+        # The latest clock reading of the batch (concurrent enqueues share one): an item due
+        # at its own enqueue is due at it, so it goes to ready, not delayed.
+        now = max(item.created_at for item, _ in batch)  # type: ignore[type-var]
+        reply = await self._run(f"enqueue of {len(batch)} items", "enqueue_many", now, *args)
         return [
             batch[i // 2][0] if int(reply[i]) == 1 else self._item(reply[i + 1])
             for i in range(0, len(reply), 2)
