@@ -57,7 +57,6 @@ PER_OP: dict[str, tuple[int, int | None]] = {
     "state.put": (1, None),
     "state.patch": (1, None),
     "queue.enqueue.w1": (1, None),
-    "queue.enqueue.w10": (1, None),
 }
 CLAIM_ACK = {"redis": 2, "postgres": 2}  # claim + ack
 
@@ -85,6 +84,11 @@ def _check_deterministic(results: dict[str, dict[str, Any]], backing: str, call:
         assert got["commit_round_trips_per_op"] == (
             None if in_commit is None else in_commit * call
         ), scenario
+    # Ten producers at once share round trips (concurrent enqueues go together in one
+    # enqueue_many): at most one per item, how many fewer depends on timing.
+    shared = results["queue.enqueue.w10"]
+    assert 0 < shared["round_trips_per_op"] <= call, shared
+    assert shared["commit_round_trips_per_op"] is None
     for scenario, got in results.items():
         if scenario.startswith(("queue.claim_ack", "queue.claim_cost")):
             assert got["round_trips_per_op"] == CLAIM_ACK[backing] * call, scenario
