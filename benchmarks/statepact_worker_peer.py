@@ -8,7 +8,11 @@ functions (imported, run unchanged), and the queue rows follow the same
 ``.process.c40`` are a :class:`statepact.worker.Worker` with ``concurrency`` 10 and
 40 and a no-op handler, timed from ``start()`` to the N-th handler's ack (the
 claims, heartbeats and acks are the Worker's, not hand-written loops). Each row's
-``params`` says ``driver: "worker"``.
+``params`` says ``driver: "worker"``. One more row per server,
+``statepact.<backing>.worker.wake``: 200 items enqueued one at a time to an idle
+Worker (concurrency 10), the time from the enqueue call to the handler's start
+(``ops_per_s`` is 1 / the mean), with ``p50_ms``, ``p99_ms`` and ``max_ms`` beside
+``poll_interval_s``, the fallback poll the wake-ups replace.
 
 Needs the shared peers directory on ``PYTHONPATH`` (run.sh sets it) and statepact
 installed in the bench venv (run.sh installs the checkout).
@@ -63,6 +67,37 @@ async def worker_drain(queue: Any, count: int, concurrency: int, budget: float) 
     return timer
 
 
+async def wake_latency(queue: Any, samples: int, poll_interval: float) -> dict[str, float]:
+    """Enqueue-to-handler-start with an idle Worker (concurrency 10): one item at a time,
+    each enqueued once the worker has gone idle again; seconds per sample, sorted."""
+    started: asyncio.Queue[float] = asyncio.Queue()
+
+    async def handler(job: Job) -> None:
+        started.put_nowait(time.perf_counter())
+
+    worker = Worker(
+        queue, default=handler, concurrency=10, lease_for=60, poll_interval=poll_interval
+    )
+    waits: list[float] = []
+    await worker.start()
+    try:
+        await asyncio.sleep(0.2)  # the worker found the queue empty and waits for work
+        for n in range(samples):
+            sent = time.perf_counter()
+            await queue.enqueue(WorkItem(tenant=f"w{n % 10}", item_id=f"wake-{n}", payload={}))
+            waits.append(await asyncio.wait_for(started.get(), poll_interval * 3) - sent)
+            await asyncio.sleep(0.02)  # its ack lands and the worker is idle again
+    finally:
+        await worker.stop()
+    waits.sort()
+    return {
+        "p50_ms": round(1000 * waits[len(waits) // 2], 2),
+        "p99_ms": round(1000 * waits[min(len(waits) - 1, (len(waits) * 99) // 100)], 2),
+        "max_ms": round(1000 * waits[-1], 2),
+        "mean_s": sum(waits) / len(waits),
+    }
+
+
 async def queue_rounds(b: Backing, n: int, conc: int, loops: int, budget: float) -> None:
     q = b.queue
     counter = [0]
@@ -107,6 +142,24 @@ async def queue_rounds(b: Backing, n: int, conc: int, loops: int, budget: float)
         {"concurrency": 40},
         no_batch_reason="statepact has no bulk enqueue (enqueue one item a call)",
     )
+    # Wake-ups: how soon an idle worker starts a new item, beside the poll it replaces.
+    poll = 1.0
+    samples = 200
+    try:
+        with Timer() as timer:
+            found = await wake_latency(q, samples, poll)
+        mean = found.pop("mean_s")
+        emit(
+            f"statepact.{b.kind}.worker.wake",
+            samples,
+            samples * mean,
+            poll_interval_s=poll,
+            **found,
+            **timer.cpu_params(),
+            **common,
+        )
+    except Exception as e:
+        emit_failure(f"statepact.{b.kind}.worker.wake", e, **common)
 
 
 async def main() -> None:

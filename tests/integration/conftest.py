@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from statepact.storage.postgres import _direct
 from tests.fixtures.postgres import (
     create_database,
     drop_database,
@@ -18,13 +19,22 @@ from tests.fixtures.postgres import (
 
 
 @pytest.fixture
-def statements(pg_engine: AsyncEngine) -> Iterator[list[str]]:
-    """Every SQL statement ``pg_engine`` sends, in order."""
+def statements(pg_engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Every SQL statement sent, in order: through SQLAlchemy on ``pg_engine`` (a bound
+    store, one ``AsyncConnection``) and on the driver (the ``DirectExecutor`` a store or
+    queue on an engine runs its statements with)."""
     seen: list[str] = []
 
     def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
         seen.append(statement)
 
+    direct = _direct.Statements.execute
+
+    async def execute(self: _direct.Statements, statement: Any, parameters: Any = None) -> Any:
+        seen.append(statement.sql)
+        return await direct(self, statement, parameters)
+
+    monkeypatch.setattr(_direct.Statements, "execute", execute)
     event.listen(pg_engine.sync_engine, "before_cursor_execute", record)
     yield seen
     event.remove(pg_engine.sync_engine, "before_cursor_execute", record)

@@ -7,8 +7,8 @@ deterministic:
 - Redis: one command or script per call (``get_run`` is a script, ``put_run``
   one, ...); a transaction is ``GET`` of the sequence (begin), ``EVALSHA``
   ``tx_read`` (a snapshot read) and ``EVALSHA`` ``tx_commit``; a read-only one
-  skips the commit; a claim is two scripts (``claim``, then ``claimed`` for the
-  records) and an ack one (``settle``).
+  skips the commit; a claim is one script (``claim``, the records with it) and an ack
+  one (``settle``).
 - PostgreSQL: the same shapes counted in statements (AUTOCOMMIT: no ``BEGIN``
   or ``COMMIT``), and nothing else: ``create_engine`` does not pre-ping (on
   asyncpg a pre-ping is ``BEGIN``, ``;`` and ``ROLLBACK`` in front of every
@@ -65,9 +65,8 @@ PER_OP: dict[str, tuple[int, int | None]] = {
     "state.patch_own": (1, None),
     "state.patch": (1, None),
     "queue.enqueue.w1": (1, None),
-    "queue.enqueue.w10": (1, None),
 }
-CLAIM_ACK = {"redis": 3, "postgres": 2}  # claim (two scripts on Redis) + ack
+CLAIM_ACK = {"redis": 2, "postgres": 2}  # claim + ack
 # Round trips per operation of each floor (per attempt for the hot key's design).
 FLOOR_TRIPS = {
     "redis": {
@@ -114,6 +113,11 @@ def _check_deterministic(results: dict[str, dict[str, Any]], backing: str, call:
         assert got["commit_round_trips_per_op"] == (
             None if in_commit is None else in_commit * call
         ), scenario
+    # Ten producers at once share round trips (concurrent enqueues go together in one
+    # enqueue_many): at most one per item, how many fewer depends on timing.
+    shared = results["queue.enqueue.w10"]
+    assert 0 < shared["round_trips_per_op"] <= call, shared
+    assert shared["commit_round_trips_per_op"] is None
     for scenario, got in results.items():
         if scenario.startswith(("queue.claim_ack", "queue.claim_cost")):
             assert got["round_trips_per_op"] == CLAIM_ACK[backing] * call, scenario

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
+from datetime import datetime
 
 import pytest
 from sqlalchemy import text
@@ -467,3 +468,40 @@ async def test_work_table_carries_its_vacuum_settings(pg_engine: AsyncEngine) ->
         ).scalar_one()
     assert "autovacuum_vacuum_scale_factor=0.01" in options
     assert "autovacuum_vacuum_cost_delay=0" in options
+
+
+class _TickingClock(ManualClock):
+    """A manual clock that moves 1 ms forward at every reading: each enqueue has its own now."""
+
+    def now(self) -> datetime:
+        return self.advance(0.001)
+
+
+async def test_concurrent_enqueues_share_statements_and_are_due_at_once(
+    pg_engine: AsyncEngine, statements: list[str]
+) -> None:
+    """Forty enqueues at once go in a few statements (one alone, the others together), each
+    caller gets its own item as stored, and every item is due: the turns rows say so (no
+    next_due) and one batch claim takes them all."""
+    clock = _TickingClock()
+    queue = PostgresWorkQueue(pg_engine, clock=clock)
+    await queue.enqueue(WorkItem(tenant="warm", item_id="w"))
+    before = len(statements)
+    items = [WorkItem(tenant=f"t{n % 4}", item_id=f"i{n}", payload={"n": n}) for n in range(40)]
+    stored = await asyncio.gather(*(queue.enqueue(item) for item in items))
+    assert 2 <= len(statements) - before < 10, statements[before:]
+    assert [(item.tenant, item.item_id, item.payload) for item in stored] == [
+        (item.tenant, item.item_id, item.payload) for item in items
+    ]
+    for item in stored:
+        assert await queue.get_item(item.tenant, item.item_id) == item
+    assert await queue.next_due() is None
+    leases = await queue.claim_batch("w", lease_for=LEASE, limit=100)
+    assert len(leases) == 41
+    # Inside a caller's transaction nothing is shared: one statement per enqueue.
+    async with pg_engine.connect() as conn, conn.begin():
+        bound = queue.bound(conn)
+        before = len(statements)
+        for n in range(3):
+            await bound.enqueue(WorkItem(tenant="b", item_id=f"b{n}"))
+        assert len(statements) - before == 3

@@ -1,4 +1,4 @@
-"""RedisWorkQueue against real servers: concurrency, the two-step claim, retries, claim cost.
+"""RedisWorkQueue against real servers: concurrency, the claim script, retries, claim cost.
 
 The behaviour shared with every backing is the conformance suite's
 (``tests/conformance``); this module checks what only Redis shows.
@@ -7,7 +7,7 @@ The behaviour shared with every backing is the conformance suite's
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from redis.asyncio import Redis
@@ -27,8 +27,8 @@ pytestmark = pytest.mark.integration
 LEASE = 30.0
 
 
-async def _claim_step_one(queue: RedisWorkQueue, *, limit: int = 1, op: str | None = None) -> list:
-    """Run only the first script of a claim, as a claimer that dies right after it would."""
+async def _claim_script(queue: RedisWorkQueue, *, limit: int = 1, op: str | None = None) -> list:
+    """Run the claim script as ``claim_batch`` sends it; the ``[R, token, ...]`` it answered."""
     now = queue.clock.now()
     reply = await queue._run(
         "claim",
@@ -40,7 +40,13 @@ async def _claim_step_one(queue: RedisWorkQueue, *, limit: int = 1, op: str | No
         op=op or new_op_id(),
     )
     assert int(reply[0]) == 0
-    return [value.decode() for value in reply[1:]]
+    answered = []
+    for i in range(1, len(reply), 3):
+        answered += [reply[i].decode(), reply[i + 1].decode()]
+        record = dict(zip(reply[i + 2][::2], reply[i + 2][1::2], strict=True))
+        # The script wrote the record it answers: leased under this very token.
+        assert (record[b"status"], record[b"ctok"]) == (b"leased", reply[i + 1])
+    return answered
 
 
 async def test_ten_workers_on_ten_connections_take_ten_different_items(
@@ -78,20 +84,25 @@ async def test_ten_workers_on_ten_connections_take_ten_different_items(
     assert (stats.queued, stats.leased) == (0, 25)
 
 
-async def test_a_claimer_dying_between_the_two_steps_is_corrected_by_reap(
+async def test_a_claim_left_half_written_by_the_two_script_layout_is_finished_by_reap(
     redis_client: Redis, clock: ManualClock
 ) -> None:
-    """Only the claim script ran: the item is leased but says queued until reap writes it."""
+    """An earlier layout leased an item in one script and wrote its record in a second; a
+    claimer that died in between left the item pending. Reap still writes such a record."""
     queue = RedisWorkQueue(redis_client, clock=clock, policy=QueuePolicy(max_attempts=3))
     await queue.enqueue(WorkItem(tenant="t", item_id="job"))
     claimed_at = clock.now()
-    pairs = await _claim_step_one(queue)
-    assert parse_ref(pairs[0]) == ("t", "job")
+    r, token = await _claim_script(queue)
+    assert parse_ref(r) == ("t", "job")
+    # What the first script of the old claim left: leased in the sets, the record as queued.
+    keys = QueueKeys(queue.settings.namespace, queue.name)
+    item_key = keys.item("t", "job")
+    await redis_client.hset(item_key, mapping={"status": "queued", "attempts": 0, "ctok": ""})
+    await redis_client.zadd(keys.pending, {r: to_micros(claimed_at)})
 
     half = await queue.get_item("t", "job")
     assert half is not None
     assert (half.status, half.attempts) == (ItemStatus.QUEUED, 0)
-    assert (await queue.stats()).leased == 1  # the lease set is the truth
     assert await queue.claim("other", lease_for=LEASE) is None  # nobody else gets it
 
     clock.advance(5)
@@ -100,6 +111,7 @@ async def test_a_claimer_dying_between_the_two_steps_is_corrected_by_reap(
     assert fixed is not None
     assert (fixed.status, fixed.attempts) == (ItemStatus.LEASED, 1)
     assert fixed.updated_at == claimed_at
+    assert await redis_client.zcard(keys.pending) == 0
 
     clock.advance(LEASE)
     moved = await queue.reap()
@@ -109,22 +121,24 @@ async def test_a_claimer_dying_between_the_two_steps_is_corrected_by_reap(
     lease = await queue.claim("w", lease_for=LEASE)
     assert lease is not None
     assert lease.item.attempts == 2
-    assert lease.token > int(pairs[1])
+    assert lease.token > int(token)
 
 
-async def test_a_reap_between_the_two_steps_of_a_live_claim_counts_one_attempt(
+async def test_a_claim_is_one_script_that_writes_the_records(
     redis_client: Redis, clock: ManualClock
 ) -> None:
-    """Reap finishing a record while its claimer is still writing it does not count twice."""
+    """claim_batch is one EVALSHA: the leases' records say leased, attempt counted, at once."""
     queue = RedisWorkQueue(redis_client, clock=clock)
-    await queue.enqueue(WorkItem(tenant="t", item_id="job"))
-    pairs = await _claim_step_one(queue)
-    await queue.reap()
-    written = await queue._run("claim", "claimed", clock.now(), *pairs)
-    assert len(written) == 2
-    item = await queue.get_item("t", "job")
-    assert item is not None
-    assert (item.status, item.attempts) == (ItemStatus.LEASED, 1)
+    for i in range(3):
+        await queue.enqueue(WorkItem(tenant=f"t{i}", item_id="job"))
+    leases = await queue.claim_batch("w", lease_for=LEASE, limit=3)
+    assert len(leases) == 3
+    for lease in leases:
+        assert (lease.item.status, lease.item.attempts) == (ItemStatus.LEASED, 1)
+        stored = await queue.get_item(lease.item.tenant, "job")
+        assert stored == lease.item
+    keys = QueueKeys(queue.settings.namespace, queue.name)
+    assert await redis_client.zcard(keys.pending) == 0
 
 
 async def test_a_claim_retried_after_a_lost_reply_claims_nothing_more(
@@ -135,8 +149,8 @@ async def test_a_claim_retried_after_a_lost_reply_claims_nothing_more(
     for i in range(4):
         await queue.enqueue(WorkItem(tenant="t", item_id=f"i{i}"))
     op = new_op_id()
-    first = await _claim_step_one(queue, limit=2, op=op)
-    again = await _claim_step_one(queue, limit=2, op=op)
+    first = await _claim_script(queue, limit=2, op=op)
+    again = await _claim_script(queue, limit=2, op=op)
     assert first == again
     assert len(first) == 4
     stats = await queue.stats()
@@ -258,10 +272,10 @@ async def test_claim_cost_does_not_grow_with_backlog_or_idle_tenants(
     assert len(small) < 25
 
 
-async def test_each_queue_call_is_one_round_trip_and_a_claim_two(
+async def test_each_queue_call_is_one_round_trip(
     observed_redis: ObservedRedis,
 ) -> None:
-    """Every queue call is one EVALSHA (get_item one HGETALL); a claim is the seed's two."""
+    """Every queue call is one EVALSHA (get_item one HGETALL), a claim included."""
     clock = ManualClock()
     queue = RedisWorkQueue(
         observed_redis.client,
@@ -289,7 +303,7 @@ async def test_each_queue_call_is_one_round_trip_and_a_claim_two(
         return await observed_redis.round_trips()
 
     assert await trips(queue.enqueue(WorkItem(tenant="t", item_id="a"))) == ["EVALSHA"]
-    assert await trips(queue.claim("w", lease_for=LEASE)) == ["EVALSHA", "EVALSHA"]
+    assert await trips(queue.claim("w", lease_for=LEASE)) == ["EVALSHA"]
     assert await trips(queue.claim("w", lease_for=LEASE)) == ["EVALSHA"]  # nothing due
     await queue.enqueue(WorkItem(tenant="t", item_id="b"))
     lease = await queue.claim("w", lease_for=LEASE)
@@ -370,3 +384,37 @@ async def test_queues_by_name_and_namespace_are_apart(
     keys = {key async for key in redis_client.scan_iter(match="*")}
     assert keys
     assert all(key.startswith(QueueKeys("adk", "a").prefix.encode()) for key in keys)
+
+
+class _TickingClock(ManualClock):
+    """A manual clock that moves 1 ms forward at every reading: each enqueue has its own now."""
+
+    def now(self) -> datetime:
+        return self.advance(0.001)
+
+
+async def test_concurrent_enqueues_share_round_trips_and_are_due_at_once(
+    observed_redis: ObservedRedis,
+) -> None:
+    """Forty enqueues at once go in a few scripts (one alone, the others together), each
+    caller gets its own item, and every item is ready: none waits in the delayed set because
+    its batch was sent with another caller's earlier clock reading."""
+    clock = _TickingClock()
+    queue = RedisWorkQueue(observed_redis.client, clock=clock)
+    await queue.enqueue(WorkItem(tenant="warm", item_id="w"))  # loads the scripts
+    await observed_redis.reset()
+    items = [WorkItem(tenant=f"t{n % 4}", item_id=f"i{n}", payload={"n": n}) for n in range(40)]
+    stored = await asyncio.gather(*(queue.enqueue(item) for item in items))
+    trips = await observed_redis.round_trips()
+    assert 2 <= len(trips) < 10, trips
+    assert [(item.tenant, item.item_id, item.payload) for item in stored] == [
+        (item.tenant, item.item_id, item.payload) for item in items
+    ]
+    assert all(item.status is ItemStatus.QUEUED for item in stored)
+    for item in stored:
+        assert await queue.get_item(item.tenant, item.item_id) == item
+    keys = QueueKeys(queue.settings.namespace, queue.name)
+    assert await observed_redis.client.zcard(keys.delayed) == 0
+    assert await queue.next_due() is None
+    leases = await queue.claim_batch("w", lease_for=LEASE, limit=100)
+    assert len(leases) == 41

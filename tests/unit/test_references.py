@@ -104,7 +104,7 @@ def test_the_source_cites_no_document_a_reader_cannot_open() -> None:
     [
         ("Inside your transaction: `bound()`", "inside-your-transaction-bound"),
         ("What Redis refuses, and why", "what-redis-refuses-and-why"),
-        ("The claim in two scripts", "the-claim-in-two-scripts"),
+        ("The claim in one script", "the-claim-in-one-script"),
     ],
 )
 def test_the_anchors_are_the_ones_mkdocs_makes(heading: str, anchor: str) -> None:

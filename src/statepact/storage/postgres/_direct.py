@@ -5,8 +5,8 @@ Each call takes a connection checked out of the backing's SQLAlchemy
 SQL text, see :class:`Prepared`) on the asyncpg connection underneath, and puts
 it back. While calls keep coming, connections go from one call to the next
 without a trip through the pool; as soon as no call is running they are checked
-back in (before the event loop runs anything else), and a caller waiting on the
-pool gets the next one given back.
+back in (at the next step of the event loop), and a caller waiting on the pool
+gets the next one given back.
 That skips what SQLAlchemy does around a statement (an ``AsyncConnection``, two
 greenlet hops, result processing), which costs several times the round trip on
 a loopback server, while everything else stays the engine's: its pool and its
@@ -32,7 +32,7 @@ and never let an asyncpg or SQLAlchemy exception out. See docs/backings.md
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
@@ -85,6 +85,13 @@ class Rows:
 
     def all(self) -> Sequence[Any]:
         return self._rows
+
+    def mappings(self) -> Rows:
+        """Itself: asyncpg's records are read by column name already (``Result.mappings()``)."""
+        return self
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._rows)
 
     def first(self) -> Any:
         return self._rows[0] if self._rows else None
@@ -146,6 +153,7 @@ class DirectExecutor:
         self._running = 0
         self._waiting = 0  # calls inside the pool's checkout (opening, or waiting for one)
         self._check_in_soon: asyncio.Handle | None = None
+        self._closing: set[asyncio.Task[None]] = set()
 
     @property
     def engine(self) -> AsyncEngine:
@@ -159,7 +167,7 @@ class DirectExecutor:
             taken = self._free.pop()
             if taken[0] is pool:
                 return taken
-            taken[1].close()
+            await greenlet_spawn(taken[1].close)
         # The pool's own checkout, with its events, its waiting and its timeout (I/O when
         # it opens, pings or replaces a connection, hence the greenlet).
         self._waiting += 1
@@ -168,21 +176,28 @@ class DirectExecutor:
         finally:
             self._waiting -= 1
 
-    def _give_back(self, taken: tuple[Pool, PoolProxiedConnection]) -> None:
+    async def _give_back(self, taken: tuple[Pool, PoolProxiedConnection]) -> None:
         if self._waiting:
-            taken[1].close()  # a call waits on the pool: this one is its next
+            # A call waits on the pool: this one is its next (in a greenlet: a full pool
+            # closes an overflow connection instead, and that is I/O).
+            await greenlet_spawn(taken[1].close)
             return
         self._free.append(taken)
 
     def _check_in_idle(self) -> None:
         self._check_in_soon = None
-        if not self._running:
-            self.check_in()
+        if not self._running and self._free:
+            # In a greenlet: a pool already full closes what comes back past its size (the
+            # overflow connections of a busy moment), and closing an asyncpg connection is I/O.
+            task = asyncio.get_running_loop().create_task(greenlet_spawn(self.check_in))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     def check_in(self) -> None:
         """Give every connection held between calls back to the pool (the backing closing).
-        Checking in is plain code: the driver never began a transaction, so its reset sends
-        nothing."""
+        The driver never began a transaction, so the reset sends nothing; a pool already
+        full closes an overflow connection, which is I/O: the idle check-in runs this in a
+        greenlet for that."""
         free, self._free = self._free, []
         for _pool, connection in free:
             connection.close()
@@ -218,9 +233,9 @@ class DirectExecutor:
                         # record to the pool twice, for two callers to share.
                         await greenlet_spawn(connection.invalidate, exc)
                     else:
-                        self._give_back(taken)
+                        await self._give_back(taken)
                     raise
-                self._give_back(taken)
+                await self._give_back(taken)
                 return result
             finally:
                 self._running -= 1

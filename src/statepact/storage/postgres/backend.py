@@ -23,6 +23,7 @@ from typing import Any, Self, TypeVar
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.util import greenlet_spawn
 
 from statepact._cancel import finish
 from statepact._retry import RetryPolicy
@@ -658,7 +659,7 @@ class PostgresBackend:
         if self._locking:
             await self._unlock(sorted(self._locking))
         self._locking.clear()
-        self._executor.check_in()
+        await greenlet_spawn(self._executor.check_in)  # a full pool closes overflow ones: I/O
         if self._owns_engine:
             try:
                 await self._engine.dispose()

@@ -17,10 +17,12 @@ import asyncio
 import contextlib
 import copy
 import zlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
-from typing import Any, Self
+from functools import cache
+from typing import Any, Protocol, Self, TypeVar
 
 import asyncpg
 from sqlalchemy.engine import RowMapping
@@ -41,13 +43,55 @@ from statepact.queue import (
     WorkWatch,
 )
 from statepact.settings import PostgresStoreSettings
-from statepact.storage.postgres._client import BoundExecutor, EngineExecutor, Executor, Runner
+from statepact.storage.postgres._client import BoundExecutor, EngineExecutor
+from statepact.storage.postgres._direct import DirectExecutor, Prepared
+from statepact.storage.postgres._sql.queue import QueueStatements
 from statepact.storage.postgres._sql.queue import statements as _statements
 from statepact.storage.postgres.schema import StateTables, Tables, tables_for
 
 __all__ = ["PostgresWorkQueue"]
 
 REAP_BATCH = 500
+
+
+T = TypeVar("T")
+
+
+class _Conn(Protocol):
+    """What a call's work runs its statements on: an ``AsyncConnection`` or ``AsyncSession``
+    (Core statements) or the driver's connection (``_direct.Statements``, prepared ones)."""
+
+    async def execute(self, statement: Any, parameters: Any = None) -> Any: ...
+
+
+class _Runs(Protocol):
+    """The executors: ``EngineExecutor``, ``BoundExecutor``, ``DirectExecutor``."""
+
+    @property
+    def bound(self) -> bool: ...
+
+    async def run(self, work: Callable[[Any], Awaitable[T]], *, idempotent: bool) -> T: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _PreparedStatements:
+    """``QueueStatements`` compiled once for the driver (``_direct.Prepared``), by name."""
+
+    by_name: dict[str, Prepared]
+
+    def __getattr__(self, name: str) -> Prepared:
+        try:
+            return self.by_name[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+@cache
+def _prepared(tables: Tables) -> _PreparedStatements:
+    core = _statements(tables)
+    return _PreparedStatements(
+        {field.name: Prepared(getattr(core, field.name)) for field in fields(QueueStatements)}
+    )
 
 
 def _channel(tables: Tables, queue: str) -> str:
@@ -119,8 +163,12 @@ class _ListenWatch:
         if conn is None:
             return
         try:
-            if driver is not None and not driver.is_closed():
-                await driver.remove_listener(self._channel, self._notified)
+            if driver is None or driver.is_closed():
+                # Dropped under us: never back into the pool, where the next checkout
+                # (no pre-ping) would send a statement on it.
+                await conn.invalidate()
+                return
+            await driver.remove_listener(self._channel, self._notified)
             await conn.close()
         except (OSError, SQLAlchemyError, asyncpg.PostgresError):
             await conn.invalidate()
@@ -131,7 +179,8 @@ def _item_or_none(row: RowMapping | None) -> WorkItem | None:
 
 
 def _item(row: RowMapping) -> WorkItem:
-    return WorkItem(
+    # Read from this queue's own table: every field is of its type already, no validation.
+    return WorkItem.model_construct(
         queue=row["queue"],
         tenant=row["tenant"],
         item_id=row["item_id"],
@@ -174,10 +223,22 @@ class PostgresWorkQueue(BaseWorkQueue):
             max_value_bytes=self._settings.max_value_bytes,
         )
         self._tables = tables_for(tables, self._settings.db_schema)
-        self._sql = _statements(self._tables)
-        self._executor: Executor = EngineExecutor(
-            engine, policy=self._settings.retry_policy, unavailable=_unavailable, what="queue"
-        )
+        self._executor: _Runs
+        # The statements the executor runs: compiled once for the driver on an engine (the
+        # DirectExecutor, a fraction of SQLAlchemy's cost per statement), Core expressions on
+        # one AsyncConnection and inside a caller's transaction (bound).
+        self._sql: Any
+        if isinstance(engine, AsyncEngine):
+            self._shares_enqueues = True
+            self._sql = _prepared(self._tables)
+            self._executor = DirectExecutor(
+                engine, policy=self._settings.retry_policy, unavailable=_unavailable, what="queue"
+            )
+        else:
+            self._sql = _statements(self._tables)
+            self._executor = EngineExecutor(
+                engine, policy=self._settings.retry_policy, unavailable=_unavailable, what="queue"
+            )
         # watch() listens on its own connection of the engine (a bound clone keeps it).
         self._listen_on = engine if isinstance(engine, AsyncEngine) else None
         self._channel = _channel(self._tables, self.name)
@@ -203,6 +264,8 @@ class PostgresWorkQueue(BaseWorkQueue):
         """This queue, inside the transaction ``session`` already opened; it retries nothing."""
         clone = copy.copy(self)
         clone._executor = BoundExecutor(session, unavailable=_unavailable, what="queue")
+        clone._sql = _statements(self._tables)
+        clone._shares_enqueues = False  # each enqueue is a statement of the caller's transaction
         return clone
 
     @property
@@ -239,10 +302,10 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_now": item.created_at,
         }
 
-        async def work(conn: Runner) -> WorkItem:
+        async def work(conn: _Conn) -> WorkItem:
             inserted = (await conn.execute(self._sql.enqueue, params)).scalar()
             if inserted:
-                return item.model_copy(update={"payload": decode_json(payload)})
+                return item  # stored as sent: the front built the record
             row = (await conn.execute(self._sql.get_item, params)).mappings().first()
             if row is None:  # pragma: no cover - the conflicting row cannot vanish: no deletes
                 raise QueueUnavailableError(
@@ -253,37 +316,39 @@ class PostgresWorkQueue(BaseWorkQueue):
         return await self._executor.run(work, idempotent=True)
 
     async def _enqueue_many(self, batch: list[tuple[WorkItem, bytes]]) -> list[WorkItem]:
-        first = batch[0][0]
+        created = [item.created_at for item, _ in batch]
         params = {
             "p_queue": self.name,
             "p_channel": self._channel,
-            "p_now": first.created_at,
+            # The latest clock reading of the batch (concurrent enqueues share one): turns.
+            "p_now": max(created),  # type: ignore[type-var]
             "p_tenants": [item.tenant for item, _ in batch],
             "p_item_ids": [item.item_id for item, _ in batch],
             "p_payloads": [payload.decode("utf-8") for _, payload in batch],
             "p_priorities": [item.priority for item, _ in batch],
             "p_available": [item.available_at for item, _ in batch],
+            "p_created": created,
         }
 
-        async def work(conn: Runner) -> list[WorkItem]:
+        async def work(conn: _Conn) -> list[WorkItem]:
+            # Only the items the insert skipped come back; every other one was stored as sent.
+            answer = [item for item, _ in batch]
             rows = (await conn.execute(self._sql.enqueue_many, params)).mappings().all()
-            found = {
-                row["ord"]: batch[row["ord"] - 1][0] if row["status"] is None else _item(row)
-                for row in rows
-            }
-            if len(found) < len(batch):
+            for row in rows:
+                place = row["ord"] - 1
+                if row["status"] is not None:
+                    answer[place] = _item(row)
+                    continue
                 # Inserted by a concurrent enqueue after this statement's snapshot.
-                for place, (item, _) in enumerate(batch, start=1):
-                    if place not in found:
-                        key = self._key(item.tenant, item.item_id)
-                        row = (await conn.execute(self._sql.get_item, key)).mappings().first()
-                        if row is None:  # pragma: no cover - no deletes: it cannot vanish
-                            raise QueueUnavailableError(
-                                f"enqueue of item {item.item_id!r}: it existed, then could "
-                                "not be read"
-                            )
-                        found[place] = _item(row)
-            return [found[place] for place in range(1, len(batch) + 1)]
+                item = batch[place][0]
+                key = self._key(item.tenant, item.item_id)
+                found = (await conn.execute(self._sql.get_item, key)).mappings().first()
+                if found is None:  # pragma: no cover - no deletes: it cannot vanish
+                    raise QueueUnavailableError(
+                        f"enqueue of item {item.item_id!r}: it existed, then could not be read"
+                    )
+                answer[place] = _item(found)
+            return answer
 
         return await self._executor.run(work, idempotent=True)
 
@@ -298,7 +363,7 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_expires_at": expires_at,
         }
 
-        async def work(conn: Runner) -> list[Lease]:
+        async def work(conn: _Conn) -> list[Lease]:
             rows: list[RowMapping] = []
             if limit > 1:
                 batch = {**params, "p_limit": limit}
@@ -311,7 +376,7 @@ class PostgresWorkQueue(BaseWorkQueue):
                     break
                 rows.append(row)
             return [
-                Lease(
+                Lease.model_construct(
                     item=_item(row),
                     worker_id=worker_id,
                     token=row["token"],
@@ -340,8 +405,9 @@ class PostgresWorkQueue(BaseWorkQueue):
             return None
         params = {**fence, **extra}
 
-        async def work(conn: Runner) -> RowMapping | None:
-            return (await conn.execute(statement, params)).mappings().first()
+        async def work(conn: _Conn) -> RowMapping | None:
+            row: RowMapping | None = (await conn.execute(statement, params)).mappings().first()
+            return row
 
         return await self._executor.run(work, idempotent=False)
 
@@ -349,7 +415,7 @@ class PostgresWorkQueue(BaseWorkQueue):
         row = await self._settle(lease, self._sql.heartbeat, {"p_expires_at": expires_at})
         if row is None:
             return None
-        return Lease(
+        return Lease.model_construct(
             item=_item(row),
             worker_id=lease.worker_id,
             token=row["token"],
@@ -373,7 +439,7 @@ class PostgresWorkQueue(BaseWorkQueue):
                 "p_tokens": [lease.token for lease in mine],
             }
 
-            async def work(conn: Runner) -> list[RowMapping]:
+            async def work(conn: _Conn) -> list[RowMapping]:
                 return list((await conn.execute(self._sql.ack_many, params)).mappings().all())
 
             for row in await self._executor.run(work, idempotent=False):
@@ -409,7 +475,7 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_error": outcome.error,
         }
 
-        async def work(conn: Runner) -> list[RowMapping]:
+        async def work(conn: _Conn) -> list[RowMapping]:
             rows: list[RowMapping] = []
             while True:
                 batch = list((await conn.execute(self._sql.reap, params)).mappings())
@@ -427,7 +493,7 @@ class PostgresWorkQueue(BaseWorkQueue):
     async def _dead_letters(self, tenant: str, limit: int) -> list[WorkItem]:
         params = {"p_queue": self.name, "p_tenant": tenant, "p_limit": limit}
 
-        async def work(conn: Runner) -> list[WorkItem]:
+        async def work(conn: _Conn) -> list[WorkItem]:
             result = await conn.execute(self._sql.dead_letters, params)
             return [_item(row) for row in result.mappings()]
 
@@ -438,7 +504,7 @@ class PostgresWorkQueue(BaseWorkQueue):
     ) -> WorkItem | ItemStatus | None:
         params = {**self._key(tenant, item_id), "p_now": now}
 
-        async def work(conn: Runner) -> WorkItem | ItemStatus | None:
+        async def work(conn: _Conn) -> WorkItem | ItemStatus | None:
             row = (await conn.execute(self._sql.requeue, params)).mappings().first()
             if row is not None:
                 return _item(row)
@@ -450,7 +516,7 @@ class PostgresWorkQueue(BaseWorkQueue):
     async def _purge_dead(self, tenant: str) -> int:
         params = {"p_queue": self.name, "p_tenant": tenant}
 
-        async def work(conn: Runner) -> int:
+        async def work(conn: _Conn) -> int:
             return int((await conn.execute(self._sql.purge_dead, params)).scalar_one())
 
         # Not retried once sent: a resend after a lost reply would report only what the
@@ -460,14 +526,14 @@ class PostgresWorkQueue(BaseWorkQueue):
     async def _get_item(self, tenant: str, item_id: str) -> WorkItem | None:
         params = self._key(tenant, item_id)
 
-        async def work(conn: Runner) -> WorkItem | None:
+        async def work(conn: _Conn) -> WorkItem | None:
             row = (await conn.execute(self._sql.get_item, params)).mappings().first()
             return None if row is None else _item(row)
 
         return await self._executor.run(work, idempotent=True)
 
     async def _stats(self) -> QueueStats:
-        async def work(conn: Runner) -> list[Any]:
+        async def work(conn: _Conn) -> list[Any]:
             return list(await conn.execute(self._sql.stats, {"p_queue": self.name}))
 
         counts: dict[str, dict[str, int]] = {}
@@ -484,7 +550,7 @@ class PostgresWorkQueue(BaseWorkQueue):
         return QueueStats(queue=self.name, tenants=tenants)
 
     async def _next_due(self, now: datetime) -> datetime | None:
-        async def work(conn: Runner) -> datetime | None:
+        async def work(conn: _Conn) -> datetime | None:
             due: datetime | None = (
                 await conn.execute(self._sql.next_due, {"p_queue": self.name, "p_now": now})
             ).scalar_one()

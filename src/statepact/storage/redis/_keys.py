@@ -133,7 +133,8 @@ class QueueKeys:
     ``Q token``                 string  the last lease token (fencing; lua/_common.lua)
     ``Q leases``                zset    leased items; member R, score expires_at µs
     ``Q lease-tokens``          hash    R -> the token of its live lease
-    ``Q pending``               zset    claimed items whose record is not written yet
+    ``Q pending``               zset    claimed items whose record is not written yet (left
+                                        by the two-script claim of earlier versions)
     ``Q dead:<seg(T)>``         zset    T's dead items; member item_id, score death µs
     ``Q count:<status>``        hash    T -> how many items of T are queued/leased/dead
     ``Q op:<seg(call id)>``     string  a write's replay key, expiring (lua/_common.lua);

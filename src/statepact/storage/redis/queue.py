@@ -2,8 +2,8 @@
 
 It implements the ``_``-methods of :class:`~statepact.queue.BaseWorkQueue`
 with the memory reference's semantics: each call is one script of
-``lua/queue/`` (a claim is two), the whole queue in one slot. Layout, the
-two-script claim and replays: docs/backings.md#the-claim-in-two-scripts.
+``lua/queue/``, the whole queue in one slot. Layout, the claim and
+replays: docs/backings.md#the-claim-in-one-script.
 
 This module must never format a key (``_keys``), never read a clock, never
 decide a retry or the dead letter (the front passes ``QueuePolicy``'s
@@ -50,6 +50,8 @@ class RedisWorkQueue(BaseWorkQueue):
     the caller owns. The constructor does not check the server; :meth:`open`
     runs :func:`~statepact.storage.redis.preflight` first.
     """
+
+    _shares_enqueues = True
 
     def __init__(
         self,
@@ -126,7 +128,8 @@ class RedisWorkQueue(BaseWorkQueue):
             to_micros(item.available_at),
             to_micros(item.created_at),
         )
-        return self._item(reply[1])
+        # Stored now: stored as sent (the front built the record); else the one already there.
+        return item if int(reply[0]) == 1 else self._item(reply[1])
 
     @asynccontextmanager
     async def _watch(self) -> AsyncIterator[WorkWatch]:
@@ -145,9 +148,10 @@ class RedisWorkQueue(BaseWorkQueue):
                 to_micros(item.available_at),
                 to_micros(item.created_at),
             )
-        reply = await self._run(
-            f"enqueue of {len(batch)} items", "enqueue_many", batch[0][0].created_at, *args
-        )
+        # The latest clock reading of the batch (concurrent enqueues share one): an item due
+        # at its own enqueue is due at it, so it goes to ready, not delayed.
+        now = max(item.created_at for item, _ in batch)  # type: ignore[type-var]
+        reply = await self._run(f"enqueue of {len(batch)} items", "enqueue_many", now, *args)
         return [
             batch[i // 2][0] if int(reply[i]) == 1 else self._item(reply[i + 1])
             for i in range(0, len(reply), 2)
@@ -171,26 +175,17 @@ class RedisWorkQueue(BaseWorkQueue):
             # 1: a large batch of delayed items came due and was promoted; claim again.
             if int(reply[0]) == 0:
                 break
-        pairs = [as_text(value) for value in reply[1:]]
-        if not pairs:
-            return []
-        written = await self._run(f"claim by worker {worker_id!r}", "claimed", now, *pairs)
-        records = {
-            as_text(written[i]): self._item(written[i + 1]) for i in range(0, len(written), 2)
-        }
         leases = []
-        for i in range(0, len(pairs), 2):
-            record = records.get(pairs[i])
-            if record is not None:
-                leases.append(
-                    Lease(
-                        item=record,
-                        worker_id=worker_id,
-                        token=int(pairs[i + 1]),
-                        expires_at=expires_at,
-                        lease_seconds=seconds,
-                    )
+        for i in range(1, len(reply), 3):
+            leases.append(
+                Lease.model_construct(
+                    item=self._item(reply[i + 2]),
+                    worker_id=worker_id,
+                    token=int(reply[i + 1]),
+                    expires_at=expires_at,
+                    lease_seconds=seconds,
                 )
+            )
         return leases
 
     # -- settle -------------------------------------------------------------
@@ -210,7 +205,7 @@ class RedisWorkQueue(BaseWorkQueue):
         )
         if int(reply[0]) == 0:
             return None
-        return Lease(
+        return Lease.model_construct(
             item=self._item(reply[2]),
             worker_id=lease.worker_id,
             token=int(reply[1]),
@@ -376,7 +371,8 @@ class RedisWorkQueue(BaseWorkQueue):
         """A ``WorkItem`` from an item hash (a flat HGETALL list or a dict)."""
         record = _as_dict(fields)
         error = record.get("error")
-        return WorkItem(
+        # Read from this queue's own store: every field is of its type already, no validation.
+        return WorkItem.model_construct(
             queue=self.name,
             tenant=record["tenant"],
             item_id=record["id"],

@@ -185,30 +185,41 @@ def enqueue(tables: Tables) -> Select[Any]:
 
 def enqueue_many(tables: Tables) -> Select[Any]:
     """Insert every item of the batch whose ``(queue, tenant, item_id)`` is new, and wake
-    their tenants, in one statement; answer each item's row with its place in the batch.
+    their tenants, in one statement; answer the items that were not inserted, each with
+    its place in the batch (``ord``).
 
     The batch arrives as parallel arrays (one bind each, whatever its length), is
-    inserted in ``(tenant, item_id)`` order (so two batches sharing ids wait on
-    each other in one order, never in a cycle), and the turns rows are upserted
-    in ``(queue, tenant)`` order like every other multi-row write here. An item
-    that existed before the statement is answered from the statement's snapshot;
-    one a concurrent enqueue inserted after it is in neither answer, and the
-    caller reads it with a second statement.
+    read once (a materialized CTE), inserted in ``(tenant, item_id)`` order (so two
+    batches sharing ids wait on each other in one order, never in a cycle), and the
+    turns rows are upserted in ``(queue, tenant)`` order like every other multi-row
+    write here. The answer holds only the items the insert skipped: an item stored
+    before the statement comes with its row, read by key (an index probe per skipped
+    item, never a scan of the queue); one a concurrent enqueue inserted after the
+    statement's snapshot comes with its place only (its columns NULL), and the
+    caller reads it with a second statement. Every other item was stored as sent.
     """
     work, turns = tables.work, tables.queue_turns
-    batch = (
+    unnested = (
         func.unnest(
             cast(param("tenants"), ARRAY(Text)),
             cast(param("item_ids"), ARRAY(Text)),
             cast(param("payloads"), ARRAY(Text)),
             cast(param("priorities"), ARRAY(Integer)),
             cast(param("available"), ARRAY(TZ)),
+            cast(param("created"), ARRAY(TZ)),
         )
         .table_valued(
-            "tenant", "item_id", "payload", "priority", "available_at", with_ordinality="ord"
+            "tenant",
+            "item_id",
+            "payload",
+            "priority",
+            "available_at",
+            "created_at",
+            with_ordinality="ord",
         )
-        .render_derived(name="batch")
+        .render_derived(name="unnested")
     )
+    batch = select(*unnested.c).cte("batch").prefix_with("MATERIALIZED")
     rows = select(
         param("queue"),
         batch.c.tenant,
@@ -218,8 +229,8 @@ def enqueue_many(tables: Tables) -> Select[Any]:
         QUEUED,
         literal_column("0", Integer),
         batch.c.available_at,
-        param("now", TZ),
-        param("now", TZ),
+        batch.c.created_at,
+        batch.c.created_at,
     ).order_by(batch.c.tenant, batch.c.item_id)
     inserted = (
         pg_insert(work)
@@ -243,28 +254,37 @@ def enqueue_many(tables: Tables) -> Select[Any]:
         .cte("inserted")
     )
     woken = _turn_added(turns, inserted, grouped=True).cte("woken")
-    # Items stored before: their rows, whole. Items stored now: their place only (the
-    # caller has their record already), so the answer stays small for a large batch.
+    # The items the insert skipped (usually none): a hash anti-join of two small sets.
+    skipped = (
+        select(batch.c.ord, batch.c.tenant, batch.c.item_id)
+        .where(
+            ~select(inserted.c.item_id)
+            .where(inserted.c.tenant == batch.c.tenant, inserted.c.item_id == batch.c.item_id)
+            .exists()
+        )
+        .cte("skipped")
+    )
     old = work.alias("old")
-    existing = select(batch.c.ord, *_item_columns(work, old)).select_from(
-        batch.join(
-            old,
-            (old.c.queue == param("queue"))
-            & (old.c.tenant == batch.c.tenant)
-            & (old.c.item_id == batch.c.item_id),
+    stored = (
+        select(*_item_columns(work, old))
+        .where(
+            old.c.queue == param("queue"),
+            old.c.tenant == skipped.c.tenant,
+            old.c.item_id == skipped.c.item_id,
         )
+        # One row by key; the LIMIT keeps the lateral a probe per skipped item (unlimited,
+        # the planner may flatten it into a join that reads every row of the queue).
+        .limit(_ONE)
+        .lateral("stored")
     )
-    new = select(batch.c.ord, *(null().label(c.name) for c in _item_columns(work))).select_from(
-        batch.join(
-            inserted,
-            (inserted.c.tenant == batch.c.tenant) & (inserted.c.item_id == batch.c.item_id),
-        )
-    )
-    answer = union_all(existing, new).subquery("answer")
     notified = select(func.pg_notify(param("channel"), literal_column("''")).label("notified")).cte(
         "notified"
     )
-    return select(*answer.c).select_from(answer.join(notified, true())).add_cte(woken)
+    return (
+        select(skipped.c.ord, *stored.c)
+        .select_from(skipped.outerjoin(stored, true()).join(notified, true()))
+        .add_cte(woken)
+    )
 
 
 def _next_turn(turns: Table, after: Any = None) -> Select[Any]:

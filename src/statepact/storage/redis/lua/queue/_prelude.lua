@@ -17,6 +17,7 @@
 --   Q leases          zset   leased items: member R, score expires_at
 --   Q lease-tokens    hash   R -> token of the live lease (the fencing truth)
 --   Q pending         zset   R claimed but record not yet written: score claim time
+--                            (only the two-script claim of earlier versions left any)
 --   Q dead:<seg(T)>   zset   T's dead items: member id, score time of death
 --   Q count:<status>  hash   T -> number of T's items queued / leased / dead
 --   Q op:<seg(id)>    string/list  a write's replay key (_common.lua), KEYS[13]
@@ -60,8 +61,13 @@ end
 -- watcher blocked on it (BLPOP, RedisWorkQueue.watch) is woken by one item; for a
 -- delayed item the watcher asks next_due and sleeps until then.
 local WAKE_MAX = 64
+local woken = 0 -- tokens this script pushed: past WAKE_MAX more would be trimmed anyway
 
 local function wake()
+  if woken >= WAKE_MAX then
+    return
+  end
+  woken = woken + 1
   local list = Q .. 'wake'
   redis.call('LPUSH', list, '1')
   redis.call('LTRIM', list, 0, WAKE_MAX - 1)
@@ -87,8 +93,9 @@ local function schedule(tenant, id, ikey, available)
   end
 end
 
--- The record write of a claim (step 2), also done by reap for a claim whose
--- step 2 never came. Idempotent: a record already showing this token is left alone.
+-- The record write of a claim, done by reap for a pending claim (one an earlier
+-- version's two-script claim left half written). Idempotent: a record already
+-- showing this token is left alone.
 local function write_claim(r, token, at)
   local ikey = item_key(r)
   if redis.call('HGET', ikey, 'ctok') ~= token then
@@ -107,9 +114,9 @@ local function end_lease(r, tenant)
 end
 
 -- Store a new item, or leave the one already stored under the same id untouched.
--- Returns {1, item} stored now, {0, item} already there; item is HGETALL (for an
--- item stored now only if answer_new: the caller may know it already).
-local function put_item(r, tenant, id, payload, priority, available, created, answer_new)
+-- Returns {1, {}} stored now (the caller has its record), {0, item} already there,
+-- item its HGETALL.
+local function put_item(r, tenant, id, payload, priority, available, created)
   local ikey = item_key(r)
   if redis.call('EXISTS', ikey) == 1 then
     return { 0, redis.call('HGETALL', ikey) }
@@ -120,9 +127,6 @@ local function put_item(r, tenant, id, payload, priority, available, created, an
     'created', created, 'updated', created, 'order', str(redis.call('INCR', ORDER)))
   count(N_QUEUED, tenant, 1)
   schedule(tenant, id, ikey, available)
-  if answer_new then
-    return { 1, redis.call('HGETALL', ikey) }
-  end
   return { 1, {} }
 end
 

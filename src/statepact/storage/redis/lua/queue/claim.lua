@@ -1,4 +1,4 @@
---[[ claim (step 1 of 2): lease up to `limit` due items, tenants served in rotation.
+--[[ claim: lease up to `limit` due items, tenants served in rotation, in one script.
 
 KEYS     QueueKeys.fixed(): delayed, rotation, turns, turn, order, token,
          leases, lease-tokens, pending, count:queued, count:leased, count:dead;
@@ -10,22 +10,27 @@ ARGV[4]  limit                      ARGV[5]  most delayed items to promote in on
 Returns  {1} when more than ARGV[5] delayed items came due: they were promoted,
          nothing was claimed, call again (a claim must see every due item to
          honour priorities, and one script must not block the server for long);
-         otherwise {0, R, token, R, token, ...} in the order claimed (a retry of
-         a call that claimed gets the same pairs again and claims nothing more).
+         otherwise {0, R, token, item, R, token, item, ...} in the order claimed,
+         item the record (HGETALL) after the claim. A retry of a call that
+         claimed gets the same leases again (those still holding their item) and
+         claims nothing more.
 
-Step 1 moves each item from its tenant's ready set to the lease set, records
-its token in lease-tokens and marks it pending; the item's record (status,
-attempts, updated) is written by claimed.lua right after. A crash in between
-leaves an item leased whose record still says queued; reap.lua finishes the
-write. Cost per claimed item: O(log n) in the tenant's ready set and
-O(log t) in the rotation; idle tenants and the backlog are never scanned.
-Delayed items are promoted lazily here, each once.
+Each item moves from its tenant's ready set to the lease set, its token goes
+into lease-tokens, and its record is written (status leased, attempts + 1,
+updated, ctok = token). Cost per claimed item: O(log n) in the tenant's ready
+set and O(log t) in the rotation; idle tenants and the backlog are never
+scanned. Delayed items are promoted lazily here, each once.
 ]]
 local done = redis.call('LRANGE', OP, 0, -1)
 if #done > 0 then
   local out = { 0 }
-  for i = 1, #done do
-    out[i + 1] = done[i]
+  for i = 1, #done, 2 do
+    local r, token = done[i], done[i + 1]
+    if redis.call('HGET', LEASE_TOKENS, r) == token then
+      out[#out + 1] = r
+      out[#out + 1] = token
+      out[#out + 1] = redis.call('HGETALL', item_key(r))
+    end
   end
   return out
 end
@@ -44,6 +49,7 @@ end
 
 local limit, expires = tonumber(ARGV[4]), ARGV[3]
 local out = { 0 }
+local pairs_claimed = {}
 local claimed = 0
 while claimed < limit do
   local head = redis.call('ZRANGE', ROTATION, 0, 0)
@@ -69,17 +75,22 @@ while claimed < limit do
     local token = str(next_token(TOKEN))
     redis.call('ZADD', LEASES, expires, r)
     redis.call('HSET', LEASE_TOKENS, r, token)
-    redis.call('ZADD', PENDING, NOW, r)
+    local ikey = item_key(r)
+    redis.call('HINCRBY', ikey, 'attempts', 1)
+    redis.call('HSET', ikey, 'status', 'leased', 'updated', NOW, 'ctok', token)
     count(N_QUEUED, tenant, -1)
     count(N_LEASED, tenant, 1)
+    pairs_claimed[#pairs_claimed + 1] = r
+    pairs_claimed[#pairs_claimed + 1] = token
     out[#out + 1] = r
     out[#out + 1] = token
+    out[#out + 1] = redis.call('HGETALL', ikey)
     claimed = claimed + 1
   end
 end
 if claimed > 0 then
-  for i = 2, #out, 100 do
-    redis.call('RPUSH', OP, unpack(out, i, math.min(i + 99, #out)))
+  for i = 1, #pairs_claimed, 100 do
+    redis.call('RPUSH', OP, unpack(pairs_claimed, i, math.min(i + 99, #pairs_claimed)))
   end
   redis.call('PEXPIRE', OP, REPLAY_MS)
 end

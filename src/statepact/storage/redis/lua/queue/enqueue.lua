@@ -8,7 +8,8 @@ ARGV[6]  payload (encoded JSON, already size-checked)
 ARGV[7]  priority          ARGV[8]  available_at, µs
 ARGV[9]  created_at, µs
 
-Returns  {1, item} stored now, {0, item} already there (untouched); item is HGETALL.
+Returns  {1, {}} stored now (as sent: the caller has its record), {0, item} already
+         there (untouched); item is HGETALL.
 A due item goes straight to its tenant's ready set, a later one to delayed.
 ]]
-return put_item(ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], true)
+return put_item(ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9])

@@ -11,7 +11,7 @@ The front checked every argument, so no call below can fail half-way.
 ]]
 local out = {}
 for i = 3, #ARGV, 7 do
-  local put = put_item(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], false)
+  local put = put_item(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6])
   out[#out + 1] = put[1]
   out[#out + 1] = put[2]
 end

@@ -9,9 +9,9 @@ ARGV[5]  the error recorded on every item moved (the decision's error)
 
 Returns  {more, item, item, ...}: the moved items (HGETALL) and more = 1 when
          a cap was reached and another call may find more.
-First every pending claim (step 1 done, record not written) gets its record
-written as claimed.lua would (status leased, attempts + 1, updated = claim
-time), so a claimer that died in between leaves an ordinary leased item. Then
+First every pending claim (an earlier version's two-script claim whose second
+script never came) gets its record written (status leased, attempts + 1,
+updated = claim time), so such a claimer leaves an ordinary leased item. Then
 each lease with expires_at <= now ends: error and available_at set, updated = now.
 ]]
 local cap = tonumber(ARGV[4])
