@@ -17,6 +17,7 @@ from functools import cache
 from importlib.resources import files
 from typing import Any, Literal
 
+from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
 __all__ = ["QUEUE_SCRIPTS", "STATE_SCRIPTS", "TX_SCRIPTS", "ScriptRunner", "script_source"]
@@ -77,6 +78,12 @@ class ScriptRunner:
         # redis-py's register_script takes either client kind and handles NOSCRIPT.
         self._redis = redis
         self._scripts = {name: redis.register_script(script_source(name)) for name in names}
+        # A single-server client's pool, which an EVALSHA goes through directly (below).
+        self._pool: Any = (
+            redis.connection_pool
+            if isinstance(redis, Redis) and not redis.single_connection_client
+            else None
+        )
 
     async def __call__(
         self, name: str, keys: Sequence[str], args: Sequence[str | int | bytes]
@@ -87,21 +94,35 @@ class ScriptRunner:
         encoded_args = [arg.encode("utf-8") if isinstance(arg, str) else arg for arg in args]
         script = self._scripts[name]
         redis = self._redis
-        # EVALSHA straight on the client: redis-py's Script.__call__ would spend as long
-        # as the send finding out that the client is not a pipeline.
         try:
-            return await redis.evalsha(script.sha, len(encoded_keys), *encoded_keys, *encoded_args)
+            return await self._evalsha(script.sha, len(encoded_keys), *encoded_keys, *encoded_args)
         except NoScriptError:
             pass  # not in this server's script cache (a restart, a failover): load it
         try:
             script.sha = await redis.script_load(script.script)
-            return await redis.evalsha(script.sha, len(encoded_keys), *encoded_keys, *encoded_args)
+            return await self._evalsha(script.sha, len(encoded_keys), *encoded_keys, *encoded_args)
         except NoScriptError:
             # Still NOSCRIPT after loading it: on a cluster whose topology moved (a replica
             # promoted after a full resync has an empty script cache) the load went to the
             # old primaries. EVAL goes where the keys live and caches it there; NOSCRIPT
             # means nothing ran, so sending the source is safe.
             return await redis.eval(script.script, len(encoded_keys), *encoded_keys, *encoded_args)
+
+    async def _evalsha(self, *args: Any) -> Any:
+        """One ``EVALSHA``: on a single server, on a connection of the client's pool
+        (sent and answered as the client does, with none of the client's per-command
+        wrapping: the command's name, retry, reply callbacks, metrics, which cost as
+        much as the round trip; an error drops the connection as the client's own
+        call would); on a cluster through the client, which routes it."""
+        pool = self._pool
+        if pool is None:
+            return await self._redis.evalsha(*args)
+        connection = await pool.get_connection()
+        try:
+            await connection.send_packed_command(connection.pack_command("EVALSHA", *args))
+            return await connection.read_response()
+        finally:
+            await pool.release(connection)
 
 
 async def load_scripts(redis: Any) -> None:
