@@ -116,15 +116,33 @@ def plain_int(value: int) -> int:
     return value if type(value) is int else int.__int__(value)
 
 
-def _check_str(field: str, path: str, value: str) -> None:
+# Where a value sits in the tree _plain walks, built only when a refusal names it:
+# ``None`` for the root, else (the parent's path, the key or index that leads here).
+_Path = tuple[Any, str | int] | None
+
+
+def _render(path: _Path) -> str:
+    """A path as the messages show it: ``['a'][0]``."""
+    steps: list[str] = []
+    while path is not None:
+        path, step = path
+        steps.append(f"[{step}]" if isinstance(step, int) else f"[{step!r}]")
+    return "".join(reversed(steps))
+
+
+def _check_str(field: str, path: _Path, value: str) -> None:
     if "\x00" in value:
         raise ValueError(
-            f"{field}{path}: NUL characters cannot be stored (PostgreSQL refuses them)"
+            f"{field}{_render(path)}: NUL characters cannot be stored (PostgreSQL refuses them)"
         )
+    if value.isascii():
+        return  # ASCII text encodes: no lone surrogate in it
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ValueError(f"{field}{path}: is not valid Unicode text ({exc.reason})") from exc
+        raise ValueError(
+            f"{field}{_render(path)}: is not valid Unicode text ({exc.reason})"
+        ) from exc
 
 
 def _refusal(field: str, path: str, value: object) -> ValueError:
@@ -154,11 +172,11 @@ def _plain(field: str, root: object) -> Any:
     """
     holder: list[Any] = [None]
     # (value, its path, its depth, the container it goes in, its slot there)
-    stack: list[tuple[object, str, int, Any, Any]] = [(root, "", 0, holder, 0)]
+    stack: list[tuple[object, _Path, int, Any, Any]] = [(root, None, 0, holder, 0)]
     while stack:
         value, path, depth, parent, slot = stack.pop()
         if depth > MAX_DEPTH:
-            raise ValueError(f"{field}{path}: nested deeper than {MAX_DEPTH} levels")
+            raise ValueError(f"{field}{_render(path)}: nested deeper than {MAX_DEPTH} levels")
         if value is None or value is True or value is False:
             parent[slot] = value
         elif isinstance(value, str):
@@ -169,55 +187,64 @@ def _plain(field: str, root: object) -> Any:
             number = plain_int(value)
             if number.bit_length() > 128:
                 raise ValueError(
-                    f"{field}{path}: integer is too large to store exactly (at most 128 bits)"
+                    f"{field}{_render(path)}: integer is too large to store exactly "
+                    "(at most 128 bits)"
                 )
             parent[slot] = number
         elif isinstance(value, float):
             real = value if type(value) is float else float.__float__(value)
             if not math.isfinite(real):
-                raise ValueError(f"{field}{path}: {real!r} is not a JSON number")
+                raise ValueError(f"{field}{_render(path)}: {real!r} is not a JSON number")
             parent[slot] = real
         elif isinstance(value, Mapping):
             obj: dict[str, Any] = {}
             parent[slot] = obj
-            children: list[tuple[object, str, int, Any, Any]] = []
+            children: list[tuple[object, _Path, int, Any, Any]] = []
             for key, item in value.items():
                 if not isinstance(key, str):
                     raise ValueError(
-                        f"{field}{path}: key {key!r} is a {type(key).__name__}; "
+                        f"{field}{_render(path)}: key {key!r} is a {type(key).__name__}; "
                         "JSON object keys must be str"
                     )
                 name = plain_str(key)
-                _check_str(field, f"{path}[{name!r}]", name)
+                here = (path, name)
+                _check_str(field, here, name)
                 if name in obj:
                     raise ValueError(
-                        f"{field}{path}: key {name!r} appears twice; a JSON object holds it once"
+                        f"{field}{_render(path)}: key {name!r} appears twice; a JSON object "
+                        "holds it once"
                     )
                 obj[name] = None  # keeps the mapping's order; the value is filled in below
-                children.append((item, f"{path}[{name!r}]", depth + 1, obj, name))
+                children.append((item, here, depth + 1, obj, name))
             stack.extend(reversed(children))
         elif isinstance(value, list | tuple):
             array: list[Any] = [None] * len(value)
             parent[slot] = array
             stack.extend(
-                (item, f"{path}[{index}]", depth + 1, array, index)
+                (item, (path, index), depth + 1, array, index)
                 for index, item in reversed(list(enumerate(value)))
             )
         else:
-            raise _refusal(field, path, value)
+            raise _refusal(field, _render(path), value)
     return holder[0]
 
 
-def _dumps(value: Any, sort_keys: bool) -> bytes:
-    # The value is a fresh tree of plain types (_plain): no cycle to look for.
-    return json.dumps(
-        value,
+# The encoders of _dumps, built once (json.dumps builds one per call for these options).
+_ENCODERS = {
+    sort_keys: json.JSONEncoder(
         ensure_ascii=False,
         allow_nan=False,
         check_circular=False,
         separators=(",", ":"),
         sort_keys=sort_keys,
-    ).encode("utf-8")
+    )
+    for sort_keys in (False, True)
+}
+
+
+def _dumps(value: Any, sort_keys: bool) -> bytes:
+    # The value is a fresh tree of plain types (_plain): no cycle to look for.
+    return _ENCODERS[sort_keys].encode(value).encode("utf-8")
 
 
 def encode_json(field: str, value: object, *, sort_keys: bool = False) -> bytes:

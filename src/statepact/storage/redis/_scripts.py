@@ -119,10 +119,37 @@ class ScriptRunner:
             return await self._redis.evalsha(*args)
         connection = await pool.get_connection()
         try:
-            await connection.send_packed_command(connection.pack_command("EVALSHA", *args))
+            await connection.send_packed_command(_resp_command(b"EVALSHA", args))
             return await connection.read_response()
         finally:
             await pool.release(connection)
+
+
+# An argument longer than this goes out as a chunk of its own rather than copied into one.
+_LARGE = 16_384
+
+
+def _resp_command(name: bytes, args: Sequence[bytes | str | int]) -> list[bytes]:
+    """``name`` and ``args`` as one RESP command (an array of bulk strings), ready to send.
+
+    A ``str`` (the script's sha) goes as ASCII, an ``int`` as its digits. Small parts are
+    joined into one string; a large argument (a blob) is sent as is, not copied.
+    """
+    chunks: list[bytes] = []
+    head = [b"*%d\r\n$%d\r\n%b\r\n" % (len(args) + 1, len(name), name)]
+    for arg in args:
+        if isinstance(arg, int):
+            arg = b"%d" % arg
+        elif isinstance(arg, str):
+            arg = arg.encode("utf-8")
+        if len(arg) > _LARGE:
+            head.append(b"$%d\r\n" % len(arg))
+            chunks += (b"".join(head), arg)
+            head = [b"\r\n"]
+        else:
+            head.append(b"$%d\r\n%b\r\n" % (len(arg), arg))
+    chunks.append(b"".join(head))
+    return chunks
 
 
 async def load_scripts(redis: Any) -> None:
