@@ -59,6 +59,8 @@ MAX_ID_BYTES = 1024
 MAX_DEPTH = 128
 COST_SCALE = 1_000_000_000  # cost is kept exact to 1e-9 as integer nano-units
 _COST_PLACES = 9
+_MAX_WHOLE_COST = -(-(2**62) // COST_SCALE)  # the least whole amount past 2**62 nano-units
+_ZERO_COST = Decimal("0.000000000")
 
 _log = logging.getLogger("statepact.limits")
 # A cost of 1e10 or more is past 2**62 nano-units (about 4.6e9): refused before any arithmetic.
@@ -266,7 +268,8 @@ def encode_json_value(field: str, value: object, *, sort_keys: bool = False) -> 
 
 
 def decode_json(data: bytes | str) -> Any:
-    return json.loads(data)
+    """What ``encode_json`` wrote (UTF-8, or text), decoded."""
+    return json.loads(data.decode("utf-8") if isinstance(data, bytes) else data)
 
 
 def check_size(field: str, size: int, limit: int, *, where: str) -> None:
@@ -290,6 +293,8 @@ def check_size(field: str, size: int, limit: int, *, where: str) -> None:
 
 def to_nanos(field: str, value: object) -> int:
     """A non-negative money amount as integer nano-units, refusing more precision than 1e-9."""
+    if type(value) is int and 0 <= value < _MAX_WHOLE_COST:
+        return value * COST_SCALE  # a plain whole amount in range: exact, nothing to check
     if isinstance(value, bool) or not isinstance(value, int | str | Decimal):
         raise TypeError(
             f"{field}: must be a Decimal, int or decimal str (floats are inexact), "
@@ -338,6 +343,8 @@ def nanos_to_decimal(nanos: int) -> Decimal:
     Built from its digits, which the ``Decimal`` constructor takes exactly in any context:
     no division, so no caller's precision can round it.
     """
+    if nanos == 0:
+        return _ZERO_COST  # the cost of most runs; a Decimal is immutable, so one is shared
     units, fraction = divmod(abs(nanos), COST_SCALE)
     sign = "-" if nanos < 0 else ""
     return Decimal(f"{sign}{units}.{fraction:09d}")

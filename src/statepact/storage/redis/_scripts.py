@@ -90,25 +90,25 @@ class ScriptRunner:
     ) -> Any:
         """Run script ``name``; keys and string args go as UTF-8 bytes whatever the client's
         encoding, because the key codec measures segments in UTF-8 bytes."""
-        encoded_keys = [key.encode("utf-8") for key in keys]
-        encoded_args = [arg.encode("utf-8") if isinstance(arg, str) else arg for arg in args]
         script = self._scripts[name]
-        redis = self._redis
         try:
-            return await self._evalsha(script.sha, len(encoded_keys), *encoded_keys, *encoded_args)
+            return await self._evalsha(script.sha, keys, args)
         except NoScriptError:
             pass  # not in this server's script cache (a restart, a failover): load it
+        redis = self._redis
         try:
             script.sha = await redis.script_load(script.script)
-            return await self._evalsha(script.sha, len(encoded_keys), *encoded_keys, *encoded_args)
+            return await self._evalsha(script.sha, keys, args)
         except NoScriptError:
             # Still NOSCRIPT after loading it: on a cluster whose topology moved (a replica
             # promoted after a full resync has an empty script cache) the load went to the
             # old primaries. EVAL goes where the keys live and caches it there; NOSCRIPT
             # means nothing ran, so sending the source is safe.
-            return await redis.eval(script.script, len(encoded_keys), *encoded_keys, *encoded_args)
+            return await redis.eval(script.script, len(keys), *_utf8(keys), *_utf8(args))
 
-    async def _evalsha(self, *args: Any) -> Any:
+    async def _evalsha(
+        self, sha: str, keys: Sequence[str], args: Sequence[str | int | bytes]
+    ) -> Any:
         """One ``EVALSHA``: on a single server, on a connection of the client's pool
         (sent and answered as the client does, with none of the client's per-command
         wrapping: the command's name, retry, reply callbacks, metrics, which cost as
@@ -116,13 +116,19 @@ class ScriptRunner:
         call would); on a cluster through the client, which routes it."""
         pool = self._pool
         if pool is None:
-            return await self._redis.evalsha(*args)
+            return await self._redis.evalsha(sha, len(keys), *_utf8(keys), *_utf8(args))
+        command = _resp_command(b"EVALSHA", [sha, len(keys), *keys, *args])
         connection = await pool.get_connection()
         try:
-            await connection.send_packed_command(_resp_command(b"EVALSHA", args))
+            await connection.send_packed_command(command)
             return await connection.read_response()
         finally:
             await pool.release(connection)
+
+
+def _utf8(values: Sequence[str | int | bytes]) -> list[int | bytes]:
+    """``str`` values as UTF-8 bytes, the rest as they are."""
+    return [value.encode("utf-8") if isinstance(value, str) else value for value in values]
 
 
 # An argument longer than this goes out as a chunk of its own rather than copied into one.
@@ -132,22 +138,24 @@ _LARGE = 16_384
 def _resp_command(name: bytes, args: Sequence[bytes | str | int]) -> list[bytes]:
     """``name`` and ``args`` as one RESP command (an array of bulk strings), ready to send.
 
-    A ``str`` (the script's sha) goes as ASCII, an ``int`` as its digits. Small parts are
+    A ``str`` goes as UTF-8, an ``int`` as its digits. Small parts are
     joined into one string; a large argument (a blob) is sent as is, not copied.
     """
     chunks: list[bytes] = []
     head = [b"*%d\r\n$%d\r\n%b\r\n" % (len(args) + 1, len(name), name)]
     for arg in args:
         if isinstance(arg, int):
-            arg = b"%d" % arg
+            raw = b"%d" % arg
         elif isinstance(arg, str):
-            arg = arg.encode("utf-8")
-        if len(arg) > _LARGE:
-            head.append(b"$%d\r\n" % len(arg))
-            chunks += (b"".join(head), arg)
+            raw = arg.encode("utf-8")
+        else:
+            raw = arg
+        if len(raw) > _LARGE:
+            head.append(b"$%d\r\n" % len(raw))
+            chunks += (b"".join(head), raw)
             head = [b"\r\n"]
         else:
-            head.append(b"$%d\r\n%b\r\n" % (len(arg), arg))
+            head.append(b"$%d\r\n%b\r\n" % (len(raw), raw))
     chunks.append(b"".join(head))
     return chunks
 
