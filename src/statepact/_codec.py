@@ -163,6 +163,34 @@ def _refusal(field: str, path: str, value: object) -> ValueError:
     return ValueError(f"{field}{path}: a {kind} is not a JSON value; {hint}")
 
 
+# What _leaf answers for a value that is not a leaf (a container, or no JSON value at all).
+_BRANCH = object()
+
+
+def _leaf(field: str, path: _Path, value: object) -> Any:
+    """``value`` as a plain JSON leaf (``None``, a bool, a ``str``, an ``int``, a finite
+    ``float``), checked; ``_BRANCH`` for anything else."""
+    if value is None or value is True or value is False:
+        return value
+    if isinstance(value, str):
+        text = plain_str(value)
+        _check_str(field, path, text)
+        return text
+    if isinstance(value, int):
+        number = plain_int(value)
+        if number.bit_length() > 128:
+            raise ValueError(
+                f"{field}{_render(path)}: integer is too large to store exactly (at most 128 bits)"
+            )
+        return number
+    if isinstance(value, float):
+        real = value if type(value) is float else float.__float__(value)
+        if not math.isfinite(real):
+            raise ValueError(f"{field}{_render(path)}: {real!r} is not a JSON number")
+        return real
+    return _BRANCH
+
+
 def _plain(field: str, root: object) -> Any:
     """A copy of ``root`` holding only what ``json.loads`` makes, or a ``ValueError`` naming
     where it holds something else (the rule: docs/state-store.md, "What a JSON value may be").
@@ -170,7 +198,8 @@ def _plain(field: str, root: object) -> Any:
     Any ``Mapping`` with ``str`` keys becomes a ``dict``, a ``list`` or ``tuple`` a ``list``,
     a ``str``/``int``/``float`` subclass (an enum member) its plain value. The copy, not the
     caller's object, is what gets encoded: what was checked is exactly what is stored, and a
-    subclass's ``__str__``/``__repr__`` or a mapping's ``items`` is read once.
+    subclass's ``__str__``/``__repr__`` or a mapping's ``items`` is read once. A container's
+    leaves are checked as it is walked; its containers wait on the stack.
     """
     holder: list[Any] = [None]
     # (value, its path, its depth, the container it goes in, its slot there)
@@ -179,29 +208,17 @@ def _plain(field: str, root: object) -> Any:
         value, path, depth, parent, slot = stack.pop()
         if depth > MAX_DEPTH:
             raise ValueError(f"{field}{_render(path)}: nested deeper than {MAX_DEPTH} levels")
-        if value is None or value is True or value is False:
-            parent[slot] = value
-        elif isinstance(value, str):
-            text = plain_str(value)
-            _check_str(field, path, text)
-            parent[slot] = text
-        elif isinstance(value, int):
-            number = plain_int(value)
-            if number.bit_length() > 128:
-                raise ValueError(
-                    f"{field}{_render(path)}: integer is too large to store exactly "
-                    "(at most 128 bits)"
-                )
-            parent[slot] = number
-        elif isinstance(value, float):
-            real = value if type(value) is float else float.__float__(value)
-            if not math.isfinite(real):
-                raise ValueError(f"{field}{_render(path)}: {real!r} is not a JSON number")
-            parent[slot] = real
-        elif isinstance(value, Mapping):
+        leaf = _leaf(field, path, value)
+        if leaf is not _BRANCH:
+            parent[slot] = leaf
+            continue
+        # A child one level down is checked here if that level is allowed; else it goes on
+        # the stack, whose depth check refuses it.
+        inline = depth < MAX_DEPTH
+        children: list[tuple[object, _Path, int, Any, Any]] = []
+        if isinstance(value, Mapping):
             obj: dict[str, Any] = {}
             parent[slot] = obj
-            children: list[tuple[object, _Path, int, Any, Any]] = []
             for key, item in value.items():
                 if not isinstance(key, str):
                     raise ValueError(
@@ -209,25 +226,30 @@ def _plain(field: str, root: object) -> Any:
                         "JSON object keys must be str"
                     )
                 name = plain_str(key)
-                here = (path, name)
+                here: _Path = (path, name)
                 _check_str(field, here, name)
                 if name in obj:
                     raise ValueError(
                         f"{field}{_render(path)}: key {name!r} appears twice; a JSON object "
                         "holds it once"
                     )
-                obj[name] = None  # keeps the mapping's order; the value is filled in below
-                children.append((item, here, depth + 1, obj, name))
-            stack.extend(reversed(children))
+                leaf = _leaf(field, here, item) if inline else _BRANCH
+                obj[name] = None if leaf is _BRANCH else leaf  # keeps the mapping's order
+                if leaf is _BRANCH:
+                    children.append((item, here, depth + 1, obj, name))
         elif isinstance(value, list | tuple):
             array: list[Any] = [None] * len(value)
             parent[slot] = array
-            stack.extend(
-                (item, (path, index), depth + 1, array, index)
-                for index, item in reversed(list(enumerate(value)))
-            )
+            for index, item in enumerate(value):
+                at: _Path = (path, index)
+                leaf = _leaf(field, at, item) if inline else _BRANCH
+                if leaf is _BRANCH:
+                    children.append((item, at, depth + 1, array, index))
+                else:
+                    array[index] = leaf
         else:
             raise _refusal(field, _render(path), value)
+        stack.extend(reversed(children))
     return holder[0]
 
 
