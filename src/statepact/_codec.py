@@ -12,9 +12,10 @@ or refuse a cost, which is exact to 1e-9 on every backing.
 from __future__ import annotations
 
 import json
+import json.scanner
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from contextlib import AbstractContextManager
 from datetime import timedelta
@@ -289,9 +290,23 @@ def encode_json_value(field: str, value: object, *, sort_keys: bool = False) -> 
     return _dumps(_plain(field, value), sort_keys)
 
 
+# json's own scanner: ``json.loads`` minus its whitespace and encoding detection, which a
+# document encode_json wrote (compact UTF-8) never needs.
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(
+    json.JSONDecoder()  # type: ignore[arg-type]  # typeshed types it as taking itself
+)
+
+
 def decode_json(data: bytes | str) -> Any:
     """What ``encode_json`` wrote (UTF-8, or text), decoded."""
-    return json.loads(data.decode("utf-8") if isinstance(data, bytes) else data)
+    text = data.decode("utf-8") if isinstance(data, bytes) else data
+    try:
+        value, end = _SCAN(text, 0)
+    except StopIteration:
+        end = -1
+    if end != len(text):
+        return json.loads(text)  # not one compact document: json says what it is
+    return value
 
 
 def check_size(field: str, size: int, limit: int, *, where: str) -> None:
