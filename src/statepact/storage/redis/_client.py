@@ -168,7 +168,10 @@ def _bounded_writes(base: type[Any]) -> type[Any]:
         self: Any, command: bytes | str | Iterable[bytes], check_health: bool = True
     ) -> None:
         if not self.is_connected:
-            await self.connect_check_health(check_health=False)
+            if hasattr(self, "connect_check_health"):  # redis-py 6 and later
+                await self.connect_check_health(check_health=False)
+            else:
+                await self.connect()
         if check_health:
             await self.check_health()
         if isinstance(command, str):
