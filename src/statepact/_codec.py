@@ -12,9 +12,10 @@ or refuse a cost, which is exact to 1e-9 on every backing.
 from __future__ import annotations
 
 import json
+import json.scanner
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from contextlib import AbstractContextManager
 from datetime import timedelta
@@ -59,6 +60,8 @@ MAX_ID_BYTES = 1024
 MAX_DEPTH = 128
 COST_SCALE = 1_000_000_000  # cost is kept exact to 1e-9 as integer nano-units
 _COST_PLACES = 9
+_MAX_WHOLE_COST = -(-(2**62) // COST_SCALE)  # the least whole amount past 2**62 nano-units
+_ZERO_COST = Decimal("0.000000000")
 
 _log = logging.getLogger("statepact.limits")
 # A cost of 1e10 or more is past 2**62 nano-units (about 4.6e9): refused before any arithmetic.
@@ -116,15 +119,33 @@ def plain_int(value: int) -> int:
     return value if type(value) is int else int.__int__(value)
 
 
-def _check_str(field: str, path: str, value: str) -> None:
+# Where a value sits in the tree _plain walks, built only when a refusal names it:
+# ``None`` for the root, else (the parent's path, the key or index that leads here).
+_Path = tuple[Any, str | int] | None
+
+
+def _render(path: _Path) -> str:
+    """A path as the messages show it: ``['a'][0]``."""
+    steps: list[str] = []
+    while path is not None:
+        path, step = path
+        steps.append(f"[{step}]" if isinstance(step, int) else f"[{step!r}]")
+    return "".join(reversed(steps))
+
+
+def _check_str(field: str, path: _Path, value: str) -> None:
     if "\x00" in value:
         raise ValueError(
-            f"{field}{path}: NUL characters cannot be stored (PostgreSQL refuses them)"
+            f"{field}{_render(path)}: NUL characters cannot be stored (PostgreSQL refuses them)"
         )
+    if value.isascii():
+        return  # ASCII text encodes: no lone surrogate in it
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ValueError(f"{field}{path}: is not valid Unicode text ({exc.reason})") from exc
+        raise ValueError(
+            f"{field}{_render(path)}: is not valid Unicode text ({exc.reason})"
+        ) from exc
 
 
 def _refusal(field: str, path: str, value: object) -> ValueError:
@@ -143,6 +164,34 @@ def _refusal(field: str, path: str, value: object) -> ValueError:
     return ValueError(f"{field}{path}: a {kind} is not a JSON value; {hint}")
 
 
+# What _leaf answers for a value that is not a leaf (a container, or no JSON value at all).
+_BRANCH = object()
+
+
+def _leaf(field: str, path: _Path, value: object) -> Any:
+    """``value`` as a plain JSON leaf (``None``, a bool, a ``str``, an ``int``, a finite
+    ``float``), checked; ``_BRANCH`` for anything else."""
+    if value is None or value is True or value is False:
+        return value
+    if isinstance(value, str):
+        text = plain_str(value)
+        _check_str(field, path, text)
+        return text
+    if isinstance(value, int):
+        number = plain_int(value)
+        if number.bit_length() > 128:
+            raise ValueError(
+                f"{field}{_render(path)}: integer is too large to store exactly (at most 128 bits)"
+            )
+        return number
+    if isinstance(value, float):
+        real = value if type(value) is float else float.__float__(value)
+        if not math.isfinite(real):
+            raise ValueError(f"{field}{_render(path)}: {real!r} is not a JSON number")
+        return real
+    return _BRANCH
+
+
 def _plain(field: str, root: object) -> Any:
     """A copy of ``root`` holding only what ``json.loads`` makes, or a ``ValueError`` naming
     where it holds something else (the rule: docs/state-store.md, "What a JSON value may be").
@@ -150,74 +199,77 @@ def _plain(field: str, root: object) -> Any:
     Any ``Mapping`` with ``str`` keys becomes a ``dict``, a ``list`` or ``tuple`` a ``list``,
     a ``str``/``int``/``float`` subclass (an enum member) its plain value. The copy, not the
     caller's object, is what gets encoded: what was checked is exactly what is stored, and a
-    subclass's ``__str__``/``__repr__`` or a mapping's ``items`` is read once.
+    subclass's ``__str__``/``__repr__`` or a mapping's ``items`` is read once. A container's
+    leaves are checked as it is walked; its containers wait on the stack.
     """
     holder: list[Any] = [None]
     # (value, its path, its depth, the container it goes in, its slot there)
-    stack: list[tuple[object, str, int, Any, Any]] = [(root, "", 0, holder, 0)]
+    stack: list[tuple[object, _Path, int, Any, Any]] = [(root, None, 0, holder, 0)]
     while stack:
         value, path, depth, parent, slot = stack.pop()
         if depth > MAX_DEPTH:
-            raise ValueError(f"{field}{path}: nested deeper than {MAX_DEPTH} levels")
-        if value is None or value is True or value is False:
-            parent[slot] = value
-        elif isinstance(value, str):
-            text = plain_str(value)
-            _check_str(field, path, text)
-            parent[slot] = text
-        elif isinstance(value, int):
-            number = plain_int(value)
-            if number.bit_length() > 128:
-                raise ValueError(
-                    f"{field}{path}: integer is too large to store exactly (at most 128 bits)"
-                )
-            parent[slot] = number
-        elif isinstance(value, float):
-            real = value if type(value) is float else float.__float__(value)
-            if not math.isfinite(real):
-                raise ValueError(f"{field}{path}: {real!r} is not a JSON number")
-            parent[slot] = real
-        elif isinstance(value, Mapping):
+            raise ValueError(f"{field}{_render(path)}: nested deeper than {MAX_DEPTH} levels")
+        leaf = _leaf(field, path, value)
+        if leaf is not _BRANCH:
+            parent[slot] = leaf
+            continue
+        # A child one level down is checked here if that level is allowed; else it goes on
+        # the stack, whose depth check refuses it.
+        inline = depth < MAX_DEPTH
+        children: list[tuple[object, _Path, int, Any, Any]] = []
+        if isinstance(value, Mapping):
             obj: dict[str, Any] = {}
             parent[slot] = obj
-            children: list[tuple[object, str, int, Any, Any]] = []
             for key, item in value.items():
                 if not isinstance(key, str):
                     raise ValueError(
-                        f"{field}{path}: key {key!r} is a {type(key).__name__}; "
+                        f"{field}{_render(path)}: key {key!r} is a {type(key).__name__}; "
                         "JSON object keys must be str"
                     )
                 name = plain_str(key)
-                _check_str(field, f"{path}[{name!r}]", name)
+                here: _Path = (path, name)
+                _check_str(field, here, name)
                 if name in obj:
                     raise ValueError(
-                        f"{field}{path}: key {name!r} appears twice; a JSON object holds it once"
+                        f"{field}{_render(path)}: key {name!r} appears twice; a JSON object "
+                        "holds it once"
                     )
-                obj[name] = None  # keeps the mapping's order; the value is filled in below
-                children.append((item, f"{path}[{name!r}]", depth + 1, obj, name))
-            stack.extend(reversed(children))
+                leaf = _leaf(field, here, item) if inline else _BRANCH
+                obj[name] = None if leaf is _BRANCH else leaf  # keeps the mapping's order
+                if leaf is _BRANCH:
+                    children.append((item, here, depth + 1, obj, name))
         elif isinstance(value, list | tuple):
             array: list[Any] = [None] * len(value)
             parent[slot] = array
-            stack.extend(
-                (item, f"{path}[{index}]", depth + 1, array, index)
-                for index, item in reversed(list(enumerate(value)))
-            )
+            for index, item in enumerate(value):
+                at: _Path = (path, index)
+                leaf = _leaf(field, at, item) if inline else _BRANCH
+                if leaf is _BRANCH:
+                    children.append((item, at, depth + 1, array, index))
+                else:
+                    array[index] = leaf
         else:
-            raise _refusal(field, path, value)
+            raise _refusal(field, _render(path), value)
+        stack.extend(reversed(children))
     return holder[0]
 
 
-def _dumps(value: Any, sort_keys: bool) -> bytes:
-    # The value is a fresh tree of plain types (_plain): no cycle to look for.
-    return json.dumps(
-        value,
+# The encoders of _dumps, built once (json.dumps builds one per call for these options).
+_ENCODERS = {
+    sort_keys: json.JSONEncoder(
         ensure_ascii=False,
         allow_nan=False,
         check_circular=False,
         separators=(",", ":"),
         sort_keys=sort_keys,
-    ).encode("utf-8")
+    )
+    for sort_keys in (False, True)
+}
+
+
+def _dumps(value: Any, sort_keys: bool) -> bytes:
+    # The value is a fresh tree of plain types (_plain): no cycle to look for.
+    return _ENCODERS[sort_keys].encode(value).encode("utf-8")
 
 
 def encode_json(field: str, value: object, *, sort_keys: bool = False) -> bytes:
@@ -238,8 +290,23 @@ def encode_json_value(field: str, value: object, *, sort_keys: bool = False) -> 
     return _dumps(_plain(field, value), sort_keys)
 
 
+# json's own scanner: ``json.loads`` minus its whitespace and encoding detection, which a
+# document encode_json wrote (compact UTF-8) never needs.
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(
+    json.JSONDecoder()  # type: ignore[arg-type]  # typeshed types it as taking itself
+)
+
+
 def decode_json(data: bytes | str) -> Any:
-    return json.loads(data)
+    """What ``encode_json`` wrote (UTF-8, or text), decoded."""
+    text = data.decode("utf-8") if isinstance(data, bytes) else data
+    try:
+        value, end = _SCAN(text, 0)
+    except StopIteration:
+        end = -1
+    if end != len(text):
+        return json.loads(text)  # not one compact document: json says what it is
+    return value
 
 
 def check_size(field: str, size: int, limit: int, *, where: str) -> None:
@@ -263,6 +330,8 @@ def check_size(field: str, size: int, limit: int, *, where: str) -> None:
 
 def to_nanos(field: str, value: object) -> int:
     """A non-negative money amount as integer nano-units, refusing more precision than 1e-9."""
+    if type(value) is int and 0 <= value < _MAX_WHOLE_COST:
+        return value * COST_SCALE  # a plain whole amount in range: exact, nothing to check
     if isinstance(value, bool) or not isinstance(value, int | str | Decimal):
         raise TypeError(
             f"{field}: must be a Decimal, int or decimal str (floats are inexact), "
@@ -311,6 +380,8 @@ def nanos_to_decimal(nanos: int) -> Decimal:
     Built from its digits, which the ``Decimal`` constructor takes exactly in any context:
     no division, so no caller's precision can round it.
     """
+    if nanos == 0:
+        return _ZERO_COST  # the cost of most runs; a Decimal is immutable, so one is shared
     units, fraction = divmod(abs(nanos), COST_SCALE)
     sign = "-" if nanos < 0 else ""
     return Decimal(f"{sign}{units}.{fraction:09d}")

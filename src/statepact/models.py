@@ -28,6 +28,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
@@ -164,3 +165,20 @@ class QueueStats(BaseModel):
     @property
     def dead(self) -> int:
         return sum(t.dead for t in self.tenants.values())
+
+
+def stored(model: type[M], fields: dict[str, Any]) -> M:
+    """A ``model`` a backing rebuilt from its own server's reply, not validated again.
+
+    Only for values the backing decoded itself, each already of its field's type
+    (an enum member, a timezone-aware ``datetime``, a ``Decimal``, a ``dict`` fresh
+    from ``json.loads``), with every field named, in declaration order: the record
+    then equals, dumps and prints as the validated one would (``tests/unit/test_models.py``
+    holds the two side by side), at a fifth of the cost. Never for a caller's input.
+    """
+    record = model.__new__(model)
+    object.__setattr__(record, "__dict__", fields)
+    object.__setattr__(record, "__pydantic_fields_set__", set(fields))
+    object.__setattr__(record, "__pydantic_extra__", None)
+    object.__setattr__(record, "__pydantic_private__", None)
+    return record

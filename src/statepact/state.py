@@ -195,6 +195,8 @@ def _require_version(version: object) -> int:
 
 
 def _require_status(status: object) -> RunStatus:
+    if type(status) is RunStatus:
+        return status  # what a validated record holds
     try:
         return RunStatus(str(status))
     except ValueError as exc:

@@ -136,6 +136,39 @@ async def test_socket_timeout_bounds_a_reply(durable_server: RedisServer) -> Non
         await client.aclose()
 
 
+# A script that keeps the server from reading anything for two seconds.
+_SPIN = """
+local function now() local t = redis.call('TIME') return t[1] * 1000000 + t[2] end
+local began = now()
+while now() - began < 2000000 do end
+return 1
+"""
+
+
+async def test_socket_timeout_bounds_a_write(durable_server: RedisServer) -> None:
+    """A write the server does not take in within settings.socket_timeout (it is busy in a
+    script and the socket buffers are full) is a timeout that drops the connection, not a
+    wait without end; the next call on the client goes through on a new one."""
+    client = create_client(_settings(durable_server.url, socket_timeout=0.3))
+    busy = Redis.from_url(durable_server.url)
+    key = f"cc{uuid.uuid4().hex[:10]}:big"
+    try:
+        await client.ping()
+        spinning = asyncio.ensure_future(busy.eval(_SPIN, 0))
+        await asyncio.sleep(0.2)  # the script runs: the server reads no socket
+        began = time.monotonic()
+        with pytest.raises(rex.TimeoutError, match="writing"):
+            await client.set(key, b"x" * (64 << 20))
+        assert time.monotonic() - began < 1.5
+        assert await spinning == 1
+        await asyncio.sleep(0.2)
+        assert await client.exists(key) == 0  # the half-sent command was dropped with its socket
+        assert await client.ping() is True
+    finally:
+        await busy.aclose()
+        await client.aclose()
+
+
 async def test_a_server_that_is_down_costs_only_the_failover_budget(
     durable_server: RedisServer, clock: ManualClock
 ) -> None:

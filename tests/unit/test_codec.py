@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 from decimal import Context, Decimal, localcontext
 from typing import Any
@@ -382,3 +383,30 @@ def test_require_seconds_zero_only_when_allowed() -> None:
 def test_require_seconds_refuses(value: object, error: type[Exception]) -> None:
     with pytest.raises(error, match=r"^lease_for"):
         require_seconds("lease_for", value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"a":[1,2.5,"x",null,true]}', ' {"a": 1} ', '"t\u00e9"', "7", "[]", '{"a":{"b":{}}}'],
+)
+def test_decode_json_reads_what_json_reads(text: str) -> None:
+    """Bytes or text, compact (what encode_json writes) or not: what ``json.loads`` reads."""
+    assert decode_json(text) == json.loads(text)
+    assert decode_json(text.encode("utf-8")) == json.loads(text)
+
+
+@pytest.mark.parametrize("text", ["", "{", '{"a":1}x', '{"a":1} {}', "[1,]"])
+def test_decode_json_refuses_what_json_refuses(text: str) -> None:
+    with pytest.raises(json.JSONDecodeError) as caught:
+        json.loads(text)
+    with pytest.raises(json.JSONDecodeError, match=re.escape(caught.value.msg)):
+        decode_json(text.encode("utf-8"))
+
+
+def test_a_whole_cost_is_its_nanos_and_zero_is_nine_places() -> None:
+    assert to_nanos("cost", 4_611_686_018) == 4_611_686_018 * COST_SCALE
+    with pytest.raises(ValueError, match="too large"):
+        to_nanos("cost", 4_611_686_019)
+    with pytest.raises(ValueError, match="negative"):
+        to_nanos("cost", -1)
+    assert nanos_to_decimal(0).as_tuple() == Decimal("0.000000000").as_tuple()

@@ -18,6 +18,7 @@ from statepact.models import (
     SessionRecord,
     TenantQueueStats,
     WorkItem,
+    stored,
 )
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -118,3 +119,37 @@ def test_queue_stats_totals() -> None:
     )
     assert (stats.queued, stats.leased, stats.dead) == (5, 1, 4)
     assert QueueStats(queue="default").queued == 0
+
+
+def test_a_stored_record_is_the_validated_one() -> None:
+    """``stored`` (a backing's record from its own reply) equals, dumps, prints and copies as
+    the validated record of the same values does."""
+    fields: dict[str, object] = {
+        "tenant": "t",
+        "run_id": "r",
+        "session_id": "s",
+        "status": RunStatus.RUNNING,
+        "data": {"a": [1, "x"]},
+        "version": 3,
+        "input_tokens": 1,
+        "output_tokens": 2,
+        "cost": Decimal("0.000000001"),
+        "iterations": 4,
+        "cursor": 5,
+        "created_at": NOW,
+        "updated_at": NOW,
+        "seq": 9,
+    }
+    fast, checked = stored(RunRecord, dict(fields)), RunRecord(**fields)  # type: ignore[arg-type]
+    assert type(fast) is RunRecord
+    assert fast == checked
+    assert repr(fast) == repr(checked)
+    assert fast.model_dump() == checked.model_dump()
+    assert fast.model_dump_json() == checked.model_dump_json()
+    assert fast.model_fields_set == checked.model_fields_set
+    assert fast.model_copy(update={"version": 4}) == checked.model_copy(update={"version": 4})
+    with pytest.raises(ValidationError):
+        fast.version = 5  # type: ignore[misc]
+    session = {"tenant": "t", "session_id": "s", "data": {}, "version": 1}
+    session |= {"created_at": NOW, "updated_at": NOW, "seq": 2}
+    assert stored(SessionRecord, dict(session)) == SessionRecord(**session)  # type: ignore[arg-type]

@@ -6,9 +6,12 @@ with the password masked; building a client connects to nothing.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from pydantic import SecretStr
 from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 
 from statepact.settings import RedisStoreSettings
 from statepact.storage.redis import create_client
@@ -124,3 +127,27 @@ async def test_pool_wait_makes_a_pool_that_waits() -> None:
     for cluster, wait in ((True, 1.0), (False, -1.0)):
         with pytest.raises(ValueError, match=r"^pool_wait: "):
             create_client(settings, cluster=cluster, pool_wait=wait)
+
+
+@pytest.mark.parametrize(
+    ("url", "base"),
+    [
+        ("redis://127.0.0.1:6379/0", Connection),
+        ("rediss://127.0.0.1:6379/0", SSLConnection),
+        ("unix:///tmp/statepact-none.sock", UnixDomainSocketConnection),
+    ],
+)
+def test_the_pool_bounds_writes_on_the_connection_class_of_the_url(
+    url: str, base: type[Any]
+) -> None:
+    """Each scheme keeps its own connection class (TLS, a socket file), with the bounded
+    write on top: one class per base, shared by every client."""
+    client = create_client(RedisStoreSettings(dsn=SecretStr(url)))
+    made = client.connection_pool.connection_class
+    assert issubclass(made, base)
+    assert made is not base
+    assert made.send_packed_command is not base.send_packed_command
+    assert (
+        create_client(RedisStoreSettings(dsn=SecretStr(url))).connection_pool.connection_class
+        is made
+    )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Literal, TypeVar, overload
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -31,6 +31,7 @@ __all__ = [
     "CallGate",
     "Failover",
     "as_text",
+    "bounded_writes",
     "check_database",
     "create_client",
     "gate_of",
@@ -136,6 +137,71 @@ class CallGate:
             return await operation()
         finally:
             slots.release()
+
+
+def bounded_writes(base: type[Any]) -> type[Any]:
+    """``base`` (a redis-py asyncio connection class) whose writes are bounded by an
+    ``asyncio.timeout`` of ``socket_timeout`` instead of an ``asyncio.wait_for``.
+
+    redis-py bounds every write with ``wait_for`` when ``socket_timeout`` is set,
+    which on Python 3.11 runs the write in a task of its own: a task per call,
+    more CPU than the rest of a short command. Here the write runs in the caller's
+    task under a timeout; a write that stalls past ``socket_timeout`` still drops
+    the connection and raises redis-py's ``TimeoutError`` (so the failover budget
+    waits the server out), an OS error drops it and raises ``ConnectionError``,
+    and anything else (a cancellation) drops it and goes on. A dropped connection
+    is aborted, not closed: the part of the command still buffered is thrown
+    away, so the server never receives (and runs) a command whose caller was
+    told it failed. One class per base.
+    """
+    made = _BOUNDED.get(base)
+    if made is None:
+        made = _BOUNDED[base] = _bounded_writes(base)
+    return made
+
+
+_BOUNDED: dict[type[Any], type[Any]] = {}
+
+
+def _bounded_writes(base: type[Any]) -> type[Any]:
+    async def send_packed_command(
+        self: Any, command: bytes | str | Iterable[bytes], check_health: bool = True
+    ) -> None:
+        if not self.is_connected:
+            if hasattr(self, "connect_check_health"):  # redis-py 6 and later
+                await self.connect_check_health(check_health=False)
+            else:
+                await self.connect()
+        if check_health:
+            await self.check_health()
+        if isinstance(command, str):
+            command = command.encode()
+        chunks = [command] if isinstance(command, bytes) else command
+        try:
+            async with asyncio.timeout(self.socket_timeout or None):
+                await self._send_packed_command(chunks)
+        except BaseException as exc:
+            # Part of the command may be buffered or sent: drop what is buffered with the
+            # socket (a graceful close would flush the rest and let the server run it).
+            writer = self._writer
+            if writer is not None:
+                writer.transport.abort()
+            await self.disconnect(nowait=True)
+            if isinstance(exc, TimeoutError):
+                if exc.errno is not None:  # ETIMEDOUT from the OS: a dead connection
+                    raise rex.ConnectionError(f"Error {exc.errno} while writing to socket") from exc
+                raise rex.TimeoutError("Timeout writing to socket") from None
+            if isinstance(exc, OSError):
+                raise rex.ConnectionError(
+                    f"Error {exc.errno or 'UNKNOWN'} while writing to socket"
+                ) from exc
+            raise
+
+    return type(
+        f"BoundedWrites{base.__name__}",
+        (base,),
+        {"send_packed_command": send_packed_command, "__module__": __name__},
+    )
 
 
 # The gates of the clients create_client built with pool_wait: every statepact store,
@@ -295,7 +361,8 @@ def create_client(
       client share; not on a cluster, whose per-node pools cannot wait);
     - ``socket_timeout`` and ``socket_connect_timeout`` come from the settings,
       so a stalled server becomes a dropped connection the failover budget
-      waits out, instead of a call that never returns;
+      waits out, instead of a call that never returns (on a single server the
+      write is bounded in the caller's task, see :func:`bounded_writes`);
     - redis-py's own retry is off (``Retry(NoBackoff(), 0)``), so
       ``settings.failover_attempts`` is the only count of attempts.
 
@@ -331,6 +398,8 @@ def create_client(
             client = RedisCluster.from_url(url, **options)
         else:
             client = Redis.from_url(url, **options)
+            pool = client.connection_pool
+            pool.connection_class = bounded_writes(pool.connection_class)
             if pool_wait is not None:
                 _GATES[client] = CallGate(settings.pool_size, pool_wait)
     except ValueError:

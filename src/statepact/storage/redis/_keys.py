@@ -13,6 +13,7 @@ formatting.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from statepact.models import RunStatus
 
@@ -54,6 +55,12 @@ def parse_ref(value: str | bytes) -> tuple[str, str]:
     return tenant, item_id
 
 
+@lru_cache(maxsize=4096)
+def _state_prefix(namespace: str, tenant: str) -> str:
+    """``StateKeys.prefix``, built once per tenant (a call builds it up to six times)."""
+    return f"{namespace}:state:{{{seg(tenant)}}}:"
+
+
 @dataclass(frozen=True, slots=True)
 class StateKeys:
     """Keys of ``RedisStateStore``; ``namespace`` comes from ``RedisStoreSettings``.
@@ -79,7 +86,7 @@ class StateKeys:
 
     def prefix(self, tenant: str) -> str:
         """Everything before the kind; scripts append kinds to it for data-dependent keys."""
-        return f"{self.namespace}:state:{{{seg(tenant)}}}:"
+        return _state_prefix(self.namespace, tenant)
 
     def run(self, tenant: str, run_id: str) -> str:
         return f"{self.prefix(tenant)}run:{seg(run_id)}"

@@ -17,6 +17,7 @@ from functools import cache
 from importlib.resources import files
 from typing import Any, Literal
 
+from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
 __all__ = ["QUEUE_SCRIPTS", "STATE_SCRIPTS", "TX_SCRIPTS", "ScriptRunner", "script_source"]
@@ -77,31 +78,86 @@ class ScriptRunner:
         # redis-py's register_script takes either client kind and handles NOSCRIPT.
         self._redis = redis
         self._scripts = {name: redis.register_script(script_source(name)) for name in names}
+        # A single-server client's pool, which an EVALSHA goes through directly (below).
+        self._pool: Any = (
+            redis.connection_pool
+            if isinstance(redis, Redis) and not redis.single_connection_client
+            else None
+        )
 
     async def __call__(
         self, name: str, keys: Sequence[str], args: Sequence[str | int | bytes]
     ) -> Any:
         """Run script ``name``; keys and string args go as UTF-8 bytes whatever the client's
         encoding, because the key codec measures segments in UTF-8 bytes."""
-        encoded_keys = [key.encode("utf-8") for key in keys]
-        encoded_args = [arg.encode("utf-8") if isinstance(arg, str) else arg for arg in args]
         script = self._scripts[name]
-        redis = self._redis
-        # EVALSHA straight on the client: redis-py's Script.__call__ would spend as long
-        # as the send finding out that the client is not a pipeline.
         try:
-            return await redis.evalsha(script.sha, len(encoded_keys), *encoded_keys, *encoded_args)
+            return await self._evalsha(script.sha, keys, args)
         except NoScriptError:
             pass  # not in this server's script cache (a restart, a failover): load it
+        redis = self._redis
         try:
             script.sha = await redis.script_load(script.script)
-            return await redis.evalsha(script.sha, len(encoded_keys), *encoded_keys, *encoded_args)
+            return await self._evalsha(script.sha, keys, args)
         except NoScriptError:
             # Still NOSCRIPT after loading it: on a cluster whose topology moved (a replica
             # promoted after a full resync has an empty script cache) the load went to the
             # old primaries. EVAL goes where the keys live and caches it there; NOSCRIPT
             # means nothing ran, so sending the source is safe.
-            return await redis.eval(script.script, len(encoded_keys), *encoded_keys, *encoded_args)
+            return await redis.eval(script.script, len(keys), *_utf8(keys), *_utf8(args))
+
+    async def _evalsha(
+        self, sha: str, keys: Sequence[str], args: Sequence[str | int | bytes]
+    ) -> Any:
+        """One ``EVALSHA``: on a single server, on a connection of the client's pool
+        (sent and answered as the client does, with none of the client's per-command
+        wrapping: the command's name, retry, reply callbacks, metrics, which cost as
+        much as the round trip; an error drops the connection as the client's own
+        call would); on a cluster through the client, which routes it."""
+        pool = self._pool
+        if pool is None:
+            return await self._redis.evalsha(sha, len(keys), *_utf8(keys), *_utf8(args))
+        command = _resp_command(b"EVALSHA", [sha, len(keys), *keys, *args])
+        connection = await pool.get_connection()
+        try:
+            await connection.send_packed_command(command)
+            return await connection.read_response()
+        finally:
+            await pool.release(connection)
+
+
+def _utf8(values: Sequence[str | int | bytes]) -> list[int | bytes]:
+    """``str`` values as UTF-8 bytes, the rest as they are."""
+    return [value.encode("utf-8") if isinstance(value, str) else value for value in values]
+
+
+# An argument longer than this goes out as a chunk of its own rather than copied into one.
+_LARGE = 16_384
+
+
+def _resp_command(name: bytes, args: Sequence[bytes | str | int]) -> list[bytes]:
+    """``name`` and ``args`` as one RESP command (an array of bulk strings), ready to send.
+
+    A ``str`` goes as UTF-8, an ``int`` as its digits. Small parts are
+    joined into one string; a large argument (a blob) is sent as is, not copied.
+    """
+    chunks: list[bytes] = []
+    head = [b"*%d\r\n$%d\r\n%b\r\n" % (len(args) + 1, len(name), name)]
+    for arg in args:
+        if isinstance(arg, int):
+            raw = b"%d" % arg
+        elif isinstance(arg, str):
+            raw = arg.encode("utf-8")
+        else:
+            raw = arg
+        if len(raw) > _LARGE:
+            head.append(b"$%d\r\n" % len(raw))
+            chunks += (b"".join(head), raw)
+            head = [b"\r\n"]
+        else:
+            head.append(b"$%d\r\n%b\r\n" % (len(raw), raw))
+    chunks.append(b"".join(head))
+    return chunks
 
 
 async def load_scripts(redis: Any) -> None:

@@ -270,8 +270,9 @@ class RedisBackend:
     async def begin_read(
         self, txn_id: str, resource: str, key: str
     ) -> tuple[Snapshot, StoredValue]:
+        # Reads only, registers nothing (as begin and read): a cancelled caller may walk away.
         reply = await self._script(
-            "tx_begin_read", [self._keys.seq, self._keys.data(resource)], [key]
+            "tx_begin_read", [self._keys.seq, self._keys.data(resource)], [key], abandonable=True
         )
         snapshot = Snapshot(int(reply[0]))
         if len(reply) < 2:

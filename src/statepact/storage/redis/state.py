@@ -19,7 +19,7 @@ from statepact._codec import decode_json, nanos_to_decimal
 from statepact._retry import new_op_id
 from statepact.clock import Clock, from_micros, to_micros
 from statepact.errors import RunNotFoundError, StateConflictError, StatePersistenceError
-from statepact.models import RunRecord, RunStatus, SessionRecord
+from statepact.models import RunRecord, RunStatus, SessionRecord, stored
 from statepact.settings import RedisStoreSettings
 from statepact.state import (
     BaseStateStore,
@@ -40,6 +40,7 @@ __all__ = ["RedisStateStore"]
 _VERSION, _SEQ, _CREATED, _UPDATED = 0, 1, 2, 3
 _STATUS, _SESSION, _INPUT, _OUTPUT, _COST, _ITERATIONS, _CURSOR, _RUN_BLOB = range(4, 12)
 _SESSION_BLOB = 4
+_STATUSES = {status.value: status for status in RunStatus}
 
 
 def _unavailable(message: str) -> StatePersistenceError:
@@ -90,9 +91,19 @@ class RedisStateStore(BaseStateStore):
         return f"RedisStateStore(namespace={self._settings.namespace!r})"
 
     async def _run(
-        self, what: str, script: str, keys: Sequence[str], args: Sequence[str | int | bytes]
+        self,
+        what: str,
+        script: str,
+        keys: Sequence[str],
+        args: Sequence[str | int | bytes],
+        *,
+        read: bool = False,
     ) -> Any:
-        return await self._failover.run(what, lambda: self._scripts(script, keys, args))
+        """One script through the failover; a ``read`` may be abandoned by a cancelled
+        caller (redis-py drops its connection), a write is answered first."""
+        return await self._failover.run(
+            what, lambda: self._scripts(script, keys, args), abandonable=read
+        )
 
     # -- runs ---------------------------------------------------------------
 
@@ -102,6 +113,7 @@ class RedisStateStore(BaseStateStore):
             "get_run",
             [self._keys.run_meta(tenant, run_id)],
             [self._keys.prefix(tenant), run_id],
+            read=True,
         )
         return None if reply is None else _run_record(tenant, run_id, reply)
 
@@ -182,6 +194,7 @@ class RedisStateStore(BaseStateStore):
             "list_runs",
             [index],
             [keys.prefix(tenant), query.after_seq, query.limit + 1],
+            read=True,
         )
         return [
             _run_record(tenant, as_text(reply[i]), reply[i + 1]) for i in range(0, len(reply), 2)
@@ -241,6 +254,7 @@ class RedisStateStore(BaseStateStore):
             "get_session",
             [self._keys.session_meta(tenant, session_id)],
             [self._keys.prefix(tenant), session_id],
+            read=True,
         )
         return None if reply is None else _session_record(tenant, session_id, reply)
 
@@ -250,6 +264,7 @@ class RedisStateStore(BaseStateStore):
             "list_sessions",
             [self._keys.sessions(tenant)],
             [self._keys.prefix(tenant), after_seq, limit + 1],
+            read=True,
         )
         return [
             _session_record(tenant, as_text(reply[i]), reply[i + 1])
@@ -259,31 +274,37 @@ class RedisStateStore(BaseStateStore):
 
 def _run_record(tenant: str, run_id: str, fields: Sequence[Any]) -> RunRecord:
     session = fields[_SESSION]
-    return RunRecord(
-        tenant=tenant,
-        run_id=run_id,
-        session_id=None if session is None else as_text(session),
-        status=RunStatus(as_text(fields[_STATUS])),
-        data=decode_json(fields[_RUN_BLOB]),
-        version=int(fields[_VERSION]),
-        input_tokens=int(fields[_INPUT]),
-        output_tokens=int(fields[_OUTPUT]),
-        cost=nanos_to_decimal(int(fields[_COST])),
-        iterations=int(fields[_ITERATIONS]),
-        cursor=int(fields[_CURSOR]),
-        created_at=from_micros(int(fields[_CREATED])),
-        updated_at=from_micros(int(fields[_UPDATED])),
-        seq=int(fields[_SEQ]),
+    return stored(
+        RunRecord,
+        {
+            "tenant": tenant,
+            "run_id": run_id,
+            "session_id": None if session is None else as_text(session),
+            "status": _STATUSES[as_text(fields[_STATUS])],
+            "data": decode_json(fields[_RUN_BLOB]),
+            "version": int(fields[_VERSION]),
+            "input_tokens": int(fields[_INPUT]),
+            "output_tokens": int(fields[_OUTPUT]),
+            "cost": nanos_to_decimal(int(fields[_COST])),
+            "iterations": int(fields[_ITERATIONS]),
+            "cursor": int(fields[_CURSOR]),
+            "created_at": from_micros(int(fields[_CREATED])),
+            "updated_at": from_micros(int(fields[_UPDATED])),
+            "seq": int(fields[_SEQ]),
+        },
     )
 
 
 def _session_record(tenant: str, session_id: str, fields: Sequence[Any]) -> SessionRecord:
-    return SessionRecord(
-        tenant=tenant,
-        session_id=session_id,
-        data=decode_json(fields[_SESSION_BLOB]),
-        version=int(fields[_VERSION]),
-        created_at=from_micros(int(fields[_CREATED])),
-        updated_at=from_micros(int(fields[_UPDATED])),
-        seq=int(fields[_SEQ]),
+    return stored(
+        SessionRecord,
+        {
+            "tenant": tenant,
+            "session_id": session_id,
+            "data": decode_json(fields[_SESSION_BLOB]),
+            "version": int(fields[_VERSION]),
+            "created_at": from_micros(int(fields[_CREATED])),
+            "updated_at": from_micros(int(fields[_UPDATED])),
+            "seq": int(fields[_SEQ]),
+        },
     )
