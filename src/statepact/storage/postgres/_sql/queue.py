@@ -259,13 +259,18 @@ def enqueue_many(tables: Tables) -> Select[Any]:
         .cte("inserted")
     )
     woken = _turn_added(turns, inserted, grouped=True).cte("woken")
-    # The items the insert skipped (usually none): a hash anti-join of two small sets.
+    # The items the insert skipped (usually none): an anti-join of two small sets, run only
+    # when the insert stored fewer rows than the batch holds (a one-time filter).
+    some_skipped = select(func.count()).select_from(inserted).scalar_subquery() < func.cardinality(
+        cast(param("tenants"), ARRAY(Text))
+    )
     skipped = (
         select(batch.c.ord, batch.c.tenant, batch.c.item_id)
         .where(
+            some_skipped,
             ~select(inserted.c.item_id)
             .where(inserted.c.tenant == batch.c.tenant, inserted.c.item_id == batch.c.item_id)
-            .exists()
+            .exists(),
         )
         .cte("skipped")
     )
