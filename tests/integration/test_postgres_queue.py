@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from statepact.clock import ManualClock
+from statepact.clock import ManualClock, read_clock
 from statepact.models import ItemStatus, Lease, WorkItem
 from statepact.storage.postgres import PostgresWorkQueue
 from statepact.storage.postgres.queue import _prepared
@@ -490,7 +490,7 @@ async def test_claims_keep_their_generic_plan_on_a_table_never_analyzed(
         [WorkItem(tenant=f"t{i % 10}", item_id=f"i{i:04d}") for i in range(2000)]
     )
     prepared = _prepared(postgres_work_queue.tables)
-    moment = datetime.now(UTC)
+    moment = read_clock(postgres_work_queue.clock)
     params = {
         "p_queue": postgres_work_queue.name,
         "p_now": moment,
