@@ -12,15 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from statepact.clock import ManualClock
+from statepact.clock import ManualClock, read_clock
 from statepact.models import ItemStatus, Lease, WorkItem
 from statepact.storage.postgres import PostgresWorkQueue
+from statepact.storage.postgres.queue import _prepared
 
 pytestmark = pytest.mark.integration
 
@@ -468,6 +469,50 @@ async def test_work_table_carries_its_vacuum_settings(pg_engine: AsyncEngine) ->
         ).scalar_one()
     assert "autovacuum_vacuum_scale_factor=0.01" in options
     assert "autovacuum_vacuum_cost_delay=0" in options
+
+
+def test_no_queue_statement_binds_a_constant(postgres_work_queue: PostgresWorkQueue) -> None:
+    """Every value a queue statement sends is the call's: its numbers are SQL literals, so
+    a generic plan can match the partial indexes (WHERE queued > 0) against them."""
+    prepared = _prepared(postgres_work_queue.tables)
+    for name, statement in prepared.by_name.items():
+        constants = [bind for bind, required, _ in statement._order if not required]
+        assert constants == [], (name, constants)
+
+
+async def test_claims_keep_their_generic_plan_on_a_table_never_analyzed(
+    postgres_work_queue: PostgresWorkQueue, pg_engine: AsyncEngine
+) -> None:
+    """After the five custom plans of a prepared statement PostgreSQL keeps its generic
+    plan for the claims, even on a queue filled since its last ANALYZE (no statistics):
+    a claim is not planned again on every call."""
+    await postgres_work_queue.enqueue_many(
+        [WorkItem(tenant=f"t{i % 10}", item_id=f"i{i:04d}") for i in range(2000)]
+    )
+    prepared = _prepared(postgres_work_queue.tables)
+    moment = read_clock(postgres_work_queue.clock)
+    params = {
+        "p_queue": postgres_work_queue.name,
+        "p_now": moment,
+        "p_worker": "w1",
+        "p_expires_at": moment + timedelta(seconds=LEASE),
+        "p_limit": 10,
+    }
+    async with pg_engine.connect() as conn:
+        raw = await conn.get_raw_connection()
+        driver = raw.driver_connection
+        assert driver is not None
+        for statement in (prepared.claim, prepared.claim_many):
+            for _ in range(8):
+                assert await driver.fetch(statement.sql, *statement.arguments(params))
+            plans = await driver.fetchrow(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                "WHERE statement = $1",
+                statement.sql,
+            )
+            assert plans is not None
+            assert plans["custom_plans"] == 5, dict(plans)
+            assert plans["generic_plans"] == 3, dict(plans)
 
 
 class _TickingClock(ManualClock):

@@ -59,6 +59,11 @@ DONE: ColumnElement[str] = literal_column("'done'")
 DEAD: ColumnElement[str] = literal_column("'dead'")
 # A constant LIMIT, so a generic plan of the prepared claim knows it is one row.
 _ONE = literal_column("1", Integer)
+# Every other number in a statement is a literal too, never a bound parameter: a prepared
+# statement's generic plan (the one PostgreSQL caches after five executions, instead of
+# planning each call again) matches a partial index (WHERE queued > 0) only against a
+# constant, so a bound 0 left the claim planned anew on every call.
+_ZERO = literal_column("0", BigInteger)
 
 
 def _item_columns(work: Table, source: Any = None) -> list[ColumnElement[Any]]:
@@ -164,7 +169,7 @@ def enqueue(tables: Tables) -> Select[Any]:
             payload=cast(param("payload", Text()), JSON),
             priority=param("priority", Integer()),
             status=QUEUED,
-            attempts=0,
+            attempts=_ZERO,
             available_at=param("available_at", TZ),
             created_at=param("now", TZ),
             updated_at=param("now", TZ),
@@ -227,7 +232,7 @@ def enqueue_many(tables: Tables) -> Select[Any]:
         cast(batch.c.payload, JSON),
         batch.c.priority,
         QUEUED,
-        literal_column("0", Integer),
+        _ZERO,
         batch.c.available_at,
         batch.c.created_at,
         batch.c.created_at,
@@ -254,13 +259,18 @@ def enqueue_many(tables: Tables) -> Select[Any]:
         .cte("inserted")
     )
     woken = _turn_added(turns, inserted, grouped=True).cte("woken")
-    # The items the insert skipped (usually none): a hash anti-join of two small sets.
+    # The items the insert skipped (usually none): an anti-join of two small sets, run only
+    # when the insert stored fewer rows than the batch holds (a one-time filter).
+    some_skipped = select(func.count()).select_from(inserted).scalar_subquery() < func.cardinality(
+        cast(param("tenants"), ARRAY(Text))
+    )
     skipped = (
         select(batch.c.ord, batch.c.tenant, batch.c.item_id)
         .where(
+            some_skipped,
             ~select(inserted.c.item_id)
             .where(inserted.c.tenant == batch.c.tenant, inserted.c.item_id == batch.c.item_id)
-            .exists()
+            .exists(),
         )
         .cte("skipped")
     )
@@ -304,7 +314,7 @@ def _next_turn(turns: Table, after: Any = None) -> Select[Any]:
         select(*columns)
         .where(
             turns.c.queue == param("queue"),
-            turns.c.queued > 0,
+            turns.c.queued > _ZERO,
             turns.c.next_due_at <= turns.c.checked_at,
             *past,
         )
@@ -315,7 +325,7 @@ def _next_turn(turns: Table, after: Any = None) -> Select[Any]:
         select(*columns)
         .where(
             turns.c.queue == param("queue"),
-            turns.c.queued > 0,
+            turns.c.queued > _ZERO,
             turns.c.next_due_at > turns.c.checked_at,
             turns.c.next_due_at <= param("now", TZ),
             *past,
@@ -462,7 +472,7 @@ def claim(tables: Tables) -> Select[Any]:
         .where(work.c.id == picked.c.id, work.c.status == QUEUED)
         .values(
             status=LEASED,
-            attempts=work.c.attempts + 1,
+            attempts=work.c.attempts + _ONE,
             token=tables.token_seq.next_value(),
             worker_id=param("worker"),
             expires_at=param("expires_at", TZ),
@@ -476,7 +486,7 @@ def claim(tables: Tables) -> Select[Any]:
             tables,
             lambda rest: rest.c.id != claimed.c.id,
             last_turn=claimed.c.token,
-            taken=1,
+            taken=_ONE,
             seen_additions=claimed.c.seen_additions,
         )
         .where(turns.c.queue == claimed.c.queue, turns.c.tenant == claimed.c.tenant)
@@ -561,7 +571,7 @@ def claim_many(tables: Tables) -> Select[Any]:
         )
         .values(
             status=LEASED,
-            attempts=work.c.attempts + 1,
+            attempts=work.c.attempts + _ONE,
             token=tokens.c.token,
             worker_id=param("worker"),
             expires_at=param("expires_at", TZ),
@@ -697,7 +707,7 @@ def release(tables: Tables) -> Select[Any]:
         .where(*_fenced(work))
         .values(
             status=QUEUED,
-            attempts=work.c.attempts - 1,
+            attempts=work.c.attempts - _ONE,
             available_at=param("now", TZ),
             **_lease_ended(),
         ),
@@ -711,7 +721,10 @@ def requeue(tables: Tables) -> Select[Any]:
         update(work)
         .where(*_item_key(work), work.c.status == DEAD)
         .values(
-            status=QUEUED, attempts=0, available_at=param("now", TZ), updated_at=param("now", TZ)
+            status=QUEUED,
+            attempts=_ZERO,
+            available_at=param("now", TZ),
+            updated_at=param("now", TZ),
         ),
     )
 
@@ -802,7 +815,7 @@ def next_due(turns: Table) -> Select[Any]:
     """
     return select(func.min(turns.c.next_due_at)).where(
         turns.c.queue == param("queue"),
-        turns.c.queued > 0,
+        turns.c.queued > _ZERO,
         turns.c.next_due_at > turns.c.checked_at,
         turns.c.next_due_at > param("now", TZ),
     )
