@@ -32,7 +32,13 @@ from statepact.errors import (
 )
 from statepact.models import ItemStatus, RunRecord, RunStatus, SessionRecord, WorkItem
 from statepact.settings import PostgresStoreSettings
-from statepact.storage.postgres import PostgresStateStore, PostgresWorkQueue, StateTables, migrate
+from statepact.storage.postgres import (
+    PostgresStateStore,
+    PostgresWorkQueue,
+    StateTables,
+    _direct,
+    migrate,
+)
 from statepact.storage.postgres.schema import WRITE_RETENTION, tables_for
 
 pytestmark = pytest.mark.integration
@@ -543,7 +549,7 @@ async def test_a_store_on_one_connection_commits_each_call(
 
 
 async def test_create_engine_replaces_a_closed_connection_without_a_round_trip(
-    pg_database_url: str, clock: ManualClock
+    pg_database_url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A pooled connection the server ended is refused at checkout, so even a call that is
     never sent again (a session put) succeeds on a fresh one; a call is one statement, with
@@ -562,6 +568,15 @@ async def test_create_engine_replaces_a_closed_connection_without_a_round_trip(
         statements.append(statement)
         drivers.append(conn.connection.driver_connection)
 
+    direct = _direct.Statements.execute
+
+    async def on_driver(self: _direct.Statements, statement: Any, parameters: Any = None) -> Any:
+        # On an engine the store runs its statements on the driver (DirectExecutor).
+        statements.append(statement.sql)
+        drivers.append(self.driver)
+        return await direct(self, statement, parameters)
+
+    monkeypatch.setattr(_direct.Statements, "execute", on_driver)
     event.listen(engine.sync_engine, "before_cursor_execute", on_execute)
     try:
         store = PostgresStateStore(engine, clock=clock, settings=settings)

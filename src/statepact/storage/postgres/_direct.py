@@ -45,7 +45,7 @@ from sqlalchemy.util import greenlet_spawn
 
 from statepact._retry import RetryPolicy, call_with_failover
 from statepact.errors import StatepactError
-from statepact.storage.postgres._client import Failures, is_connection_error, is_rolled_back
+from statepact.storage.postgres._client import Failures, is_connection_error
 
 __all__ = ["DirectExecutor", "Prepared", "Rows", "Statements"]
 
@@ -244,19 +244,15 @@ class DirectExecutor:
                     self._check_in_soon = loop.call_soon(self._check_in_idle)
 
         def transient(exc: BaseException) -> bool:
-            if is_rolled_back(exc):
-                return True
-            return is_connection_error(exc) and (idempotent or resend_safe or not sent)
+            return self._failures.retries(
+                exc, idempotent=idempotent, resend_safe=resend_safe, sent=sent
+            )
 
         def translate(exc: BaseException) -> StatepactError | None:
             return self._failures.translate(exc, bound=False)
 
         def give_up(exc: BaseException) -> StatepactError:
-            if is_rolled_back(exc):
-                public = self._failures.translate(exc, bound=False)
-                assert public is not None
-                return public
-            return self._failures.give_up(exc, self._policy.attempts)
+            return self._failures.ran_out(exc, self._policy.attempts)
 
         return await call_with_failover(
             attempt,
