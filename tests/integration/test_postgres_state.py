@@ -350,6 +350,43 @@ async def test_each_applied_run_write_leaves_one_row_and_a_refused_one_none(
     assert (stored.version, stored.data, stored.iterations) == (updated.version + 1, {"n": 1}, 1)
 
 
+async def test_only_a_resend_looks_for_its_first_attempt(
+    postgres_state_store: PostgresStateStore, pg_engine: AsyncEngine, clock: ManualClock
+) -> None:
+    """A first attempt's statement applies and records its call id without looking it up; the
+    resend form of the same call (same call id and clock reading) finds that row and answers
+    the run as it is, applying nothing twice."""
+    from statepact.storage.postgres._sql.state import statements
+
+    store = postgres_state_store
+    await store.put_run(_run("r1"))
+    sql = statements(store.tables)
+    for name in ("create_run", "update_run", "patch_run"):
+        first, resent = getattr(sql, name), getattr(sql, f"{name}_resent")
+        assert "UNION ALL" not in str(first) and "UNION ALL" in str(resent)
+    now = clock.now()
+    params: dict[str, Any] = {
+        "p_tenant": "acme",
+        "p_record_id": "r1",
+        "p_now": now,
+        "p_op_id": "call-1",
+        "p_cutoff": now - WRITE_RETENTION,
+        "p_cost": Decimal(0),
+        "p_max_cost": Decimal(10**9),
+    }
+    for name in ("input_tokens", "output_tokens", "iterations", "cursor"):
+        params[f"p_{name}"] = 1 if name == "iterations" else 0
+        params[f"p_max_{name}"] = 2**62
+    async with pg_engine.begin() as conn:
+        applied = (await conn.execute(sql.patch_run, params)).mappings().one()
+    assert (applied["replayed"], applied["iterations"], applied["version"]) == (False, 1, 2)
+    for _ in range(2):
+        async with pg_engine.begin() as conn:
+            again = (await conn.execute(sql.patch_run_resent, params)).mappings().one()
+        assert (again["replayed"], again["iterations"], again["version"]) == (True, 1, 2)
+    assert await _write_rows(pg_engine, "r1") == 2  # the create's and this call's
+
+
 async def test_a_write_sweeps_its_runs_rows_past_the_retention(
     postgres_state_store: PostgresStateStore, pg_engine: AsyncEngine, clock: ManualClock
 ) -> None:
