@@ -485,6 +485,41 @@ async def test_an_exhausted_pool_is_reported_at_once(
         await engine.dispose()
 
 
+async def test_a_busy_store_hands_its_connection_to_a_queue_waiting_on_the_pool(
+    pg_database_url: str, clock: ManualClock
+) -> None:
+    """A store and a queue on one engine of two connections: while two callers keep the store
+    busy (a call always running, so it would pass each connection on to its next call), a
+    queue call waiting on the pool gets one, rather than the pool timeout."""
+    engine = create_async_engine(pg_database_url, pool_size=2, max_overflow=0, pool_timeout=2.0)
+    store = PostgresStateStore(engine, clock=clock)
+    queue = PostgresWorkQueue(engine, clock=clock)
+    stop = asyncio.Event()
+    warmed = asyncio.Event()
+    calls = 0
+
+    async def busy() -> None:
+        nonlocal calls
+        while not stop.is_set():
+            await store.get_run("acme", "r1")
+            calls += 1
+            if calls >= 20:
+                warmed.set()
+
+    try:
+        await store.put_run(_run("r1"))
+        running = [asyncio.create_task(busy()) for _ in range(2)]
+        await warmed.wait()
+        started = time.monotonic()
+        assert await queue.get_item("acme", "missing") is None
+        assert time.monotonic() - started < 1.0
+        stop.set()
+        await asyncio.gather(*running)
+    finally:
+        stop.set()
+        await engine.dispose()
+
+
 # -- sizes ------------------------------------------------------------------------------------
 
 

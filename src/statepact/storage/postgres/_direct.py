@@ -32,6 +32,7 @@ and never let an asyncpg or SQLAlchemy exception out. See docs/backings.md
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
@@ -52,6 +53,11 @@ __all__ = ["DirectExecutor", "Prepared", "Rows", "Statements"]
 T = TypeVar("T")
 
 _DIALECT: Dialect = asyncpg_dialect()  # type: ignore[no-untyped-call]
+
+# Calls inside a pool's checkout (opening a connection, or waiting for one), by pool, over
+# every executor on it: a store, a queue and a backend often share one engine, and a
+# connection one of them would pass to its next call goes to the pool when any waits there.
+_WAITING: weakref.WeakKeyDictionary[Pool, int] = weakref.WeakKeyDictionary()
 
 
 class Prepared:
@@ -151,7 +157,6 @@ class DirectExecutor:
         # in once no call is running.
         self._free: list[tuple[Pool, PoolProxiedConnection]] = []
         self._running = 0
-        self._waiting = 0  # calls inside the pool's checkout (opening, or waiting for one)
         self._check_in_soon: asyncio.Handle | None = None
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -170,16 +175,17 @@ class DirectExecutor:
             await greenlet_spawn(taken[1].close)
         # The pool's own checkout, with its events, its waiting and its timeout (I/O when
         # it opens, pings or replaces a connection, hence the greenlet).
-        self._waiting += 1
+        _WAITING[pool] = _WAITING.get(pool, 0) + 1
         try:
             return pool, await greenlet_spawn(pool.connect)
         finally:
-            self._waiting -= 1
+            _WAITING[pool] -= 1
 
     async def _give_back(self, taken: tuple[Pool, PoolProxiedConnection]) -> None:
-        if self._waiting:
-            # A call waits on the pool: this one is its next (in a greenlet: a full pool
-            # closes an overflow connection instead, and that is I/O).
+        if _WAITING.get(taken[0]):
+            # A call waits on the pool (this executor's or another's): this one is its next
+            # (in a greenlet: a full pool closes an overflow connection instead, and that is
+            # I/O).
             await greenlet_spawn(taken[1].close)
             return
         self._free.append(taken)
