@@ -57,7 +57,8 @@ __all__ = ["PostgresStateStore"]
 
 
 def _run_record(row: RowMapping, data: Any) -> RunRecord:
-    return RunRecord(
+    # Read from this store's own table: every field is of its type already, no validation.
+    return RunRecord.model_construct(
         tenant=row["tenant"],
         run_id=row["run_id"],
         session_id=row["session_id"],
@@ -76,7 +77,7 @@ def _run_record(row: RowMapping, data: Any) -> RunRecord:
 
 
 def _session_record(row: RowMapping, data: Any) -> SessionRecord:
-    return SessionRecord(
+    return SessionRecord.model_construct(
         tenant=row["tenant"],
         session_id=row["session_id"],
         data=data,
