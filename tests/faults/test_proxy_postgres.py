@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from statepact.errors import OutOfTurnError, StatePersistenceError
 from statepact.models import RunRecord, WorkItem
 from statepact.settings import PostgresStoreSettings
-from statepact.storage.postgres import PostgresStateStore, PostgresWorkQueue
+from statepact.storage.postgres import PostgresStateStore, PostgresWorkQueue, _direct
 from statepact.storage.postgres._client import sqlstate_of
 from tests.faults._proxied import RESENDING, ProxiedPostgres
 from tests.faults.conftest import FaultFigures
@@ -56,7 +56,10 @@ async def _waiting_on_locks(engine: AsyncEngine, count: int, within: float = 5.0
 
 @pytest.mark.parametrize("write", ["patch", "put"])
 async def test_a_resend_racing_its_running_first_attempt_applies_once(
-    write: str, proxied_postgres: ProxiedPostgres, fault_figures: FaultFigures
+    write: str,
+    proxied_postgres: ProxiedPostgres,
+    fault_figures: FaultFigures,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The first attempt is held on the server (another session holds the run's row lock), the
     client's connection is cut, and the resend arrives while the first attempt still runs. When
@@ -72,6 +75,17 @@ async def test_a_resend_racing_its_running_first_attempt_applies_once(
     def seen(context: Any) -> None:
         unique_violations.append(sqlstate_of(context.original_exception))
 
+    direct = _direct.Statements.execute
+
+    async def execute(self: _direct.Statements, statement: Any, parameters: Any = None) -> Any:
+        # On an engine the store's statements run on the driver (DirectExecutor).
+        try:
+            return await direct(self, statement, parameters)
+        except Exception as exc:
+            unique_violations.append(sqlstate_of(exc))
+            raise
+
+    monkeypatch.setattr(_direct.Statements, "execute", execute)
     event.listen(proxied_engine.sync_engine, "handle_error", seen)
     async with direct_engine.connect() as locker:
         await locker.execute(text("SELECT 1 FROM adk_runs WHERE run_id = 'r1' FOR UPDATE"))

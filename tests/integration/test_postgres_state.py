@@ -32,7 +32,13 @@ from statepact.errors import (
 )
 from statepact.models import ItemStatus, RunRecord, RunStatus, SessionRecord, WorkItem
 from statepact.settings import PostgresStoreSettings
-from statepact.storage.postgres import PostgresStateStore, PostgresWorkQueue, StateTables, migrate
+from statepact.storage.postgres import (
+    PostgresStateStore,
+    PostgresWorkQueue,
+    StateTables,
+    _direct,
+    migrate,
+)
 from statepact.storage.postgres.schema import WRITE_RETENTION, tables_for
 
 pytestmark = pytest.mark.integration
@@ -344,6 +350,43 @@ async def test_each_applied_run_write_leaves_one_row_and_a_refused_one_none(
     assert (stored.version, stored.data, stored.iterations) == (updated.version + 1, {"n": 1}, 1)
 
 
+async def test_only_a_resend_looks_for_its_first_attempt(
+    postgres_state_store: PostgresStateStore, pg_engine: AsyncEngine, clock: ManualClock
+) -> None:
+    """A first attempt's statement applies and records its call id without looking it up; the
+    resend form of the same call (same call id and clock reading) finds that row and answers
+    the run as it is, applying nothing twice."""
+    from statepact.storage.postgres._sql.state import statements
+
+    store = postgres_state_store
+    await store.put_run(_run("r1"))
+    sql = statements(store.tables)
+    for name in ("create_run", "update_run", "patch_run"):
+        first, resent = getattr(sql, name), getattr(sql, f"{name}_resent")
+        assert "UNION ALL" not in str(first) and "UNION ALL" in str(resent)
+    now = clock.now()
+    params: dict[str, Any] = {
+        "p_tenant": "acme",
+        "p_record_id": "r1",
+        "p_now": now,
+        "p_op_id": "call-1",
+        "p_cutoff": now - WRITE_RETENTION,
+        "p_cost": Decimal(0),
+        "p_max_cost": Decimal(10**9),
+    }
+    for name in ("input_tokens", "output_tokens", "iterations", "cursor"):
+        params[f"p_{name}"] = 1 if name == "iterations" else 0
+        params[f"p_max_{name}"] = 2**62
+    async with pg_engine.begin() as conn:
+        applied = (await conn.execute(sql.patch_run, params)).mappings().one()
+    assert (applied["replayed"], applied["iterations"], applied["version"]) == (False, 1, 2)
+    for _ in range(2):
+        async with pg_engine.begin() as conn:
+            again = (await conn.execute(sql.patch_run_resent, params)).mappings().one()
+        assert (again["replayed"], again["iterations"], again["version"]) == (True, 1, 2)
+    assert await _write_rows(pg_engine, "r1") == 2  # the create's and this call's
+
+
 async def test_a_write_sweeps_its_runs_rows_past_the_retention(
     postgres_state_store: PostgresStateStore, pg_engine: AsyncEngine, clock: ManualClock
 ) -> None:
@@ -439,6 +482,41 @@ async def test_an_exhausted_pool_is_reported_at_once(
         assert caught.value.retryable is False
         assert len(checkouts) == 1
     finally:
+        await engine.dispose()
+
+
+async def test_a_busy_store_hands_its_connection_to_a_queue_waiting_on_the_pool(
+    pg_database_url: str, clock: ManualClock
+) -> None:
+    """A store and a queue on one engine of two connections: while two callers keep the store
+    busy (a call always running, so it would pass each connection on to its next call), a
+    queue call waiting on the pool gets one, rather than the pool timeout."""
+    engine = create_async_engine(pg_database_url, pool_size=2, max_overflow=0, pool_timeout=2.0)
+    store = PostgresStateStore(engine, clock=clock)
+    queue = PostgresWorkQueue(engine, clock=clock)
+    stop = asyncio.Event()
+    warmed = asyncio.Event()
+    calls = 0
+
+    async def busy() -> None:
+        nonlocal calls
+        while not stop.is_set():
+            await store.get_run("acme", "r1")
+            calls += 1
+            if calls >= 20:
+                warmed.set()
+
+    try:
+        await store.put_run(_run("r1"))
+        running = [asyncio.create_task(busy()) for _ in range(2)]
+        await warmed.wait()
+        started = time.monotonic()
+        assert await queue.get_item("acme", "missing") is None
+        assert time.monotonic() - started < 1.0
+        stop.set()
+        await asyncio.gather(*running)
+    finally:
+        stop.set()
         await engine.dispose()
 
 
@@ -543,7 +621,7 @@ async def test_a_store_on_one_connection_commits_each_call(
 
 
 async def test_create_engine_replaces_a_closed_connection_without_a_round_trip(
-    pg_database_url: str, clock: ManualClock
+    pg_database_url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A pooled connection the server ended is refused at checkout, so even a call that is
     never sent again (a session put) succeeds on a fresh one; a call is one statement, with
@@ -562,6 +640,15 @@ async def test_create_engine_replaces_a_closed_connection_without_a_round_trip(
         statements.append(statement)
         drivers.append(conn.connection.driver_connection)
 
+    direct = _direct.Statements.execute
+
+    async def on_driver(self: _direct.Statements, statement: Any, parameters: Any = None) -> Any:
+        # On an engine the store runs its statements on the driver (DirectExecutor).
+        statements.append(statement.sql)
+        drivers.append(self.driver)
+        return await direct(self, statement, parameters)
+
+    monkeypatch.setattr(_direct.Statements, "execute", on_driver)
     event.listen(engine.sync_engine, "before_cursor_execute", on_execute)
     try:
         store = PostgresStateStore(engine, clock=clock, settings=settings)

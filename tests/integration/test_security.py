@@ -369,13 +369,19 @@ async def test_nasty_names_round_trip_in_transactions(tx_backend: StorageBackend
 
 @pytest.mark.integration
 async def test_postgres_sends_caller_text_only_as_bound_parameters(
-    pg_engine: Any, clock: ManualClock
+    pg_engine: Any, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No id, key, blob or error text ever appears in the text of a statement PostgreSQL
-    receives; it travels as a parameter (the statements of every call are inspected)."""
+    receives; it travels as a parameter (the statements of every call are inspected, through
+    SQLAlchemy and on the driver)."""
     from sqlalchemy import event
 
-    from statepact.storage.postgres import PostgresBackend, PostgresStateStore, PostgresWorkQueue
+    from statepact.storage.postgres import (
+        PostgresBackend,
+        PostgresStateStore,
+        PostgresWorkQueue,
+        _direct,
+    )
 
     sentinel = "SENTINEL'; DROP TABLE adk_runs; --"
     seen: list[tuple[str, str]] = []
@@ -383,6 +389,13 @@ async def test_postgres_sends_caller_text_only_as_bound_parameters(
     def record(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
         seen.append((statement, repr(parameters)))
 
+    direct = _direct.Statements.execute
+
+    async def on_driver(self: _direct.Statements, statement: Any, parameters: Any = None) -> Any:
+        seen.append((statement.sql, repr(statement.arguments(parameters))))
+        return await direct(self, statement, parameters)
+
+    monkeypatch.setattr(_direct.Statements, "execute", on_driver)
     event.listen(pg_engine.sync_engine, "before_cursor_execute", record)
     try:
         store = PostgresStateStore(pg_engine, clock=clock)

@@ -21,9 +21,8 @@ from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import Result, make_url
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
-from sqlalchemy.sql import Executable
 
 from statepact._retry import RetryPolicy, call_with_failover
 from statepact.errors import (
@@ -60,9 +59,11 @@ _SCHEMA_STATES = frozenset({"42P01", "42703", "42883", "3F000"})
 
 
 class Runner(Protocol):
-    """What a statement function runs against: an ``AsyncConnection`` or an ``AsyncSession``."""
+    """What a call's work runs its statements on: an ``AsyncConnection`` or an
+    ``AsyncSession`` (Core statements, a ``Result``), or the driver's connection under
+    ``_direct.DirectExecutor`` (``Prepared`` statements, ``Rows``)."""
 
-    async def execute(self, statement: Executable, parameters: Any = None) -> Result[Any]: ...
+    async def execute(self, statement: Any, parameters: Any = None) -> Any: ...
 
 
 Work = Callable[[Runner], Awaitable[T]]
@@ -166,6 +167,35 @@ class Failures:
             f"PostgreSQL {self.what}: the server stayed unreachable after {attempts} "
             f"attempt(s) ({_describe(exc)}); retry later"
         )
+
+    def retries(
+        self, exc: BaseException, *, idempotent: bool, resend_safe: bool, sent: bool
+    ) -> bool:
+        """Whether an owned call's attempt that raised ``exc`` is sent again (failover).
+
+        A deadlock or serialization failure applied nothing; a resend meeting its own
+        first attempt is sent again when the call is ``resend_safe``; a lost connection
+        when the call is idempotent, resend-safe, or never reached the server.
+        """
+        if is_rolled_back(exc):
+            return True
+        if isinstance(exc, FirstAttemptCommitted):
+            return resend_safe
+        return is_connection_error(exc) and (idempotent or resend_safe or not sent)
+
+    def ran_out(self, exc: BaseException, attempts: int) -> StatepactError:
+        """The public error when the failover budget of ``attempts`` ran out on ``exc``."""
+        if is_rolled_back(exc):
+            public = self.translate(exc, bound=False)
+            assert public is not None
+            return public
+        if isinstance(exc, FirstAttemptCommitted):
+            return self.unavailable(
+                f"PostgreSQL {self.what}: an earlier attempt of this write applied it, and "
+                "the failover budget ran out before a resend could read the result; read "
+                "the record to see it"
+            )
+        return self.give_up(exc, attempts)
 
     def unknown_outcome(self, exc: BaseException) -> StatepactError:
         return self.unavailable(
@@ -293,27 +323,15 @@ class EngineExecutor:
                     return await work(conn)
 
         def transient(exc: BaseException) -> bool:
-            if is_rolled_back(exc):
-                return True
-            if isinstance(exc, FirstAttemptCommitted):
-                return resend_safe
-            return is_connection_error(exc) and (idempotent or resend_safe or not sent)
+            return self._failures.retries(
+                exc, idempotent=idempotent, resend_safe=resend_safe, sent=sent
+            )
 
         def translate(exc: BaseException) -> StatepactError | None:
             return self._failures.translate(exc, bound=False)
 
         def give_up(exc: BaseException) -> StatepactError:
-            if is_rolled_back(exc):
-                public = self._failures.translate(exc, bound=False)
-                assert public is not None
-                return public
-            if isinstance(exc, FirstAttemptCommitted):
-                return self._failures.unavailable(
-                    f"PostgreSQL {self._failures.what}: an earlier attempt of this write "
-                    "applied it, and the failover budget ran out before a resend could "
-                    "read the result; read the record to see it"
-                )
-            return self._failures.give_up(exc, self._policy.attempts)
+            return self._failures.ran_out(exc, self._policy.attempts)
 
         return await call_with_failover(
             attempt,

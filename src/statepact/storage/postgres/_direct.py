@@ -32,6 +32,7 @@ and never let an asyncpg or SQLAlchemy exception out. See docs/backings.md
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
@@ -45,13 +46,18 @@ from sqlalchemy.util import greenlet_spawn
 
 from statepact._retry import RetryPolicy, call_with_failover
 from statepact.errors import StatepactError
-from statepact.storage.postgres._client import Failures, is_connection_error, is_rolled_back
+from statepact.storage.postgres._client import Failures, is_connection_error
 
 __all__ = ["DirectExecutor", "Prepared", "Rows", "Statements"]
 
 T = TypeVar("T")
 
 _DIALECT: Dialect = asyncpg_dialect()  # type: ignore[no-untyped-call]
+
+# Calls inside a pool's checkout (opening a connection, or waiting for one), by pool, over
+# every executor on it: a store, a queue and a backend often share one engine, and a
+# connection one of them would pass to its next call goes to the pool when any waits there.
+_WAITING: weakref.WeakKeyDictionary[Pool, int] = weakref.WeakKeyDictionary()
 
 
 class Prepared:
@@ -151,7 +157,6 @@ class DirectExecutor:
         # in once no call is running.
         self._free: list[tuple[Pool, PoolProxiedConnection]] = []
         self._running = 0
-        self._waiting = 0  # calls inside the pool's checkout (opening, or waiting for one)
         self._check_in_soon: asyncio.Handle | None = None
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -170,16 +175,17 @@ class DirectExecutor:
             await greenlet_spawn(taken[1].close)
         # The pool's own checkout, with its events, its waiting and its timeout (I/O when
         # it opens, pings or replaces a connection, hence the greenlet).
-        self._waiting += 1
+        _WAITING[pool] = _WAITING.get(pool, 0) + 1
         try:
             return pool, await greenlet_spawn(pool.connect)
         finally:
-            self._waiting -= 1
+            _WAITING[pool] -= 1
 
     async def _give_back(self, taken: tuple[Pool, PoolProxiedConnection]) -> None:
-        if self._waiting:
-            # A call waits on the pool: this one is its next (in a greenlet: a full pool
-            # closes an overflow connection instead, and that is I/O).
+        if _WAITING.get(taken[0]):
+            # A call waits on the pool (this executor's or another's): this one is its next
+            # (in a greenlet: a full pool closes an overflow connection instead, and that is
+            # I/O).
             await greenlet_spawn(taken[1].close)
             return
         self._free.append(taken)
@@ -244,19 +250,15 @@ class DirectExecutor:
                     self._check_in_soon = loop.call_soon(self._check_in_idle)
 
         def transient(exc: BaseException) -> bool:
-            if is_rolled_back(exc):
-                return True
-            return is_connection_error(exc) and (idempotent or resend_safe or not sent)
+            return self._failures.retries(
+                exc, idempotent=idempotent, resend_safe=resend_safe, sent=sent
+            )
 
         def translate(exc: BaseException) -> StatepactError | None:
             return self._failures.translate(exc, bound=False)
 
         def give_up(exc: BaseException) -> StatepactError:
-            if is_rolled_back(exc):
-                public = self._failures.translate(exc, bound=False)
-                assert public is not None
-                return public
-            return self._failures.give_up(exc, self._policy.attempts)
+            return self._failures.ran_out(exc, self._policy.attempts)
 
         return await call_with_failover(
             attempt,

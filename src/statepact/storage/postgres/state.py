@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from dataclasses import fields
 from datetime import datetime
 from decimal import Decimal
+from functools import cache
+from types import SimpleNamespace
 from typing import Any, Self
 
-from sqlalchemy import CompoundSelect
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
@@ -47,7 +48,8 @@ from statepact.storage.postgres._client import (
     constraint_of,
     sqlstate_of,
 )
-from statepact.storage.postgres._sql.state import COUNTERS
+from statepact.storage.postgres._direct import DirectExecutor, Prepared
+from statepact.storage.postgres._sql.state import COUNTERS, StateStatements
 from statepact.storage.postgres._sql.state import statements as _statements
 from statepact.storage.postgres.schema import WRITE_RETENTION, StateTables, Tables, tables_for
 
@@ -55,7 +57,8 @@ __all__ = ["PostgresStateStore"]
 
 
 def _run_record(row: RowMapping, data: Any) -> RunRecord:
-    return RunRecord(
+    # Read from this store's own table: every field is of its type already, no validation.
+    return RunRecord.model_construct(
         tenant=row["tenant"],
         run_id=row["run_id"],
         session_id=row["session_id"],
@@ -74,7 +77,7 @@ def _run_record(row: RowMapping, data: Any) -> RunRecord:
 
 
 def _session_record(row: RowMapping, data: Any) -> SessionRecord:
-    return SessionRecord(
+    return SessionRecord.model_construct(
         tenant=row["tenant"],
         session_id=row["session_id"],
         data=data,
@@ -94,14 +97,30 @@ def _unavailable(message: str) -> StatePersistenceError:
     return StatePersistenceError(message, reason="unavailable")
 
 
+@cache
+def _prepared(tables: Tables) -> Any:
+    """``StateStatements`` compiled once for the driver (``_direct.Prepared``), same names."""
+    core = _statements(tables)
+    compiled: dict[str, Any] = {}
+    for field in fields(StateStatements):
+        value = getattr(core, field.name)
+        compiled[field.name] = (
+            {key: Prepared(one) for key, one in value.items()}
+            if isinstance(value, Mapping)
+            else Prepared(value)
+        )
+    return SimpleNamespace(**compiled)
+
+
 class PostgresStateStore(BaseStateStore):
     """The ``StateStore`` on PostgreSQL, through SQLAlchemy Core (asyncpg).
 
     ``PostgresStateStore(engine, clock=, settings=, tables=)`` skips the schema
     check; ``await PostgresStateStore.open(engine, ...)`` runs ``verify()``
-    first. ``engine`` is an ``AsyncEngine`` (each call checks out a pooled
-    connection in AUTOCOMMIT) or an ``AsyncConnection`` (calls take turns on it,
-    each in its own transaction). ``bound(session)`` runs inside a transaction
+    first. ``engine`` is an ``AsyncEngine`` (each call runs on the asyncpg
+    connection of a pooled connection, outside any transaction: the
+    ``DirectExecutor``) or an ``AsyncConnection`` (calls take turns on it, each
+    in its own transaction). ``bound(session)`` runs inside a transaction
     the caller opened. Failover retries come from ``settings``
     (``failover_*``); ``max_value_bytes`` and ``db_schema`` too.
     """
@@ -117,14 +136,27 @@ class PostgresStateStore(BaseStateStore):
         self._settings = settings or PostgresStoreSettings()
         super().__init__(clock=clock, max_value_bytes=self._settings.max_value_bytes)
         self._tables = tables_for(tables, self._settings.db_schema)
-        self._sql = _statements(self._tables)
         self._writes_key = str(self._tables.run_writes.primary_key.name)
-        self._executor: Executor = EngineExecutor(
-            engine,
-            policy=self._settings.retry_policy,
-            unavailable=_unavailable,
-            what="state store",
-        )
+        # On an engine, the statements compiled once and run on the driver (a fraction of
+        # SQLAlchemy's cost per statement); Core on one AsyncConnection and when bound.
+        self._sql: Any
+        self._executor: Executor
+        if isinstance(engine, AsyncEngine):
+            self._sql = _prepared(self._tables)
+            self._executor = DirectExecutor(
+                engine,
+                policy=self._settings.retry_policy,
+                unavailable=_unavailable,
+                what="state store",
+            )
+        else:
+            self._sql = _statements(self._tables)
+            self._executor = EngineExecutor(
+                engine,
+                policy=self._settings.retry_policy,
+                unavailable=_unavailable,
+                what="state store",
+            )
 
     @classmethod
     async def open(
@@ -150,6 +182,7 @@ class PostgresStateStore(BaseStateStore):
         """
         clone = copy.copy(self)
         clone._executor = BoundExecutor(session, unavailable=_unavailable, what="state store")
+        clone._sql = _statements(self._tables)
         return clone
 
     @property
@@ -167,13 +200,11 @@ class PostgresStateStore(BaseStateStore):
         """A run write's call id (the same in every resend) and its sweep cutoff."""
         return {"p_op_id": new_op_id(), "p_cutoff": now - WRITE_RETENTION}
 
-    async def _write(
-        self, conn: Runner, statement: CompoundSelect[Any], params: Mapping[str, Any]
-    ) -> RowMapping | None:
+    async def _write(self, conn: Runner, statement: Any, params: Mapping[str, Any]) -> Any:
         """Run one write statement; its row, or None when it applied nothing."""
         try:
             result = await conn.execute(statement, params)
-        except sa_exc.IntegrityError as exc:
+        except Exception as exc:
             if sqlstate_of(exc) == "23505" and constraint_of(exc) == self._writes_key:
                 raise FirstAttemptCommitted(
                     "this call's first attempt committed while its resend waited"
@@ -203,9 +234,15 @@ class PostgresStateStore(BaseStateStore):
             **self._call_params(write.now),
         }
         creating = write.expected_version == 0
-        statement = self._sql.create_run if creating else self._sql.update_run
+        first = self._sql.create_run if creating else self._sql.update_run
+        resent = self._sql.create_run_resent if creating else self._sql.update_run_resent
+        attempts = 0
 
         async def work(conn: Runner) -> RunRecord:
+            nonlocal attempts
+            attempts += 1
+            # Only an attempt after the first can meet an earlier one applied.
+            statement = first if attempts == 1 else resent
             # A create can find the run there, then gone before the follow-up
             # read: try again rather than report "expected 0, found 0".
             for _ in range(3):
@@ -255,9 +292,15 @@ class PostgresStateStore(BaseStateStore):
                 params[f"p_{name}"] = amount
                 params[f"p_max_{name}"] = room
 
+        attempts = 0
+
         async def work(conn: Runner) -> RunRecord | CounterOverflow:
+            nonlocal attempts
+            attempts += 1
+            # Only an attempt after the first can meet an earlier one applied.
+            statement = self._sql.patch_run if attempts == 1 else self._sql.patch_run_resent
             while True:
-                row = await self._write(conn, self._sql.patch_run, params)
+                row = await self._write(conn, statement, params)
                 if row is not None:
                     return _run_record(row, decode_json(row["data"]))
                 # No row: the run is missing, or a counter would pass its limit,

@@ -136,14 +136,27 @@ def _swept(writes: Table, applied: CTE) -> CTE:
     )
 
 
+def _unless_done(writes: Table, resent: bool) -> list[ColumnElement[bool]]:
+    """A resend's write applies only if this call's row is not there; a first attempt's
+    cannot find one (its call id is new), so it does not look."""
+    return [~_done(writes)] if resent else []
+
+
 def _once(
-    runs: Table, writes: Table, write: ReturningInsert[Any] | ReturningUpdate[Any]
-) -> CompoundSelect[Any]:
-    """The write applied once: ``write`` unless this call's row is there, else the run as it is.
+    runs: Table,
+    writes: Table,
+    write: ReturningInsert[Any] | ReturningUpdate[Any],
+    *,
+    resent: bool,
+) -> Select[Any] | CompoundSelect[Any]:
+    """The write applied once, recording this call's row beside it.
 
     Rows: ``replayed`` (false: written now; true: a resend found its first
     attempt), then every column of the run; ``data`` is the stored text when
     ``write`` returns it, else NULL (a write already holds the blob it sent).
+    A first attempt (``resent=False``) is the write alone: nothing can have
+    applied its call id before it. A resend is ``write`` unless this call's row
+    is there, else the run as it is.
     """
     applied = write.cte("applied")
     fresh = select(
@@ -155,13 +168,16 @@ def _once(
             for column in runs.columns
         ],
     )
+    side_effects = (_recorded(writes, applied), _swept(writes, applied))
+    if not resent:
+        return fresh.add_cte(*side_effects)
     replayed = select(true().label("replayed"), *_row_columns(runs)).where(
         *_key(runs, "run_id"), _done(writes)
     )
-    return union_all(fresh, replayed).add_cte(_recorded(writes, applied), _swept(writes, applied))
+    return union_all(fresh, replayed).add_cte(*side_effects)
 
 
-def create_run(runs: Table, writes: Table) -> CompoundSelect[Any]:
+def create_run(runs: Table, writes: Table, *, resent: bool) -> Select[Any] | CompoundSelect[Any]:
     """Version 0: insert at version 1 with zero counters, or nothing if the run exists."""
     values = select(
         param("tenant", Text()),
@@ -172,7 +188,7 @@ def create_run(runs: Table, writes: Table) -> CompoundSelect[Any]:
         literal_column("1", BigInteger()),
         param("now", TZ),
         param("now", TZ),
-    ).where(~_done(writes))
+    ).where(*_unless_done(writes, resent))
     write = (
         pg_insert(runs)
         .from_select(
@@ -182,17 +198,17 @@ def create_run(runs: Table, writes: Table) -> CompoundSelect[Any]:
         .on_conflict_do_nothing(index_elements=[runs.c.tenant, runs.c.run_id])
         .returning(*_meta_columns(runs))
     )
-    return _once(runs, writes, write)
+    return _once(runs, writes, write, resent=resent)
 
 
-def update_run(runs: Table, writes: Table) -> CompoundSelect[Any]:
+def update_run(runs: Table, writes: Table, *, resent: bool) -> Select[Any] | CompoundSelect[Any]:
     """Write blob, status and session if the stored version is the expected one; bump it."""
     write = (
         update(runs)
         .where(
             *_key(runs, "run_id"),
             runs.c.version == param("expected", BigInteger()),
-            ~_done(writes),
+            *_unless_done(writes, resent),
         )
         .values(
             session_id=param("session_id", Text()),
@@ -203,15 +219,15 @@ def update_run(runs: Table, writes: Table) -> CompoundSelect[Any]:
         )
         .returning(*_meta_columns(runs))
     )
-    return _once(runs, writes, write)
+    return _once(runs, writes, write, resent=resent)
 
 
-def patch_run(runs: Table, writes: Table) -> CompoundSelect[Any]:
+def patch_run(runs: Table, writes: Table, *, resent: bool) -> Select[Any] | CompoundSelect[Any]:
     """Add the deltas in place (``SET c = c + :n``) unless a counter would pass its limit."""
     headroom = [runs.c[name] <= param(f"max_{name}", runs.c[name].type) for name in COUNTERS]
     write = (
         update(runs)
-        .where(*_key(runs, "run_id"), *headroom, ~_done(writes))
+        .where(*_key(runs, "run_id"), *headroom, *_unless_done(writes, resent))
         .values(
             {
                 **{name: runs.c[name] + param(name, runs.c[name].type) for name in COUNTERS},
@@ -221,7 +237,7 @@ def patch_run(runs: Table, writes: Table) -> CompoundSelect[Any]:
         )
         .returning(*_row_columns(runs))
     )
-    return _once(runs, writes, write)
+    return _once(runs, writes, write, resent=resent)
 
 
 def run_after_write(runs: Table, writes: Table) -> Select[Any]:
@@ -297,9 +313,13 @@ def list_sessions(sessions: Table) -> Select[Any]:
 class StateStatements:
     get_run: Select[Any]
     run_after_write: Select[Any]
-    create_run: CompoundSelect[Any]
-    update_run: CompoundSelect[Any]
-    patch_run: CompoundSelect[Any]
+    # Each run write twice: its first attempt, and a resend (which looks for the first).
+    create_run: Select[Any] | CompoundSelect[Any]
+    update_run: Select[Any] | CompoundSelect[Any]
+    patch_run: Select[Any] | CompoundSelect[Any]
+    create_run_resent: CompoundSelect[Any] | Select[Any]
+    update_run_resent: CompoundSelect[Any] | Select[Any]
+    patch_run_resent: CompoundSelect[Any] | Select[Any]
     list_runs: Mapping[tuple[bool, bool], Select[Any]]
     delete_run: ReturningDelete[Any]
     get_session: Select[Any]
@@ -314,9 +334,12 @@ class StateStatements:
         return cls(
             get_run=get_record(runs, "run_id"),
             run_after_write=run_after_write(runs, writes),
-            create_run=create_run(runs, writes),
-            update_run=update_run(runs, writes),
-            patch_run=patch_run(runs, writes),
+            create_run=create_run(runs, writes, resent=False),
+            update_run=update_run(runs, writes, resent=False),
+            patch_run=patch_run(runs, writes, resent=False),
+            create_run_resent=create_run(runs, writes, resent=True),
+            update_run_resent=update_run(runs, writes, resent=True),
+            patch_run_resent=patch_run(runs, writes, resent=True),
             list_runs={
                 (by_session, by_status): list_runs(runs, by_session=by_session, by_status=by_status)
                 for by_session in (False, True)
