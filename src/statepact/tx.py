@@ -580,6 +580,25 @@ class _TxnIds:
 _new_txn_id = _TxnIds()
 
 
+#: Resource names and keys that passed ``require_id`` (which does not depend on the field
+#: name): the same ids come back transaction after transaction, and a plain ``str``
+#: equal to a checked one is the same text. Bounded: emptied when full, then refilled.
+_ids: set[str] = set()
+_IDS_KEPT = 1024
+
+
+def _checked_slot(resource: object, key: object) -> tuple[str, str]:
+    """``(resource, key)`` checked by ``require_id`` (or found checked before)."""
+    if type(resource) is str and type(key) is str and resource in _ids and key in _ids:
+        return (resource, key)
+    slot = (require_id("resource", resource), require_id("key", key))
+    if len(_ids) >= _IDS_KEPT:
+        _ids.clear()
+    _ids.add(slot[0])
+    _ids.add(slot[1])
+    return slot
+
+
 def _decode(data: str | None) -> Any:
     return None if data is None else decode_json(data)
 
@@ -739,7 +758,10 @@ class Transaction:
     async def read(self, resource: str, key: str) -> Any:
         """The key's JSON value, or ``None``: this transaction's own write first, else the
         snapshot (``snapshot``/``serializable``) or the latest commit (``read_committed``)."""
-        slot = self._slot(resource, key)
+        if type(resource) is str and type(key) is str and resource in _ids and key in _ids:
+            slot = (resource, key)  # both checked before
+        else:
+            slot = _checked_slot(resource, key)
         if self._state != "active":
             self._require_active()
         written = self._writes.get(slot)
@@ -763,19 +785,12 @@ class Transaction:
         data = found.data
         return None if data is None else decode_json(data)
 
-    def _slot(self, resource: object, key: object) -> tuple[str, str]:
-        """``(resource, key)`` checked; a pair this transaction already read or wrote was
-        checked then (only checked pairs are kept), and an equal pair of plain ``str`` is
-        the same text."""
-        if type(resource) is str and type(key) is str:
-            slot = (resource, key)
-            if slot in self._writes or slot in self._reads:
-                return slot
-        return (require_id("resource", resource), require_id("key", key))
-
     def write(self, resource: str, key: str, value: Any) -> None:
         """Buffer a write of a JSON value (``None`` is refused: use ``delete``)."""
-        slot = self._slot(resource, key)
+        if type(resource) is str and type(key) is str and resource in _ids and key in _ids:
+            slot = (resource, key)  # both checked before
+        else:
+            slot = _checked_slot(resource, key)
         if value is None:
             raise ValueError(
                 "value: None cannot be stored (reads return None for absent keys); "
@@ -791,7 +806,7 @@ class Transaction:
 
     def delete(self, resource: str, key: str) -> None:
         """Buffer a delete; the key reads as ``None`` afterwards."""
-        slot = self._slot(resource, key)
+        slot = _checked_slot(resource, key)
         self._require_active()
         self._writes[slot] = WriteRecord(slot[0], slot[1], None)
 

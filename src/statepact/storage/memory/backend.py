@@ -182,8 +182,8 @@ class MemoryBackend:
     async def begin_read(
         self, txn_id: str, resource: str, key: str
     ) -> tuple[Snapshot, StoredValue]:
-        snapshot = self._pin(txn_id)
-        return snapshot, self._read_latest(resource, key)
+        chain = self._chains.get((resource, key))
+        return self._pin(txn_id), _ABSENT if chain is None else chain.values[-1]
 
     def _pin(self, txn_id: str) -> Snapshot:
         if self._closed:
@@ -362,6 +362,11 @@ class MemoryBackend:
                 continue
             versions = chain.versions
             if len(versions) <= floor:
+                self._prunable.discard(slot)
+                continue
+            if not live or live[0] >= versions[-floor]:
+                # No snapshot is older than the versions retention keeps: only they stay.
+                chain.keep(list(range(len(versions) - floor, len(versions))))
                 self._prunable.discard(slot)
                 continue
             keep = set(range(len(versions) - floor, len(versions)))
