@@ -731,7 +731,7 @@ class Transaction:
         # until end(): a lock request, a snapshot on a backing that pins snapshots.
         self._holds = False
         self._state = "new"
-        # Keyed by checked (resource, key) pairs: a pair found here needs no checking again.
+        # Keyed by checked (resource, key) pairs.
         self._reads: dict[tuple[str, str], StoredValue] = {}
         self._writes: dict[tuple[str, str], WriteRecord] = {}
         self._result: CommitResult | None = None
