@@ -20,9 +20,9 @@ import json
 import logging
 import os
 import random
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, fields, replace
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from types import TracebackType
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -100,7 +100,7 @@ class LockMode(StrEnum):
     EXCLUSIVE = "exclusive"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class CommitResult:
     """What a commit did.
 
@@ -113,6 +113,11 @@ class CommitResult:
 
     version: int
     replayed: bool = False
+
+    def __init__(self, version: int, replayed: bool = False) -> None:
+        # Set through the slots: half the cost of the generated __init__ (see CommitRequest).
+        _RESULT_SLOTS[0](self, version)
+        _RESULT_SLOTS[1](self, replayed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +174,7 @@ class ResourceInfo:
 # verbatim.
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class StoredValue:
     """A key as ``read`` found it: ``data`` is JSON text, ``None`` if absent or deleted.
 
@@ -179,6 +184,11 @@ class StoredValue:
 
     data: str | None
     version: int
+
+    def __init__(self, data: str | None, version: int) -> None:
+        # Set through the slots: half the cost of the generated __init__ (see CommitRequest).
+        _VALUE_SLOTS[0](self, data)
+        _VALUE_SLOTS[1](self, version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +210,7 @@ class StoredResource:
     last_commit_at: datetime | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Snapshot:
     """A transaction's snapshot, as the backing took it (``begin`` or ``begin_read``).
 
@@ -214,8 +224,13 @@ class Snapshot:
     sequence: int
     token: str | None = None
 
+    def __init__(self, sequence: int, token: str | None = None) -> None:
+        # Set through the slots: half the cost of the generated __init__ (see CommitRequest).
+        _SNAPSHOT_SLOTS[0](self, sequence)
+        _SNAPSHOT_SLOTS[1](self, token)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class ReadRecord:
     """A key the transaction read from the backing and the version it observed (absent = 0)."""
 
@@ -223,8 +238,14 @@ class ReadRecord:
     key: str
     version: int
 
+    def __init__(self, resource: str, key: str, version: int) -> None:
+        # Set through the slots: half the cost of the generated __init__ (see CommitRequest).
+        _READ_SLOTS[0](self, resource)
+        _READ_SLOTS[1](self, key)
+        _READ_SLOTS[2](self, version)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class WriteRecord:
     """A buffered write: ``data`` is the JSON text to store, ``None`` to delete the key."""
 
@@ -232,8 +253,14 @@ class WriteRecord:
     key: str
     data: str | None
 
+    def __init__(self, resource: str, key: str, data: str | None) -> None:
+        # Set through the slots: half the cost of the generated __init__ (see CommitRequest).
+        _WRITE_SLOTS[0](self, resource)
+        _WRITE_SLOTS[1](self, key)
+        _WRITE_SLOTS[2](self, data)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class CommitRequest:
     """Everything one commit needs, validated in ONE atomic backing call.
 
@@ -269,10 +296,50 @@ class CommitRequest:
     fencing: Lease | None
     now: datetime
 
+    def __init__(  # noqa: PLR0917 - the generated __init__'s signature, fields in order
+        self,
+        txn_id: str,
+        isolation: Isolation,
+        snapshot: Snapshot | None,
+        reads: tuple[ReadRecord, ...],
+        writes: tuple[WriteRecord, ...],
+        idempotency_key: str | None,
+        fingerprint: str | None,
+        fencing: Lease | None,
+        now: datetime,
+    ) -> None:
+        # What the generated __init__ does, at half its cost (one request per commit):
+        # it sets each field through object.__setattr__, this through the slot itself.
+        # The records made on every transaction (this one, ``CommitResult``,
+        # ``Snapshot``, ``StoredValue``, ``ReadRecord``, ``WriteRecord``) do the same.
+        put = _REQUEST_SLOTS
+        put[0](self, txn_id)
+        put[1](self, isolation)
+        put[2](self, snapshot)
+        put[3](self, reads)
+        put[4](self, writes)
+        put[5](self, idempotency_key)
+        put[6](self, fingerprint)
+        put[7](self, fencing)
+        put[8](self, now)
+
     @property
     def taken_at(self) -> int | None:
         """The snapshot's sequence, ``None`` when the snapshot is the commit point."""
         return None if self.snapshot is None else self.snapshot.sequence
+
+
+def _slot_setters(cls: type) -> tuple[Callable[[Any, Any], None], ...]:
+    """The setters of a slotted dataclass's fields, in field order."""
+    return tuple(vars(cls)[field.name].__set__ for field in fields(cls))
+
+
+_RESULT_SLOTS = _slot_setters(CommitResult)
+_VALUE_SLOTS = _slot_setters(StoredValue)
+_SNAPSHOT_SLOTS = _slot_setters(Snapshot)
+_READ_SLOTS = _slot_setters(ReadRecord)
+_WRITE_SLOTS = _slot_setters(WriteRecord)
+_REQUEST_SLOTS = _slot_setters(CommitRequest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +399,7 @@ class StorageBackend(Protocol):
     #: ``True`` if the backing runs in this process and every call but ``try_lock``
     #: completes without suspending (memory): a cancellation can never arrive in the
     #: middle of one, so the front awaits them directly instead of shielding them.
+    #: ``TransactionManager`` reads this and ``pins_snapshots`` once, when it is built.
     in_process: bool
 
     async def begin(self, txn_id: str) -> Snapshot:
@@ -518,7 +586,15 @@ _log = logging.getLogger("statepact.tx")
 T = TypeVar("T")
 
 
+#: The isolation levels by name; a member is its own name (``StrEnum``), so it finds itself.
+_ISOLATIONS: dict[str, Isolation] = {level.value: level for level in Isolation}
+
+
 def _require_isolation(value: object) -> Isolation:
+    if type(value) is Isolation or type(value) is str:
+        found = _ISOLATIONS.get(value)
+        if found is not None:
+            return found
     if not isinstance(value, str):
         raise TypeError(f"isolation: must be a str, got {type(value).__name__}")
     try:
@@ -562,18 +638,57 @@ class _TxnIds:
         os.register_at_fork(after_in_child=self._reseed)
 
     def _reseed(self) -> None:
-        self._prefix = os.urandom(8).hex()
-        self._count = itertools.count(1)
+        # ``next(ids)`` formats the next count in C: no Python frame per transaction.
+        self.ids: Iterator[str] = map(f"{os.urandom(8).hex()}{{:x}}".format, itertools.count(1))
 
     def __call__(self) -> str:
-        return f"{self._prefix}{next(self._count):x}"
+        return next(self.ids)
 
 
 _new_txn_id = _TxnIds()
 
 
+#: Resource names and keys that passed ``require_id`` (which does not depend on the field
+#: name): the same ids come back transaction after transaction, and a plain ``str``
+#: equal to a checked one is the same text. Bounded: emptied when full, then refilled.
+_ids: set[str] = set()
+_IDS_KEPT = 1024
+
+
+def _checked_slot(resource: object, key: object) -> tuple[str, str]:
+    """``(resource, key)`` checked by ``require_id`` (or found checked before)."""
+    if type(resource) is str and type(key) is str and resource in _ids and key in _ids:
+        return (resource, key)
+    slot = (require_id("resource", resource), require_id("key", key))
+    if len(_ids) >= _IDS_KEPT:
+        _ids.clear()
+    _ids.add(slot[0])
+    _ids.add(slot[1])
+    return slot
+
+
 def _decode(data: str | None) -> Any:
     return None if data is None else decode_json(data)
+
+
+def _sorted_values(writes: dict[tuple[str, str], WriteRecord]) -> tuple[WriteRecord, ...]:
+    """The buffered writes in ``(resource, key)`` order (most transactions write one key)."""
+    if len(writes) < 2:
+        return tuple(writes.values())
+    return tuple(record for _, record in sorted(writes.items()))
+
+
+def _read_records(reads: dict[tuple[str, str], StoredValue]) -> tuple[ReadRecord, ...]:
+    """What each key read from the backing was first seen at, in ``(resource, key)`` order."""
+    if len(reads) == 1:
+        for (resource, key), found in reads.items():
+            return (ReadRecord(resource, key, found.version),)
+    return tuple(
+        [
+            ReadRecord(resource, key, found.version)
+            for (resource, key), found in sorted(reads.items())
+        ]
+    )
 
 
 def fingerprint(writes: tuple[WriteRecord, ...]) -> str:
@@ -606,18 +721,19 @@ class Transaction:
         fencing: Lease | None,
     ) -> None:
         self._manager = manager
-        self._backend = manager.backend
+        self._backend = manager._backend
         self.isolation = isolation
         self.idempotency_key = idempotency_key
         self.fencing = fencing
-        self.txn_id = _new_txn_id()
+        self.txn_id = next(_new_txn_id.ids)
         self._snapshot: Snapshot | None = None
         # Set before the calls that make the backing hold something for this transaction
         # until end(): a lock request, a snapshot on a backing that pins snapshots.
         self._holds = False
         self._state = "new"
+        # Keyed by checked (resource, key) pairs.
         self._reads: dict[tuple[str, str], StoredValue] = {}
-        self._writes: dict[tuple[str, str], str | None] = {}
+        self._writes: dict[tuple[str, str], WriteRecord] = {}
         self._result: CommitResult | None = None
 
     # -- lifecycle ---------------------------------------------------------------
@@ -659,7 +775,7 @@ class Transaction:
             await self.rollback()
 
     async def _take_snapshot(self) -> Snapshot:
-        self._holds = self._holds or self._backend.pins_snapshots
+        self._holds = self._holds or self._manager._pins_snapshots
         snapshot = self._snapshot = await self._backend.begin(self.txn_id)
         return snapshot
 
@@ -669,7 +785,7 @@ class Transaction:
         if not self._holds:
             return
         self._holds = False
-        if self._backend.in_process:
+        if self._manager._in_process:
             await self._backend.end(self.txn_id)
         else:
             await finish(self._backend.end(self.txn_id))
@@ -710,45 +826,57 @@ class Transaction:
     async def read(self, resource: str, key: str) -> Any:
         """The key's JSON value, or ``None``: this transaction's own write first, else the
         snapshot (``snapshot``/``serializable``) or the latest commit (``read_committed``)."""
-        slot = (require_id("resource", resource), require_id("key", key))
-        self._require_active()
-        if slot in self._writes:
-            return _decode(self._writes[slot])
+        if type(resource) is str and type(key) is str and resource in _ids and key in _ids:
+            slot = (resource, key)  # both checked before
+        else:
+            slot = _checked_slot(resource, key)
+        if self._state != "active":
+            self._require_active()
+        written = self._writes.get(slot)
+        if written is not None:
+            return _decode(written.data)
         read_committed = self.isolation is Isolation.READ_COMMITTED
+        reads = self._reads
         if not read_committed:
-            cached = self._reads.get(slot)
+            cached = reads.get(slot)
             if cached is not None:
                 return _decode(cached.data)
         snapshot = self._snapshot
         if snapshot is None:
-            self._holds = self._holds or self._backend.pins_snapshots
-            self._snapshot, found = await self._backend.begin_read(self.txn_id, *slot)
+            self._holds = self._holds or self._manager._pins_snapshots
+            self._snapshot, found = await self._backend.begin_read(self.txn_id, slot[0], slot[1])
         else:
             found = await self._backend.read(slot[0], slot[1], None if read_committed else snapshot)
         # The first observation is what serializable validation compares against.
-        self._reads.setdefault(slot, found)
-        return _decode(found.data)
+        if slot not in reads:
+            reads[slot] = found
+        data = found.data
+        return None if data is None else decode_json(data)
 
     def write(self, resource: str, key: str, value: Any) -> None:
         """Buffer a write of a JSON value (``None`` is refused: use ``delete``)."""
-        slot = (require_id("resource", resource), require_id("key", key))
+        if type(resource) is str and type(key) is str and resource in _ids and key in _ids:
+            slot = (resource, key)  # both checked before
+        else:
+            slot = _checked_slot(resource, key)
         if value is None:
             raise ValueError(
                 "value: None cannot be stored (reads return None for absent keys); "
                 "use tx.delete to remove a key"
             )
         data = encode_json_value("value", value, sort_keys=True)
-        check_size(
-            "value", len(data), self._manager.max_value_bytes, where=f"{slot[0]!r}/{slot[1]!r}"
-        )
-        self._require_active()
-        self._writes[slot] = data.decode("utf-8")
+        limit = self._manager.max_value_bytes
+        if len(data) > limit:  # the place is named only when it is refused
+            check_size("value", len(data), limit, where=f"{slot[0]!r}/{slot[1]!r}")
+        if self._state != "active":
+            self._require_active()
+        self._writes[slot] = WriteRecord(slot[0], slot[1], data.decode("utf-8"))
 
     def delete(self, resource: str, key: str) -> None:
         """Buffer a delete; the key reads as ``None`` afterwards."""
-        slot = (require_id("resource", resource), require_id("key", key))
+        slot = _checked_slot(resource, key)
         self._require_active()
-        self._writes[slot] = None
+        self._writes[slot] = WriteRecord(slot[0], slot[1], None)
 
     async def lock(
         self,
@@ -793,13 +921,12 @@ class Transaction:
 
     async def commit(self) -> CommitResult:
         """Validate and apply everything in one atomic backing call; always ends the transaction."""
-        self._require_active()
+        if self._state != "active":
+            self._require_active()
         self._state = "committing"
+        manager = self._manager
         try:
-            writes = tuple(
-                WriteRecord(resource, key, data)
-                for (resource, key), data in sorted(self._writes.items())
-            )
+            writes = _sorted_values(self._writes)
             if (
                 not writes
                 and self.idempotency_key is None
@@ -810,21 +937,21 @@ class Transaction:
                 snapshot = self._snapshot or await self._take_snapshot()
                 result = CommitResult(snapshot.sequence)
             else:
-                request = CommitRequest(
-                    txn_id=self.txn_id,
-                    isolation=self.isolation,
-                    snapshot=self._snapshot,
-                    reads=tuple(
-                        ReadRecord(resource, key, found.version)
-                        for (resource, key), found in sorted(self._reads.items())
-                    ),
-                    writes=writes,
-                    idempotency_key=self.idempotency_key,
-                    fingerprint=None if self.idempotency_key is None else fingerprint(writes),
-                    fencing=self.fencing,
-                    now=read_clock(self._manager.clock),
+                request = CommitRequest(  # by position: a keyword call costs more, every commit
+                    self.txn_id,
+                    self.isolation,
+                    self._snapshot,
+                    _read_records(self._reads),
+                    writes,
+                    self.idempotency_key,
+                    None if self.idempotency_key is None else fingerprint(writes),
+                    self.fencing,
+                    datetime.now(UTC) if manager._system_clock else read_clock(manager.clock),
                 )
-                result = await self._commit(request)
+                if manager._in_process:  # never suspends: nothing to shield
+                    result = await self._backend.commit(request)
+                else:
+                    result = await self._commit(request)
             self._result = result
             self._state = "committed"
         except FencingError as exc:
@@ -843,19 +970,19 @@ class Transaction:
         finally:
             # Whatever happened above, a cancellation included: the locks and the
             # snapshot are released before the caller goes on.
-            await self._end()
+            if self._holds:
+                await self._end()
         return result
 
     async def _commit(self, request: CommitRequest) -> CommitResult:
-        """The backing's commit, run to its answer even if the caller is cancelled meanwhile.
+        """A server backing's commit, run to its answer even if the caller is cancelled
+        meanwhile.
 
         The commit must have settled before ``end`` releases the locks (a lock
         released under a commit still in flight would let another holder read
         what it is about to overwrite). If it landed, ``result`` is set even
         though the caller gets ``CancelledError``.
         """
-        if self._backend.in_process:
-            return await self._backend.commit(request)  # never suspends: nothing to shield
         outcome = asyncio.ensure_future(self._backend.commit(request))
         try:
             return await finish(outcome)
@@ -902,8 +1029,13 @@ class TransactionManager:
             raise ValueError("max_value_bytes: must be positive")
         self._backend = backend
         self._clock: Clock = clock or backend.clock or SystemClock()
+        # SystemClock reads datetime.now(UTC): nothing for read_clock to hold it to.
+        self._system_clock = type(self._clock) is SystemClock
         self.max_value_bytes = max_value_bytes
         self._backoff = backoff or _DEFAULT_BACKOFF
+        # The backing's constants, read once (every transaction asks them).
+        self._in_process: bool = getattr(backend, "in_process", False)
+        self._pins_snapshots: bool = getattr(backend, "pins_snapshots", False)
 
     @property
     def backend(self) -> StorageBackend:
@@ -969,15 +1101,34 @@ class TransactionManager:
             raise TypeError(f"retries: must be an int, got {type(retries).__name__}")
         if retries < 0:
             raise ValueError(f"retries: must not be negative, got {retries}")
-        policy = replace(self._backoff, attempts=retries + 1)
+        # Checked once, before the first attempt, as ``transaction`` checks them.
+        checked_isolation = _require_isolation(isolation)
+        checked_key = (
+            None if idempotency_key is None else require_id("idempotency_key", idempotency_key)
+        )
+        checked_fencing = None if fencing is None else _require_lease("fencing", fencing)
         attempt = 0
         while True:
-            tx = self.transaction(isolation, idempotency_key, fencing)
+            tx = Transaction(
+                self,
+                isolation=checked_isolation,
+                idempotency_key=checked_key,
+                fencing=checked_fencing,
+            )
             try:
-                async with tx:
+                # ``async with tx``, without its two extra awaits: commit on a clean exit,
+                # roll back on an exception (rollback never suppresses it).
+                tx._state = "active"
+                try:
                     outcome = await fn(tx)
+                except BaseException:
+                    await tx.rollback()
+                    raise
+                if tx._state == "active":
+                    await tx.commit()
             except _RETRIED as exc:
                 attempt += 1
+                policy = replace(self._backoff, attempts=retries + 1)
                 backing = _observe.backing_of(self)
                 fields = {
                     "backing": backing,

@@ -110,7 +110,10 @@ class LockManager:
 
     def release_all(self, txn_id: str) -> None:
         """Release every lock ``txn_id`` holds and grant the waiters that became compatible."""
-        for slot in self._held.pop(txn_id, set()):
+        held = self._held.pop(txn_id, None)
+        if held is None:
+            return
+        for slot in held:
             holders = self._holders.get(slot)
             if holders is None:
                 continue

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from statepact.storage.memory._locks import Slot
+from statepact.tx import ReadRecord
 
 __all__ = ["Footprint", "SerializationGraph", "depends", "find_serialization_cycle"]
 
@@ -46,14 +47,23 @@ def depends(before: Footprint, after: Footprint) -> bool:
     return False
 
 
+#: A commit retained but not indexed yet: ``(txn_id, seq, reads, writes)`` as the commit
+#: had them (its ``Footprint`` is made when the graph is next searched or listed).
+_Commit = tuple[str, int, tuple[ReadRecord, ...], list[Slot]]
+
+
 class SerializationGraph:
     """The footprints of the last ``window`` writing commits, and a cycle search through a new one.
 
     Footprints are indexed by the slots they wrote (in ``seq`` order) and by
     the ``(slot, version)`` pairs they read, so the edges leaving a footprint
     are found by looking up its own slots rather than by comparing it with the
-    whole window. ``audits`` counts the searches run and ``examined`` the
-    footprints they entered (statistics for tests and operators).
+    whole window. The backend hands each commit over with :meth:`add_commit`,
+    which only queues it: the queue is indexed when a search or a listing
+    needs it, so commits that are never audited (every isolation but
+    ``serializable``) cost a queue entry, and the window is the same either
+    way. ``audits`` counts the searches run and ``examined`` the footprints
+    they entered (statistics for tests and operators).
     """
 
     def __init__(self, window: int) -> None:
@@ -62,15 +72,18 @@ class SerializationGraph:
         self.window = window
         self.audits = 0
         self.examined = 0
-        self._footprints: deque[Footprint] = deque()
+        self._footprints: deque[Footprint] = deque()  # indexed, oldest first
+        self._pending: deque[_Commit] = deque()  # after them in commit order, not indexed
+        self._newest = 0  # the highest seq retained
         self._writers: dict[Slot, deque[Footprint]] = {}
         self._readers: dict[tuple[Slot, int], list[Footprint]] = {}
 
     def __len__(self) -> int:
-        return len(self._footprints)
+        return len(self._footprints) + len(self._pending)
 
     def footprints(self) -> list[Footprint]:
         """The retained footprints, oldest first (a copy)."""
+        self._index_pending()
         return list(self._footprints)
 
     def add(self, footprint: Footprint) -> None:
@@ -78,18 +91,59 @@ class SerializationGraph:
 
         Footprints arrive in commit order: ``seq`` never goes down.
         """
-        if self._footprints and footprint.seq < self._footprints[-1].seq:
+        self._check_order(footprint.txn_id, footprint.seq)
+        self._index_pending()
+        self._index(footprint)
+        self._trim()
+
+    def add_commit(
+        self, txn_id: str, seq: int, reads: tuple[ReadRecord, ...], writes: list[Slot]
+    ) -> None:
+        """Retain a commit as :meth:`add` retains its footprint, indexed when first needed."""
+        if seq < self._newest:
+            self._check_order(txn_id, seq)
+        self._newest = seq
+        pending = self._pending
+        pending.append((txn_id, seq, reads, writes))
+        if len(self._footprints) + len(pending) > self.window:
+            if self._footprints:
+                self._trim()
+            else:
+                pending.popleft()  # never indexed: nothing else refers to it
+
+    def _check_order(self, txn_id: str, seq: int) -> None:
+        if seq < self._newest:
             raise ValueError(
-                f"footprint {footprint.txn_id!r}: seq {footprint.seq} is below the newest "
-                f"retained seq {self._footprints[-1].seq}"
+                f"footprint {txn_id!r}: seq {seq} is below the newest retained seq {self._newest}"
             )
+        self._newest = seq
+
+    def _trim(self) -> None:
+        while len(self._footprints) + len(self._pending) > self.window:
+            if self._footprints:
+                self._drop(self._footprints.popleft())
+            else:
+                self._pending.popleft()  # never indexed: nothing else refers to it
+
+    def _index_pending(self) -> None:
+        pending = self._pending
+        while pending:
+            txn_id, seq, reads, writes = pending.popleft()
+            self._index(
+                Footprint(
+                    txn_id=txn_id,
+                    seq=seq,
+                    reads={(r.resource, r.key): r.version for r in reads},
+                    writes=frozenset(writes),
+                )
+            )
+
+    def _index(self, footprint: Footprint) -> None:
         self._footprints.append(footprint)
         for slot in footprint.writes:
             self._writers.setdefault(slot, deque()).append(footprint)
         for read in footprint.reads.items():
             self._readers.setdefault(read, []).append(footprint)
-        while len(self._footprints) > self.window:
-            self._drop(self._footprints.popleft())
 
     def _drop(self, old: Footprint) -> None:
         for slot in old.writes:
@@ -127,6 +181,7 @@ class SerializationGraph:
         it by another path either, so each is entered at most once.
         """
         self.audits += 1
+        self._index_pending()
         seen = {candidate.txn_id}
         path = [candidate]
         pending = [self._successors(candidate)]

@@ -12,9 +12,8 @@ arrive in the requests), or validates a caller's input (``statepact.tx`` did).
 from __future__ import annotations
 
 import bisect
-from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Self
 
@@ -52,31 +51,43 @@ _GC_EVERY = 64
 _GC_SLACK = 32
 
 
-def _version_of(entry: StoredVersion) -> int:
-    return entry.version
-
-
 _CURRENT = 2**63  # "not superseded yet"
 
 
-@dataclass
+@dataclass(slots=True)
 class _Chain:
-    """A key's retained versions, oldest first.
+    """A key's retained versions, oldest first, in parallel lists.
 
-    ``until[i]`` is the version that superseded ``versions[i]`` (``_CURRENT``
-    for the latest), so a read can tell a version GC removed from one that
-    never existed; ``first`` is the key's first version ever.
+    ``versions[i]`` is the version number of ``values[i]`` (what a read of it
+    returns, made once when it is written) and ``times[i]`` its commit time;
+    ``until[i]`` is the version that superseded it (``_CURRENT`` for the
+    latest), so a read can tell a version GC removed from one that never
+    existed; ``first`` is the key's first version ever.
     """
 
     first: int
-    versions: list[StoredVersion] = field(default_factory=list)
-    until: list[int] = field(default_factory=list)
+    versions: list[int]
+    values: list[StoredValue]
+    times: list[datetime]
+    until: list[int]
 
-    def append(self, version: StoredVersion) -> None:
-        if self.until:
-            self.until[-1] = version.version
-        self.versions.append(version)
+    @classmethod
+    def of(cls, value: StoredValue, at: datetime) -> _Chain:
+        return cls(value.version, [value.version], [value], [at], [_CURRENT])
+
+    def append(self, value: StoredValue, at: datetime) -> None:
+        self.until[-1] = value.version
+        self.versions.append(value.version)
+        self.values.append(value)
+        self.times.append(at)
         self.until.append(_CURRENT)
+
+    def keep(self, indexes: list[int]) -> None:
+        """Retain only the versions at ``indexes`` (ascending)."""
+        self.versions = [self.versions[i] for i in indexes]
+        self.values = [self.values[i] for i in indexes]
+        self.times = [self.times[i] for i in indexes]
+        self.until = [self.until[i] for i in indexes]
 
 
 class MemoryBackend:
@@ -143,7 +154,10 @@ class MemoryBackend:
         self._prunable: set[Slot] = set()
         self._released = 0
         self._snapshots: dict[str, int] = {}
-        self._snapshot_counts: Counter[int] = Counter()
+        # How many live snapshots hold each sequence.
+        self._snapshot_counts: dict[int, int] = {}
+        # The snapshot of the current sequence, shared by every transaction that takes it.
+        self._current = Snapshot(0)
         self._idempotency: dict[str, tuple[str, CommitResult]] = {}
         self._fence: dict[str, int] = {}
         self._leases: dict[str, Lease] = {}
@@ -168,18 +182,24 @@ class MemoryBackend:
     async def begin_read(
         self, txn_id: str, resource: str, key: str
     ) -> tuple[Snapshot, StoredValue]:
-        snapshot = self._pin(txn_id)
-        return snapshot, self._read_latest(resource, key)
+        chain = self._chains.get((resource, key))
+        return self._pin(txn_id), _ABSENT if chain is None else chain.values[-1]
 
     def _pin(self, txn_id: str) -> Snapshot:
-        self._check_open()
+        if self._closed:
+            self._check_open()
         seq = self._seq
-        previous = self._snapshots.get(txn_id)
+        snapshots = self._snapshots
+        previous = snapshots.get(txn_id)
         if previous is not None:  # the same transaction again: keep one pin
             self._unpin(previous)
-        self._snapshots[txn_id] = seq
-        self._snapshot_counts[seq] += 1
-        return Snapshot(seq)
+        snapshots[txn_id] = seq
+        counts = self._snapshot_counts
+        counts[seq] = counts.get(seq, 0) + 1
+        current = self._current
+        if current.sequence != seq:
+            current = self._current = Snapshot(seq)
+        return current
 
     async def end(self, txn_id: str) -> None:
         self.locks.release_all(txn_id)
@@ -189,8 +209,10 @@ class MemoryBackend:
 
     def _unpin(self, taken_at: int) -> None:
         counts = self._snapshot_counts
-        counts[taken_at] -= 1
-        if counts[taken_at] <= 0:
+        left = counts[taken_at] - 1
+        if left:
+            counts[taken_at] = left
+        else:
             del counts[taken_at]
             # A snapshot sequence nobody holds any more: its versions may go, in a batch.
             self._released += 1
@@ -203,40 +225,38 @@ class MemoryBackend:
 
     def _read_latest(self, resource: str, key: str) -> StoredValue:
         chain = self._chains.get((resource, key))
-        if chain is None:
-            return _ABSENT
-        newest = chain.versions[-1]
-        return StoredValue(newest.data, newest.version)
+        return _ABSENT if chain is None else chain.values[-1]
 
     async def read(self, resource: str, key: str, at: Snapshot | None) -> StoredValue:
-        self._check_open()
+        if self._closed:
+            self._check_open()
         if at is None:
             return self._read_latest(resource, key)
         chain = self._chains.get((resource, key))
         if chain is None:
             return _ABSENT
         seq = at.sequence
-        newest = chain.versions[-1]
-        if newest.version <= seq:
-            return StoredValue(newest.data, newest.version)
+        versions = chain.versions
+        if versions[-1] <= seq:
+            return chain.values[-1]
         if seq < chain.first:
             return _ABSENT
-        index = bisect.bisect_right(chain.versions, seq, key=_version_of) - 1
+        index = bisect.bisect_right(versions, seq) - 1
         if index < 0 or chain.until[index] <= seq:
             raise ConflictError.snapshot_too_old(resource, key, at=seq, gone="garbage-collected")
-        found = chain.versions[index]
-        return StoredValue(found.data, found.version)
+        return chain.values[index]
 
     def _latest(self, slot: Slot) -> int:
         chain = self._chains.get(slot)
-        return chain.versions[-1].version if chain is not None else 0
+        return chain.versions[-1] if chain is not None else 0
 
     # -- commit ---------------------------------------------------------------------------
 
     async def commit(self, request: CommitRequest) -> CommitResult:
         # Atomic in the event loop: nothing below awaits, so no other task runs between
         # the checks and the apply.
-        self._check_open()
+        if self._closed:
+            self._check_open()
         if request.fencing is not None:
             fence = request.fencing
             highest = self._fence.get(fence.resource, 0)
@@ -248,21 +268,22 @@ class MemoryBackend:
                 if seen[0] != request.fingerprint:
                     raise IdempotencyConflictError(request.idempotency_key)
                 return replace(seen[1], replayed=True)
-        taken_at = self._seq if request.snapshot is None else request.snapshot.sequence
-        self._validate(request, taken_at)
+        snapshot = request.snapshot
+        taken_at = self._seq if snapshot is None else snapshot.sequence
+        if request.isolation is not Isolation.READ_COMMITTED:
+            self._validate(request, taken_at)
         result = self._apply(request, taken_at)
         if request.idempotency_key is not None and request.fingerprint is not None:
             self._idempotency[request.idempotency_key] = (request.fingerprint, result)
         return result
 
     def _validate(self, request: CommitRequest, taken_at: int) -> None:
-        if request.isolation is Isolation.READ_COMMITTED:
-            return
+        chains = self._chains
         for write in request.writes:
-            latest = self._latest((write.resource, write.key))
-            if latest > taken_at:
+            chain = chains.get((write.resource, write.key))
+            if chain is not None and chain.versions[-1] > taken_at:
                 raise ConflictError.write_conflict(
-                    write.resource, write.key, latest=latest, taken_at=taken_at
+                    write.resource, write.key, latest=chain.versions[-1], taken_at=taken_at
                 )
         if request.isolation is not Isolation.SERIALIZABLE:
             return
@@ -296,23 +317,31 @@ class MemoryBackend:
         )
 
     def _apply(self, request: CommitRequest, taken_at: int) -> CommitResult:
-        if not request.writes:
+        writes = request.writes
+        if not writes:
             return CommitResult(taken_at)
-        self._seq += 1
-        seq = self._seq
+        seq = self._seq = self._seq + 1
+        now = request.now
+        chains = self._chains
+        last_commit = self._last_commit
+        mark = (seq, now)
         written: list[Slot] = []
-        for write in request.writes:
+        for write in writes:
             slot = (write.resource, write.key)
-            chain = self._chains.get(slot)
+            value = StoredValue(write.data, seq)
+            chain = chains.get(slot)
             if chain is None:
-                chain = self._chains[slot] = _Chain(first=seq)
-            chain.append(StoredVersion(seq, write.data, request.now))
+                chains[slot] = _Chain.of(value, now)
+            else:
+                chain.append(value, now)
             written.append(slot)
-            self._last_commit[write.resource] = (seq, request.now)
-        self._graph.add(self._footprint(request, seq))
+            last_commit[write.resource] = mark
+        # Every writing commit is retained for the audit, whatever its isolation: a
+        # serializable commit's cycle may run through any of them.
+        self._graph.add_commit(request.txn_id, seq, request.reads, written)
         floor = self.retain_versions or 1
         for slot in written:
-            length = len(self._chains[slot].versions)
+            length = len(chains[slot].versions)
             if length > floor:
                 self._prunable.add(slot)
                 if length > floor + _GC_SLACK:
@@ -335,15 +364,18 @@ class MemoryBackend:
             if len(versions) <= floor:
                 self._prunable.discard(slot)
                 continue
+            if not live or live[0] >= versions[-floor]:
+                # No snapshot is older than the versions retention keeps: only they stay.
+                chain.keep(list(range(len(versions) - floor, len(versions))))
+                self._prunable.discard(slot)
+                continue
             keep = set(range(len(versions) - floor, len(versions)))
             for taken_at in live:
-                index = bisect.bisect_right(versions, taken_at, key=_version_of) - 1
+                index = bisect.bisect_right(versions, taken_at) - 1
                 if index >= 0:
                     keep.add(index)
             if len(keep) < len(versions):
-                kept = sorted(keep)
-                chain.versions = [versions[i] for i in kept]
-                chain.until = [chain.until[i] for i in kept]
+                chain.keep(sorted(keep))
             if len(chain.versions) > floor:
                 self._prunable.add(slot)  # a live snapshot still pins an old version
             else:
@@ -415,7 +447,11 @@ class MemoryBackend:
         chain = self._chains.get((resource, key))
         if chain is None:
             return []
-        return chain.versions[::-1][:limit]
+        newest = len(chain.versions) - 1
+        return [
+            StoredVersion(chain.versions[i], chain.values[i].data, chain.times[i])
+            for i in range(newest, max(newest - limit, -1), -1)
+        ]
 
     async def register_resource(self, name: str, metadata: str, now: datetime) -> None:
         self._check_open()
@@ -461,4 +497,4 @@ class MemoryBackend:
         if self._prunable:
             self._collect_all()
         chain = self._chains.get((resource, key))
-        return [] if chain is None else [v.version for v in chain.versions]
+        return [] if chain is None else list(chain.versions)
