@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import itertools
 import json
 import logging
-import os
 import random
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -39,7 +37,7 @@ from statepact._codec import (
     require_seconds,
 )
 from statepact._limits import DEFAULT_MAX_VALUE_BYTES, MAX_HISTORY
-from statepact._retry import RetryPolicy
+from statepact._retry import RetryPolicy, UniqueIds
 from statepact.clock import Clock, SystemClock, read_clock
 from statepact.errors import (
     ConflictError,
@@ -628,24 +626,8 @@ def _require_lease(field: str, value: object) -> Lease:
     return value
 
 
-class _TxnIds:
-    """Transaction ids unique across processes: 64 random bits per process, then a counter
-    (``uuid4`` would cost a system call per transaction). A forked child draws new bits:
-    the ids name lock rows, replay records and history entries on shared servers."""
-
-    def __init__(self) -> None:
-        self._reseed()
-        os.register_at_fork(after_in_child=self._reseed)
-
-    def _reseed(self) -> None:
-        # ``next(ids)`` formats the next count in C: no Python frame per transaction.
-        self.ids: Iterator[str] = map(f"{os.urandom(8).hex()}{{:x}}".format, itertools.count(1))
-
-    def __call__(self) -> str:
-        return next(self.ids)
-
-
-_new_txn_id = _TxnIds()
+# Transaction ids: unique across processes (they name lock rows, replay records and history).
+_new_txn_id = UniqueIds()
 
 
 #: Resource names and keys that passed ``require_id`` (which does not depend on the field

@@ -7,12 +7,13 @@ tests use policies whose delays are a millisecond or two.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 
 import pytest
 
-from statepact._retry import RetryPolicy, call_with_failover
+from statepact._retry import RetryPolicy, UniqueIds, call_with_failover, new_op_id
 from statepact.errors import QueueUnavailableError, StatepactError, StatePersistenceError
 
 # Whole budget of a few milliseconds: retrying tests never wait for long.
@@ -216,3 +217,32 @@ async def test_a_non_transient_error_after_transient_ones_stops_the_retries() ->
             operation, policy=TINY, is_transient=_is_transient, give_up=_give_up
         )
     assert operation.calls == 2
+
+
+def test_call_ids_are_never_reused_and_fit_a_key_segment() -> None:
+    ids = [new_op_id() for _ in range(10_000)]
+    assert len(set(ids)) == len(ids)
+    assert all(len(i) >= 17 and set(i) <= set("0123456789abcdef") for i in ids)
+
+
+def test_two_generators_draw_different_prefixes() -> None:
+    # Two processes (or a process and its restart) share no ids even at the same count.
+    first, second = UniqueIds(), UniqueIds()
+    assert [first() for _ in range(3)] != [second() for _ in range(3)]
+
+
+def test_a_forked_child_draws_new_ids() -> None:
+    ids = UniqueIds()
+    ids()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: new bits, and its count starts again
+        os.write(write, ids().encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 100).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    parent = ids()
+    assert child.endswith("1") and parent.endswith("2")
+    assert child[:-1] != parent[:-1]  # not the parent's prefix

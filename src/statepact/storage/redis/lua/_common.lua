@@ -25,7 +25,7 @@ local function str(n)
 end
 
 -- Retries: a call that changes something names a key of its own (KEYS, built
--- from a fresh 96-bit call id, or for a RedisBackend commit its transaction id:
+-- from a fresh call id, never reused, or for a RedisBackend commit its transaction id:
 -- "op:<seg(id)>" in the record's slot). The script
 -- writes it as its last step, with the result a retry needs, expiring after
 -- REPLAY_MS; a retry of the same call (its reply lost to a dropped connection,
