@@ -197,6 +197,31 @@ class Failures:
             )
         return self.give_up(exc, attempts)
 
+    async def call(
+        self,
+        attempt: Callable[[], Awaitable[T]],
+        *,
+        policy: RetryPolicy,
+        idempotent: bool,
+        resend_safe: bool,
+        sent: Callable[[], bool],
+    ) -> T:
+        """Run ``attempt`` under the failover of ``policy``, by this store's rules:
+        :meth:`retries` decides a resend (``sent()`` says whether the failed attempt
+        reached the server), :meth:`translate` names what is not retried, and
+        :meth:`ran_out` what the budget ends on."""
+        return await call_with_failover(
+            attempt,
+            policy=policy,
+            is_transient=lambda exc: self.retries(
+                exc, idempotent=idempotent, resend_safe=resend_safe, sent=sent()
+            ),
+            give_up=lambda exc: self.ran_out(exc, policy.attempts),
+            translate=lambda exc: self.translate(exc, bound=False),
+            what=self.what,
+            backing="postgres",
+        )
+
     def unknown_outcome(self, exc: BaseException) -> StatepactError:
         return self.unavailable(
             f"PostgreSQL {self.what}: the connection was lost while the statement was in "
@@ -322,25 +347,12 @@ class EngineExecutor:
                     sent = True
                     return await work(conn)
 
-        def transient(exc: BaseException) -> bool:
-            return self._failures.retries(
-                exc, idempotent=idempotent, resend_safe=resend_safe, sent=sent
-            )
-
-        def translate(exc: BaseException) -> StatepactError | None:
-            return self._failures.translate(exc, bound=False)
-
-        def give_up(exc: BaseException) -> StatepactError:
-            return self._failures.ran_out(exc, self._policy.attempts)
-
-        return await call_with_failover(
+        return await self._failures.call(
             attempt,
             policy=self._policy,
-            is_transient=transient,
-            give_up=give_up,
-            translate=translate,
-            what=self._failures.what,
-            backing="postgres",
+            idempotent=idempotent,
+            resend_safe=resend_safe,
+            sent=lambda: sent,
         )
 
 

@@ -44,7 +44,7 @@ from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.util import greenlet_spawn
 
-from statepact._retry import RetryPolicy, call_with_failover
+from statepact._retry import RetryPolicy
 from statepact.errors import StatepactError
 from statepact.storage.postgres._client import Failures, is_connection_error
 
@@ -249,23 +249,10 @@ class DirectExecutor:
                     loop = asyncio.get_running_loop()
                     self._check_in_soon = loop.call_soon(self._check_in_idle)
 
-        def transient(exc: BaseException) -> bool:
-            return self._failures.retries(
-                exc, idempotent=idempotent, resend_safe=resend_safe, sent=sent
-            )
-
-        def translate(exc: BaseException) -> StatepactError | None:
-            return self._failures.translate(exc, bound=False)
-
-        def give_up(exc: BaseException) -> StatepactError:
-            return self._failures.ran_out(exc, self._policy.attempts)
-
-        return await call_with_failover(
+        return await self._failures.call(
             attempt,
             policy=self._policy,
-            is_transient=transient,
-            give_up=give_up,
-            translate=translate,
-            what=self._failures.what,
-            backing="postgres",
+            idempotent=idempotent,
+            resend_safe=resend_safe,
+            sent=lambda: sent,
         )
