@@ -31,7 +31,7 @@ import math
 import signal
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeAlias
 
@@ -195,7 +195,7 @@ def _describe(exc: BaseException) -> str:
     return text[:MAX_ERROR_CHARS]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Running:
     """One item in flight: its job, the task supervising it, and why it may be cut short."""
 
@@ -206,7 +206,30 @@ class _Running:
     settled: bool = False
     # Set when shutdown's grace ran out: the handler is cancelled and the item released.
     abandoned: bool = False
-    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+async def _until_done(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[Any],
+    timeout: float,  # noqa: ASYNC109 - the heartbeat's own schedule
+) -> None:
+    """Until ``future`` is done or ``timeout`` seconds pass: ``asyncio.wait({future},
+    timeout=...)`` for one future, without its sets and its answer (once per item)."""
+    if future.done():
+        return
+    waiter = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    timer = loop.call_later(max(0.0, timeout), wake)
+    future.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        future.remove_done_callback(wake)
 
 
 def _iso(moment: datetime) -> str:
@@ -343,11 +366,9 @@ class Worker:
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
-        # Acks waiting for the next ack_many, and the task sending them (None: idle).
-        self._acks: list[tuple[Lease, asyncio.Future[WorkItem | LeaseLostError]]] = []
+        # Jobs whose ack waits for the next ack_many, and the task sending them (None: idle).
+        self._acks: list[Job] = []
         self._acker: asyncio.Task[None] | None = None
-        # Items whose handler is done and whose ack waits in (or for) the ack task.
-        self._awaiting_ack = 0
         self._watcher: WorkWatch | None = None
         self._started = False
         self._stopped = asyncio.Event()
@@ -675,9 +696,9 @@ class Worker:
                 grace,
             )
             # Every handler done, the grace period over, or a second signal: whichever is first.
-            everything: asyncio.Future[Any] = asyncio.gather(
-                *(r.done.wait() for r in self._running.values())
-            )
+            # (Cancelling the wait below leaves the items' tasks running.)
+            tasks = {r.task for r in self._running.values() if r.task is not None}
+            everything: asyncio.Future[Any] = asyncio.ensure_future(asyncio.wait(tasks))
             hurry: asyncio.Future[Any] = asyncio.ensure_future(self._hurry.wait())
             await asyncio.wait(
                 {everything, hurry}, timeout=grace, return_when=asyncio.FIRST_COMPLETED
@@ -790,10 +811,10 @@ class Worker:
         return free
 
     def _busy(self) -> int:
-        """Slots taken: items in flight, except those only waiting for their ack, plus one
-        for the ack task while it sends. So a worker claims again while its acks are on
+        """Slots taken: items in flight (an item whose ack was handed to the ack task is not),
+        plus one for the ack task while it sends. So a worker claims again while its acks are on
         their way, and still holds at most one connection per slot."""
-        return len(self._running) - self._awaiting_ack + (self._acker is not None)
+        return len(self._running) + (self._acker is not None)
 
     async def _claim(self, limit: int) -> list[Lease]:
         """The one claim seam: up to ``limit`` leases in one ``claim_batch`` (one round trip
@@ -930,7 +951,6 @@ class Worker:
             )
         finally:
             self._running.pop((job.item.tenant, job.item.item_id), None)
-            running.done.set()
             self._slot_freed.set()
 
     async def _watch(self, running: _Running) -> str | None:
@@ -940,7 +960,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         next_beat = loop.time() + self.heartbeat_every
         while True:
-            await asyncio.wait({handler}, timeout=max(0.0, next_beat - loop.time()))
+            await _until_done(loop, handler, next_beat - loop.time())
             if handler.done():
                 return None
             expired = self._expired(running.job.lease)
@@ -998,7 +1018,7 @@ class Worker:
             return
         exc = handler.exception()
         if exc is None:
-            await self._ack(job)
+            self._ack(job)
             return
         if isinstance(exc, Retry):
             await finish(self._fail(job, _describe(exc), retryable=True, delay=exc.delay))
@@ -1017,59 +1037,45 @@ class Worker:
             )
             await finish(self._fail(job, _describe(exc), retryable=True))
 
-    async def _ack(self, job: Job) -> None:
-        answer = await self._ack_batched(job.lease)
-        if isinstance(answer, LeaseLostError):
-            self._lost(job, f"ack refused: {answer}")
-            return
-        self._hook("succeeded", job, answer)
-
-    async def _ack_batched(self, lease: Lease) -> WorkItem | LeaseLostError:
-        """Ack ``lease`` in the next ``ack_many``: group commit, with no timer.
+    def _ack(self, job: Job) -> None:
+        """Hand ``job``'s ack to the next ``ack_many``: group commit, with no timer.
 
         The ack task (:meth:`_send_acks`, started by the first ack to arrive while
         none runs) sends what is waiting at once; acks arriving meanwhile wait for
         it and go together in the next ``ack_many``, each fenced on its own token.
         So an idle worker acks with no delay, and a busy one sends one round trip
-        (one commit on PostgreSQL) per batch instead of one per item. The caller
-        only waits for its answer: cancelling it does not stop the ack, which the
-        ack task sends all the same.
+        (one commit on PostgreSQL) per batch instead of one per item. The item's own
+        task ends here: the ack task reports the answer (``succeeded``, or the lease
+        lost), and nothing can cancel an ack once handed over but the loop going away.
         """
-        done: asyncio.Future[WorkItem | LeaseLostError] = asyncio.get_running_loop().create_future()
-        self._acks.append((lease, done))
+        self._acks.append(job)
         if self._acker is None:
             self._acker = asyncio.create_task(self._send_acks(), name="statepact-acks")
-        self._awaiting_ack += 1
-        self._slot_freed.set()
-        try:
-            return await done
-        finally:
-            self._awaiting_ack -= 1
 
     async def _send_acks(self) -> None:
         """Send the waiting acks, up to ``_ACK_BATCH`` per ``ack_many``, until none are left."""
-        batch: list[tuple[Lease, asyncio.Future[WorkItem | LeaseLostError]]] = []
         try:
             while self._acks:
                 batch, self._acks = self._acks[:_ACK_BATCH], self._acks[_ACK_BATCH:]
                 try:
-                    answers = await self.queue.ack_many([held for held, _ in batch])
+                    answers = await self.queue.ack_many([job.lease for job in batch])
                 except Exception as exc:
-                    for _, waiting in batch:
-                        if not waiting.done():
-                            waiting.set_exception(exc)
-                else:
-                    for (_, waiting), answer in zip(batch, answers, strict=True):
-                        # A waiter cancelled meanwhile has stopped listening; its ack landed.
-                        if not waiting.done():
-                            waiting.set_result(answer)
+                    # Nothing is known to have landed: each lease lapses and is reaped.
+                    logger.warning(
+                        "worker %s: ack of %d item(s) failed: %s",
+                        self.worker_id,
+                        len(batch),
+                        _describe(exc),
+                    )
+                    continue
+                for job, answer in zip(batch, answers, strict=True):
+                    if isinstance(answer, LeaseLostError):
+                        self._lost(job, f"ack refused: {answer}")
+                    else:
+                        self._hook("succeeded", job, answer)
         finally:
             self._acker = None
             self._slot_freed.set()
-            # Only a BaseException (the loop going away) leaves a waiter unanswered.
-            for _, waiting in batch + self._acks:
-                if not waiting.done():
-                    waiting.cancel()
 
     async def _fail(
         self, job: Job, error: str, *, retryable: bool, delay: float | None = None
