@@ -398,12 +398,10 @@ def _lease(
 def _as_dict(fields: Any) -> dict[str, str]:
     if isinstance(fields, dict):
         return {as_text(key): as_text(value) for key, value in fields.items()}
-    values: Sequence[Any] = fields
-    if all(type(value) is bytes for value in values):
-        # The usual reply (a client that does not decode): decoded in one pass.
-        texts = [value.decode("utf-8") for value in values]
-        return dict(zip(texts[::2], texts[1::2], strict=True))
-    return {as_text(values[i]): as_text(values[i + 1]) for i in range(0, len(values), 2)}
+    # A flat [key, value, ...] list: decoded in one pass (bytes, from a client that does
+    # not decode, the usual reply), then paired.
+    texts = [value.decode("utf-8") if type(value) is bytes else as_text(value) for value in fields]
+    return dict(zip(texts[::2], texts[1::2], strict=True))
 
 
 def _counts(flat: Sequence[Any]) -> dict[str, int]:
