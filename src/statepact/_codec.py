@@ -90,6 +90,13 @@ def decimal_context() -> AbstractContextManager[Context]:
 
 def require_id(field: str, value: object) -> str:
     """An identifier: a non-empty ``str`` of at most 1 KiB UTF-8, no NUL, no lone surrogate."""
+    if (
+        type(value) is str
+        and value.isascii()
+        and 0 < len(value) <= MAX_ID_BYTES
+        and "\x00" not in value
+    ):
+        return value  # the usual id: one byte a character, nothing to encode to know
     if not isinstance(value, str):
         raise TypeError(f"{field}: must be a str, got {type(value).__name__}")
     if not value:
@@ -267,9 +274,41 @@ _ENCODERS = {
 }
 
 
+def _c_encoder(encoder: json.JSONEncoder) -> Callable[[Any, int], Any] | None:
+    """json's C encoder for ``encoder``'s options, built once: ``JSONEncoder.encode`` builds
+    it again on every call. ``None`` where there is none (then ``encode`` is used)."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    try:
+        built: Callable[[Any, int], Any] = make(
+            None,  # no markers: check_circular is off
+            encoder.default,
+            json.encoder.encode_basestring,  # ensure_ascii=False
+            None,  # no indent
+            encoder.key_separator,
+            encoder.item_separator,
+            encoder.sort_keys,
+            encoder.skipkeys,
+            encoder.allow_nan,
+        )
+    except TypeError:  # another signature than the one known: keep json's own path
+        return None
+    sample = {"b": [1, 2.5, None, True, "é\n"], "a": {}}
+    if "".join(built(sample, 0)) != encoder.encode(sample):
+        return None
+    return built
+
+
+_C_ENCODERS = {sort_keys: _c_encoder(encoder) for sort_keys, encoder in _ENCODERS.items()}
+
+
 def _dumps(value: Any, sort_keys: bool) -> bytes:
     # The value is a fresh tree of plain types (_plain): no cycle to look for.
-    return _ENCODERS[sort_keys].encode(value).encode("utf-8")
+    encode = _C_ENCODERS[sort_keys]
+    if encode is None:
+        return _ENCODERS[sort_keys].encode(value).encode("utf-8")
+    return "".join(encode(value, 0)).encode("utf-8")
 
 
 def encode_json(field: str, value: object, *, sort_keys: bool = False) -> bytes:
@@ -281,8 +320,48 @@ def plain_json(field: str, value: object, *, sort_keys: bool = False) -> tuple[A
     """``encode_json``, also giving the plain tree it encoded (what a read would return)."""
     if not isinstance(value, Mapping):
         raise ValueError(f"{field}: must be a JSON object (a dict), got {type(value).__name__}")
-    plain = _plain(field, value)
+    plain = _flat(value) if type(value) is dict else None
+    if plain is None:
+        plain = _plain(field, value)
     return plain, _dumps(plain, sort_keys)
+
+
+def _fine_text(text: str) -> bool:
+    """What ``_check_str`` accepts: no NUL, no lone surrogate."""
+    if "\x00" in text:
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _flat(value: dict[Any, Any]) -> dict[str, Any] | None:
+    """``_plain`` of the usual payload, a ``dict`` of exact ``str`` keys and exact
+    ``str``/``int``/``float``/``bool``/``None`` values, each passing ``_plain``'s checks,
+    in one pass without paths; ``None`` for anything else, which ``_plain`` then walks
+    (and refuses, naming where, if it must)."""
+    copy: dict[str, Any] = {}
+    for key, item in value.items():
+        if type(key) is not str or not _fine_text(key):
+            return None
+        kind = type(item)
+        if kind is str:
+            if not _fine_text(item):
+                return None
+        elif kind is int:
+            if item.bit_length() > 128:
+                return None
+        elif kind is float:
+            if not math.isfinite(item):
+                return None
+        elif item is not None and kind is not bool:
+            return None
+        copy[key] = item
+    return copy
 
 
 def encode_json_value(field: str, value: object, *, sort_keys: bool = False) -> bytes:

@@ -168,13 +168,14 @@ class QueueStats(BaseModel):
 
 
 def stored(model: type[M], fields: dict[str, Any]) -> M:
-    """A ``model`` a backing rebuilt from its own server's reply, not validated again.
+    """A ``model`` a backing rebuilt from its own server's reply (or a front built from
+    fields it checked one by one), not validated again.
 
-    Only for values the backing decoded itself, each already of its field's type
-    (an enum member, a timezone-aware ``datetime``, a ``Decimal``, a ``dict`` fresh
-    from ``json.loads``), with every field named, in declaration order: the record
+    Only for values the backing decoded (or the front checked) itself, each already of
+    its field's type (an enum member, a timezone-aware ``datetime``, a ``Decimal``, a
+    ``dict`` fresh from ``json.loads``), with every field named, in declaration order: the record
     then equals, dumps and prints as the validated one would (``tests/unit/test_models.py``
-    holds the two side by side), at a fifth of the cost. Never for a caller's input.
+    holds the two side by side), at a fifth of the cost. Never for a caller's input as given.
     """
     record = model.__new__(model)
     object.__setattr__(record, "__dict__", fields)

@@ -31,7 +31,7 @@ import math
 import signal
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeAlias
 
@@ -195,18 +195,36 @@ def _describe(exc: BaseException) -> str:
     return text[:MAX_ERROR_CHARS]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Running:
-    """One item in flight: its job, the task supervising it, and why it may be cut short."""
+    """One item in flight: its job, the task running its handler, and why it may be cut short.
+
+    The handler runs in the item's own task (no second task per item); the heartbeat is
+    a timer beside it, which starts a task only when a beat is due.
+    """
 
     job: Job
     task: asyncio.Task[None] | None = None
-    handler: asyncio.Future[object] | None = None
+    # True while the handler runs in ``task``: only then does a cancellation reach it.
+    in_handler: bool = False
     # Set once a settle (or the decision that the lease is lost) has begun: never a second one.
     settled: bool = False
     # Set when shutdown's grace ran out: the handler is cancelled and the item released.
     abandoned: bool = False
-    done: asyncio.Event = field(default_factory=asyncio.Event)
+    # Why the lease was lost (a heartbeat refused, or the expiry passed): the handler is
+    # cancelled and nothing is settled.
+    lost: str | None = None
+    # The next heartbeat's timer, and the heartbeat in flight.
+    timer: asyncio.TimerHandle | None = None
+    beat: asyncio.Task[None] | None = None
+    # Set once cut() cancelled the handler (once at most).
+    cut_sent: bool = False
+
+    def cut(self, reason: str) -> None:
+        """Cancel the handler, if it runs, for ``reason`` (the worker's own cancellation)."""
+        if self.in_handler and not self.cut_sent and self.task is not None:
+            self.cut_sent = True
+            self.task.cancel(reason)
 
 
 def _iso(moment: datetime) -> str:
@@ -343,11 +361,9 @@ class Worker:
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
-        # Acks waiting for the next ack_many, and the task sending them (None: idle).
-        self._acks: list[tuple[Lease, asyncio.Future[WorkItem | LeaseLostError]]] = []
+        # Jobs whose ack waits for the next ack_many, and the task sending them (None: idle).
+        self._acks: list[Job] = []
         self._acker: asyncio.Task[None] | None = None
-        # Items whose handler is done and whose ack waits in (or for) the ack task.
-        self._awaiting_ack = 0
         self._watcher: WorkWatch | None = None
         self._started = False
         self._stopped = asyncio.Event()
@@ -675,9 +691,9 @@ class Worker:
                 grace,
             )
             # Every handler done, the grace period over, or a second signal: whichever is first.
-            everything: asyncio.Future[Any] = asyncio.gather(
-                *(r.done.wait() for r in self._running.values())
-            )
+            # (Cancelling the wait below leaves the items' tasks running.)
+            tasks = {r.task for r in self._running.values() if r.task is not None}
+            everything: asyncio.Future[Any] = asyncio.ensure_future(asyncio.wait(tasks))
             hurry: asyncio.Future[Any] = asyncio.ensure_future(self._hurry.wait())
             await asyncio.wait(
                 {everything, hurry}, timeout=grace, return_when=asyncio.FIRST_COMPLETED
@@ -688,8 +704,7 @@ class Worker:
                 await everything
         for running in list(self._running.values()):
             running.abandoned = True
-            if running.handler is not None:
-                running.handler.cancel()
+            running.cut("the grace period is over")
         for task in [r.task for r in self._running.values() if r.task is not None]:
             await self._settled(task)
         if self._acker is not None:
@@ -790,10 +805,10 @@ class Worker:
         return free
 
     def _busy(self) -> int:
-        """Slots taken: items in flight, except those only waiting for their ack, plus one
-        for the ack task while it sends. So a worker claims again while its acks are on
+        """Slots taken: items in flight (an item whose ack was handed to the ack task is not),
+        plus one for the ack task while it sends. So a worker claims again while its acks are on
         their way, and still holds at most one connection per slot."""
-        return len(self._running) - self._awaiting_ack + (self._acker is not None)
+        return len(self._running) + (self._acker is not None)
 
     async def _claim(self, limit: int) -> list[Lease]:
         """The one claim seam: up to ``limit`` leases in one ``claim_batch`` (one round trip
@@ -908,18 +923,15 @@ class Worker:
                 await finish(self._fail(job, route, retryable=False))
                 return
             self._hook("started", job)
-            running.handler = asyncio.ensure_future(route(job))
-            lost = await self._watch(running)
-            if lost is not None:
+            outcome = await self._run_handler(running, route)
+            if running.lost is not None:
                 running.settled = True
-                await self._cancel_handler(running)
-                self._lost(job, lost)
+                self._lost(job, running.lost)
                 return
-            await self._settle(running)
+            await self._settle(running, outcome)
         except asyncio.CancelledError:
-            # Cancelled from outside (the loop shutting down, run() cancelled): the handler goes,
-            # the item is given back; finish() keeps the release from being cut short.
-            await self._cancel_handler(running)
+            # Cancelled from outside (the loop shutting down, run() cancelled): the handler is
+            # gone with it, the item is given back; finish() keeps the release from being cut.
             if not running.settled:
                 running.settled = True
                 await finish(self._release(job))
@@ -930,37 +942,79 @@ class Worker:
             )
         finally:
             self._running.pop((job.item.tenant, job.item.item_id), None)
-            running.done.set()
             self._slot_freed.set()
 
-    async def _watch(self, running: _Running) -> str | None:
-        """Heartbeat until the handler ends; the reason the lease was lost, or ``None``."""
-        handler = running.handler
-        assert handler is not None
+    async def _run_handler(self, running: _Running, handler: Handler) -> BaseException | None:
+        """Run ``handler`` in this task, heartbeating beside it; what it raised, or ``None``.
+
+        A cancellation of the worker's own (:meth:`_Running.cut`: the lease lost, the
+        grace over) is answered as the ``CancelledError`` the handler raised, as is one the
+        handler raised of itself; any other (this task cancelled from outside) propagates.
+        A heartbeat in flight when the handler ends is waited for: the settle needs its
+        token, or learns from it that the lease was lost.
+        """
+        task = running.task
+        assert task is not None
         loop = asyncio.get_running_loop()
-        next_beat = loop.time() + self.heartbeat_every
-        while True:
-            await asyncio.wait({handler}, timeout=max(0.0, next_beat - loop.time()))
-            if handler.done():
-                return None
-            expired = self._expired(running.job.lease)
-            if expired is not None:
-                return expired
-            try:
-                await finish(self._beat(running.job))
-            except LeaseLostError as exc:
-                return f"heartbeat refused: {exc}"
-            except Exception as exc:
-                # The server may be back before the lease runs out; the expiry check decides.
-                logger.warning(
-                    "worker %s: heartbeat of item %r failed: %s",
-                    self.worker_id,
-                    running.job.item.item_id,
-                    _describe(exc),
+        running.timer = loop.call_later(self.heartbeat_every, self._beat_due, running)
+        running.in_handler = True
+        try:
+            await handler(running.job)
+        except asyncio.CancelledError as exc:
+            if task.cancelling() > running.cut_sent:
+                raise  # from outside
+            return exc
+        except Exception as exc:
+            return exc
+        finally:
+            running.in_handler = False
+            if running.cut_sent:
+                task.uncancel()  # the worker's own cancellation, answered here
+            if running.timer is not None:
+                running.timer.cancel()
+                running.timer = None
+            if running.beat is not None:
+                await finish(running.beat)
+        return None
+
+    def _beat_due(self, running: _Running) -> None:
+        """The heartbeat timer: a beat (in a task of its own) while the handler runs."""
+        running.timer = None
+        if running.in_handler and running.beat is None:
+            running.beat = asyncio.get_running_loop().create_task(
+                self._heartbeat(running), name=f"statepact-beat-{running.job.item.item_id}"
+            )
+
+    async def _heartbeat(self, running: _Running) -> None:
+        """One heartbeat (or the finding that the lease expired); a lost lease cuts the
+        handler short. The next beat is due ``heartbeat_every`` after this one ends."""
+        job = running.job
+        try:
+            lost = self._expired(job.lease)
+            if lost is None:
+                try:
+                    await finish(self._beat(job))
+                except LeaseLostError as exc:
+                    lost = f"heartbeat refused: {exc}"
+                except Exception as exc:
+                    # The server may be back before the lease runs out; the expiry check decides.
+                    logger.warning(
+                        "worker %s: heartbeat of item %r failed: %s",
+                        self.worker_id,
+                        job.item.item_id,
+                        _describe(exc),
+                    )
+                else:
+                    self._hook("renewed", job)
+            if lost is not None:
+                running.lost = lost
+                running.cut("the lease was lost")
+            elif running.in_handler:
+                running.timer = asyncio.get_running_loop().call_later(
+                    self.heartbeat_every, self._beat_due, running
                 )
-            else:
-                self._hook("renewed", running.job)
-            next_beat = loop.time() + self.heartbeat_every
+        finally:
+            running.beat = None
 
     def _expired(self, lease: Lease) -> str | None:
         now = read_clock(self.clock)
@@ -972,40 +1026,25 @@ class Worker:
         # Runs to its end under finish(): the new token is kept even if the caller is cancelled.
         job.lease = await self.queue.heartbeat(job.lease)
 
-    async def _cancel_handler(self, running: _Running) -> None:
-        handler = running.handler
-        if handler is None or handler.done():
-            return
-        handler.cancel()
-        # The handler's own cleanup runs; what it raises is its own business now.
-        with contextlib.suppress(BaseException):
-            await finish(asyncio.wait({handler}))
-
-    async def _settle(self, running: _Running) -> None:
+    async def _settle(self, running: _Running, exc: BaseException | None) -> None:
+        """Settle by what the handler did: ``exc`` is what it raised (``None``: it returned)."""
         job = running.job
-        handler = running.handler
-        assert handler is not None and handler.done()
         running.settled = True
         # A fail or release, once sent, runs to its end (finish); an ack is sent by the ack
         # task, apart from this one, so a cancellation here cannot cut it off either.
-        if handler.cancelled():
+        if exc is None:
+            self._ack(job)
+        elif isinstance(exc, asyncio.CancelledError):
             if running.abandoned:
                 await finish(self._release(job))
-                return
-            await finish(
-                self._fail(job, "CancelledError: the handler was cancelled", retryable=True)
-            )
-            return
-        exc = handler.exception()
-        if exc is None:
-            await self._ack(job)
-            return
-        if isinstance(exc, Retry):
+            else:
+                await finish(
+                    self._fail(job, "CancelledError: the handler was cancelled", retryable=True)
+                )
+        elif isinstance(exc, Retry):
             await finish(self._fail(job, _describe(exc), retryable=True, delay=exc.delay))
         elif isinstance(exc, DoNotRetry):
             await finish(self._fail(job, _describe(exc), retryable=False))
-        elif running.abandoned and isinstance(exc, asyncio.CancelledError):
-            await finish(self._release(job))
         else:
             logger.warning(
                 "worker %s: task %r of item %r raised %s",
@@ -1017,59 +1056,45 @@ class Worker:
             )
             await finish(self._fail(job, _describe(exc), retryable=True))
 
-    async def _ack(self, job: Job) -> None:
-        answer = await self._ack_batched(job.lease)
-        if isinstance(answer, LeaseLostError):
-            self._lost(job, f"ack refused: {answer}")
-            return
-        self._hook("succeeded", job, answer)
-
-    async def _ack_batched(self, lease: Lease) -> WorkItem | LeaseLostError:
-        """Ack ``lease`` in the next ``ack_many``: group commit, with no timer.
+    def _ack(self, job: Job) -> None:
+        """Hand ``job``'s ack to the next ``ack_many``: group commit, with no timer.
 
         The ack task (:meth:`_send_acks`, started by the first ack to arrive while
         none runs) sends what is waiting at once; acks arriving meanwhile wait for
         it and go together in the next ``ack_many``, each fenced on its own token.
         So an idle worker acks with no delay, and a busy one sends one round trip
-        (one commit on PostgreSQL) per batch instead of one per item. The caller
-        only waits for its answer: cancelling it does not stop the ack, which the
-        ack task sends all the same.
+        (one commit on PostgreSQL) per batch instead of one per item. The item's own
+        task ends here: the ack task reports the answer (``succeeded``, or the lease
+        lost), and nothing can cancel an ack once handed over but the loop going away.
         """
-        done: asyncio.Future[WorkItem | LeaseLostError] = asyncio.get_running_loop().create_future()
-        self._acks.append((lease, done))
+        self._acks.append(job)
         if self._acker is None:
             self._acker = asyncio.create_task(self._send_acks(), name="statepact-acks")
-        self._awaiting_ack += 1
-        self._slot_freed.set()
-        try:
-            return await done
-        finally:
-            self._awaiting_ack -= 1
 
     async def _send_acks(self) -> None:
         """Send the waiting acks, up to ``_ACK_BATCH`` per ``ack_many``, until none are left."""
-        batch: list[tuple[Lease, asyncio.Future[WorkItem | LeaseLostError]]] = []
         try:
             while self._acks:
                 batch, self._acks = self._acks[:_ACK_BATCH], self._acks[_ACK_BATCH:]
                 try:
-                    answers = await self.queue.ack_many([held for held, _ in batch])
+                    answers = await self.queue.ack_many([job.lease for job in batch])
                 except Exception as exc:
-                    for _, waiting in batch:
-                        if not waiting.done():
-                            waiting.set_exception(exc)
-                else:
-                    for (_, waiting), answer in zip(batch, answers, strict=True):
-                        # A waiter cancelled meanwhile has stopped listening; its ack landed.
-                        if not waiting.done():
-                            waiting.set_result(answer)
+                    # Nothing is known to have landed: each lease lapses and is reaped.
+                    logger.warning(
+                        "worker %s: ack of %d item(s) failed: %s",
+                        self.worker_id,
+                        len(batch),
+                        _describe(exc),
+                    )
+                    continue
+                for job, answer in zip(batch, answers, strict=True):
+                    if isinstance(answer, LeaseLostError):
+                        self._lost(job, f"ack refused: {answer}")
+                    else:
+                        self._hook("succeeded", job, answer)
         finally:
             self._acker = None
             self._slot_freed.set()
-            # Only a BaseException (the loop going away) leaves a waiter unanswered.
-            for _, waiting in batch + self._acks:
-                if not waiting.done():
-                    waiting.cancel()
 
     async def _fail(
         self, job: Job, error: str, *, retryable: bool, delay: float | None = None

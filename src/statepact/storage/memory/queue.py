@@ -92,8 +92,8 @@ class MemoryWorkQueue(BaseWorkQueue):
         self._order_counter = 0
         self._dead: dict[str, set[str]] = {}
         self._counts: dict[str, dict[ItemStatus, int]] = {}
-        # Watchers waiting for work (watch()); each is woken when an item is scheduled.
-        self._waiters: set[asyncio.Future[None]] = set()
+        # The open watches (watch()); each is told when an item is scheduled.
+        self._watches: set[_MemoryWatch] = set()
 
     @classmethod
     async def open(
@@ -116,7 +116,12 @@ class MemoryWorkQueue(BaseWorkQueue):
 
     @asynccontextmanager
     async def _watch(self) -> AsyncIterator[WorkWatch]:
-        yield _MemoryWatch(self._waiters)
+        watch = _MemoryWatch()
+        self._watches.add(watch)
+        try:
+            yield watch
+        finally:
+            self._watches.discard(watch)
 
     async def _enqueue_many(self, batch: list[tuple[WorkItem, bytes]]) -> list[WorkItem]:
         # No await between the puts: the batch lands whole, as one step of the loop.
@@ -330,9 +335,8 @@ class MemoryWorkQueue(BaseWorkQueue):
                 self._delayed, (entry.available_at, entry.order, entry.tenant, entry.item_id)
             )
         # A delayed item wakes watchers too: they ask next_due() and sleep until it.
-        for waiter in self._waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        for watch in self._watches:
+            watch.notify()
 
     def _push_ready(self, entry: _Item) -> None:
         ready = self._ready.setdefault(entry.tenant, [])
@@ -387,20 +391,37 @@ class MemoryWorkQueue(BaseWorkQueue):
 
 
 class _MemoryWatch:
-    """Waits for the queue to schedule a due item (enqueue, release, retry, reap, requeue)."""
+    """Waits for the queue to schedule a due item (enqueue, release, retry, reap, requeue).
 
-    __slots__ = ("_waiters",)
+    Open for as long as ``watch()`` is: an item scheduled while nobody waits is kept
+    (as a Redis wake list or a PostgreSQL LISTEN keeps it), and the next ``wait``
+    returns at once, so no wake-up is lost between a claim that found nothing and
+    the wait that follows it.
+    """
 
-    def __init__(self, waiters: set[asyncio.Future[None]]) -> None:
-        self._waiters = waiters
+    __slots__ = ("_pending", "_waiters")
+
+    def __init__(self) -> None:
+        self._pending = False
+        self._waiters: set[asyncio.Future[None]] = set()
+
+    def notify(self) -> None:
+        if not self._waiters:
+            self._pending = True
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - the fallback poll
+        if self._pending:
+            self._pending = False
+            return True
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.add(waiter)
         try:
             await asyncio.wait({waiter}, timeout=timeout)
         finally:
             self._waiters.discard(waiter)
-            woken = waiter.done()
+            woken = waiter.done() and not waiter.cancelled()
             waiter.cancel()
         return woken

@@ -24,7 +24,7 @@ from statepact._codec import decode_json
 from statepact._retry import new_op_id
 from statepact.clock import Clock, from_micros, to_micros
 from statepact.errors import QueueUnavailableError
-from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem
+from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem, stored
 from statepact.queue import BaseWorkQueue, FailOutcome, LapseOutcome, QueuePolicy, WorkWatch
 from statepact.settings import RedisStoreSettings
 from statepact.storage.redis._client import Failover, as_text, gate_of
@@ -175,18 +175,10 @@ class RedisWorkQueue(BaseWorkQueue):
             # 1: a large batch of delayed items came due and was promoted; claim again.
             if int(reply[0]) == 0:
                 break
-        leases = []
-        for i in range(1, len(reply), 3):
-            leases.append(
-                Lease.model_construct(
-                    item=self._item(reply[i + 2]),
-                    worker_id=worker_id,
-                    token=int(reply[i + 1]),
-                    expires_at=expires_at,
-                    lease_seconds=seconds,
-                )
-            )
-        return leases
+        return [
+            _lease(self._item(reply[i + 2]), worker_id, int(reply[i + 1]), expires_at, seconds)
+            for i in range(1, len(reply), 3)
+        ]
 
     # -- settle -------------------------------------------------------------
 
@@ -205,12 +197,8 @@ class RedisWorkQueue(BaseWorkQueue):
         )
         if int(reply[0]) == 0:
             return None
-        return Lease.model_construct(
-            item=self._item(reply[2]),
-            worker_id=lease.worker_id,
-            token=int(reply[1]),
-            expires_at=expires_at,
-            lease_seconds=lease.lease_seconds,
+        return _lease(
+            self._item(reply[2]), lease.worker_id, int(reply[1]), expires_at, lease.lease_seconds
         )
 
     async def _ack(self, lease: Lease, now: datetime) -> WorkItem | None:
@@ -370,28 +358,50 @@ class RedisWorkQueue(BaseWorkQueue):
     def _item(self, fields: Any) -> WorkItem:
         """A ``WorkItem`` from an item hash (a flat HGETALL list or a dict)."""
         record = _as_dict(fields)
-        error = record.get("error")
-        # Read from this queue's own store: every field is of its type already, no validation.
-        return WorkItem.model_construct(
-            queue=self.name,
-            tenant=record["tenant"],
-            item_id=record["id"],
-            payload=decode_json(record["payload"]),
-            priority=int(record["priority"]),
-            available_at=from_micros(int(record["available"])),
-            attempts=int(record["attempts"]),
-            status=ItemStatus(record["status"]),
-            last_error=error,
-            created_at=from_micros(int(record["created"])),
-            updated_at=from_micros(int(record["updated"])),
+        # Read from this queue's own store: every field is decoded to its type here, in
+        # the model's order, so the record is built without validating it again.
+        return stored(
+            WorkItem,
+            {
+                "tenant": record["tenant"],
+                "item_id": record["id"],
+                "payload": decode_json(record["payload"]),
+                "queue": self.name,
+                "priority": int(record["priority"]),
+                "available_at": from_micros(int(record["available"])),
+                "attempts": int(record["attempts"]),
+                "status": ItemStatus(record["status"]),
+                "last_error": record.get("error"),
+                "created_at": from_micros(int(record["created"])),
+                "updated_at": from_micros(int(record["updated"])),
+            },
         )
+
+
+def _lease(
+    item: WorkItem, worker_id: str, token: int, expires_at: datetime, seconds: float
+) -> Lease:
+    """A lease of this queue's own reply (``worker_id`` checked by the front): built as
+    :func:`~statepact.models.stored` builds a record, without validating it again."""
+    return stored(
+        Lease,
+        {
+            "item": item,
+            "worker_id": worker_id,
+            "token": token,
+            "expires_at": expires_at,
+            "lease_seconds": seconds,
+        },
+    )
 
 
 def _as_dict(fields: Any) -> dict[str, str]:
     if isinstance(fields, dict):
         return {as_text(key): as_text(value) for key, value in fields.items()}
-    values: Sequence[Any] = fields
-    return {as_text(values[i]): as_text(values[i + 1]) for i in range(0, len(values), 2)}
+    # A flat [key, value, ...] list: decoded in one pass (bytes, from a client that does
+    # not decode, the usual reply), then paired.
+    texts = [value.decode("utf-8") if type(value) is bytes else as_text(value) for value in fields]
+    return dict(zip(texts[::2], texts[1::2], strict=True))
 
 
 def _counts(flat: Sequence[Any]) -> dict[str, int]:
