@@ -674,16 +674,3 @@ async def test_an_ack_in_flight_lands_when_run_is_cancelled(clock: ManualClock) 
         assert (await status(queue, f"i{n}")).status is ItemStatus.DONE
     stats = await queue.stats()
     assert (stats.queued, stats.leased) == (0, 0)
-
-
-async def test_a_memory_watch_keeps_a_wake_up_that_came_while_nobody_waited() -> None:
-    """An item scheduled between a claim that found nothing and the next wait is not lost:
-    the memory queue's watch keeps it, as Redis's wake list and PostgreSQL's LISTEN do, and
-    the worker's next wait returns at once instead of sleeping out its poll."""
-    queue = MemoryWorkQueue()
-    async with queue.watch() as watch:
-        await queue.enqueue(WorkItem(tenant="t", item_id="a"))
-        began = time.monotonic()
-        assert await watch.wait(30) is True
-        assert time.monotonic() - began < 1
-        assert await watch.wait(0.01) is False  # kept once, not forever

@@ -247,6 +247,19 @@ class WorkQueueConformance:
             await work_queue.enqueue(_item("acme", "wake-1"))
             assert await asyncio.wait_for(waiting, 5) is True
 
+    async def test_watch_keeps_a_wake_up_that_came_while_nobody_waited(
+        self, work_queue: WorkQueue
+    ) -> None:
+        """An enqueue made while the watcher is not waiting (between a claim that found
+        nothing and the next wait) is not lost: the next wait returns True at once, and
+        only once."""
+        async with work_queue.watch() as watch:
+            while await watch.wait(0.05):  # earlier writes' wake-ups used up first
+                pass
+            await work_queue.enqueue(_item("acme", "wake-kept"))
+            assert await asyncio.wait_for(watch.wait(30), 5) is True
+            assert await watch.wait(0.05) is False
+
     # -- enqueue_many ------------------------------------------------------------
 
     async def test_enqueue_many_stores_the_batch_in_order(
