@@ -140,13 +140,27 @@ def _render(path: _Path) -> str:
     return "".join(reversed(steps))
 
 
+def _fine_text(text: str) -> bool:
+    """Whether ``text`` may be stored: no NUL, no lone surrogate (the one rule for text;
+    ``_check_str`` says which part of it a refused text breaks)."""
+    if "\x00" in text:
+        return False
+    if text.isascii():
+        return True  # ASCII text encodes: no lone surrogate in it
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _check_str(field: str, path: _Path, value: str) -> None:
+    if _fine_text(value):
+        return
     if "\x00" in value:
         raise ValueError(
             f"{field}{_render(path)}: NUL characters cannot be stored (PostgreSQL refuses them)"
         )
-    if value.isascii():
-        return  # ASCII text encodes: no lone surrogate in it
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -324,19 +338,6 @@ def plain_json(field: str, value: object, *, sort_keys: bool = False) -> tuple[A
     if plain is None:
         plain = _plain(field, value)
     return plain, _dumps(plain, sort_keys)
-
-
-def _fine_text(text: str) -> bool:
-    """What ``_check_str`` accepts: no NUL, no lone surrogate."""
-    if "\x00" in text:
-        return False
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _flat(value: dict[Any, Any]) -> dict[str, Any] | None:
