@@ -632,6 +632,9 @@ class Worker:
 
     @property
     def in_flight(self) -> int:
+        """Items claimed and not yet settled by this worker: their handler runs, or a fail
+        or release is on its way. An item counts no more once its ack is handed to the
+        ack task (the ``succeeded`` hook says when the ack landed)."""
         return len(self._running)
 
     async def start(self) -> None:
