@@ -4,6 +4,9 @@
   ``create_client`` serve; so does a cluster client from ``cluster=True``;
 - ``pool_size`` is the client's connection limit: one call past it raises
   ``PoolExhaustedError`` at once;
+- a script's connection is taken from the pool either way the client can take one (the
+  pool's own probe, or without it as on redis-py before 8): one the server closed is
+  replaced before anything is sent on it, and the pool's limit holds;
 - ``socket_timeout`` bounds a reply, and redis-py's own retry is off, so a
   server that is down costs only statepact's failover budget;
 - the DSN's password appears in no repr, error (whole cause chain) or log line.
@@ -33,8 +36,10 @@ from statepact.storage.redis import (
     RedisStateStore,
     RedisStoreSettings,
     RedisWorkQueue,
+    _client,
     create_client,
 )
+from statepact.storage.redis._client import is_pool_exhausted, unprobed_connection
 from statepact.testing.cluster import LocalRedisCluster
 from statepact.testing.plugin import RedisServerFactory
 from statepact.testing.servers import RedisServer, free_port
@@ -100,8 +105,65 @@ async def test_stores_opened_on_a_created_client_serve(
         await client.aclose()
 
 
+@pytest.fixture(params=["get_connection", "unprobed"])
+def connection_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How scripts take their pooled connection: the pool's ``get_connection()`` (redis-py 8
+    and later) or :func:`unprobed_connection` (before 8), whichever redis-py is installed."""
+    path: str = request.param
+    monkeypatch.setattr(_client, "_PROBE_HOLDS_THE_POOL", path == "unprobed")
+    return path
+
+
+async def test_a_connection_its_server_closed_is_replaced_before_a_script_is_sent(
+    durable_server: RedisServer, clock: ManualClock, connection_path: str
+) -> None:
+    """The server closes every idle connection of the pool (CLIENT KILL); the next calls go
+    through on new connections with one attempt, no failover retry needed."""
+    settings = _settings(durable_server.url, failover_attempts=1)
+    client = create_client(settings)
+    killer = Redis.from_url(durable_server.url)
+    try:
+        store = RedisStateStore(client, clock=clock, settings=settings)
+        await asyncio.gather(
+            *(store.put_run(RunRecord(tenant="t", run_id=f"r{n}")) for n in range(4))
+        )
+        assert await killer.client_kill_filter(_type="normal", skipme=True) >= 4
+        await asyncio.sleep(0.2)  # the end of each stream reaches the client's loop
+        found = await asyncio.gather(*(store.get_run("t", f"r{n}") for n in range(4)))
+        assert [run.run_id for run in found if run is not None] == ["r0", "r1", "r2", "r3"]
+        await store.patch_run("t", "r0", iterations=1)
+    finally:
+        await killer.aclose()
+        await client.aclose()
+
+
+async def test_unprobed_connections_are_reused_and_the_pool_limit_holds(
+    durable_server: RedisServer,
+) -> None:
+    """unprobed_connection hands back a released connection as it is (no new connection),
+    and refuses one past the pool's size as the pool does."""
+    client = create_client(_settings(durable_server.url, pool_size=2))
+    pool = client.connection_pool
+    try:
+        first = await unprobed_connection(pool)
+        second = await unprobed_connection(pool)
+        assert first is not second and first.is_connected and second.is_connected
+        with pytest.raises(rex.ConnectionError) as caught:
+            await unprobed_connection(pool)
+        assert is_pool_exhausted(caught.value)
+        await pool.release(first)
+        again = await unprobed_connection(pool)
+        assert again is first
+        await again.send_command("PING")
+        assert await again.read_response() in (b"PONG", "PONG")
+        await pool.release(again)
+        await pool.release(second)
+    finally:
+        await client.aclose()
+
+
 async def test_pool_size_is_the_connection_limit(
-    durable_server: RedisServer, clock: ManualClock
+    durable_server: RedisServer, clock: ManualClock, connection_path: str
 ) -> None:
     """With pool_size connections busy, the next call raises PoolExhaustedError at once; once
     one is back, the same store serves again."""

@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 from pydantic import SecretStr
+from redis import exceptions as rex
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 
 from statepact.settings import RedisStoreSettings
 from statepact.storage.redis import create_client
-from statepact.storage.redis._client import CallGate, gate_of
+from statepact.storage.redis._client import CallGate, gate_of, is_pool_exhausted, is_transient
 
 SECRET = "Kp4-unitPW-z19"
 
@@ -151,3 +152,19 @@ def test_the_pool_bounds_writes_on_the_connection_class_of_the_url(
         create_client(RedisStoreSettings(dsn=SecretStr(url))).connection_pool.connection_class
         is made
     )
+
+
+@pytest.mark.parametrize(
+    ("exc", "exhausted"),
+    [
+        (rex.MaxConnectionsError("Too many connections"), True),
+        # redis-py before 8: a full asyncio ConnectionPool raises a plain ConnectionError.
+        (rex.ConnectionError("Too many connections"), True),
+        (rex.ConnectionError("Connection closed by server."), False),
+        (rex.TimeoutError("Too many connections"), False),
+    ],
+)
+def test_a_full_pool_is_told_from_a_dropped_connection(exc: BaseException, exhausted: bool) -> None:
+    """A full pool is PoolExhaustedError, never retried as a server problem, on every redis-py."""
+    assert is_pool_exhausted(exc) is exhausted
+    assert is_transient(exc) is not exhausted

@@ -18,8 +18,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Literal, TypeVar, overload
 from urllib.parse import parse_qs, unquote, urlsplit
 
+import redis
 from redis import exceptions as rex
-from redis.asyncio import Redis, RedisCluster
+from redis.asyncio import ConnectionPool, Redis, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -38,6 +39,8 @@ __all__ = [
     "is_pool_exhausted",
     "is_transient",
     "is_write_race",
+    "pooled_connection",
+    "unprobed_connection",
 ]
 
 T = TypeVar("T")
@@ -46,6 +49,9 @@ T = TypeVar("T")
 def is_pool_exhausted(exc: BaseException) -> bool:
     """Whether redis-py failed to hand out a pooled connection (not a server problem)."""
     if isinstance(exc, rex.MaxConnectionsError):
+        return True
+    # redis-py before 8 raises a plain ConnectionError from a full ConnectionPool.
+    if type(exc) is rex.ConnectionError and str(exc) == "Too many connections":
         return True
     # BlockingConnectionPool raises a plain ConnectionError from the timeout of its wait.
     return (
@@ -202,6 +208,50 @@ def _bounded_writes(base: type[Any]) -> type[Any]:
         (base,),
         {"send_packed_command": send_packed_command, "__module__": __name__},
     )
+
+
+# redis-py before 8 probes a pooled connection for unread data while holding the pool's
+# lock, and the probe suspends (a read under a zero timeout): every call on the client
+# waits its turn for that lock, one loop iteration each. redis-py 8 probes outside the
+# lock without suspending.
+_PROBE_HOLDS_THE_POOL = int(redis.__version__.split(".", 1)[0]) < 8
+
+
+async def pooled_connection(pool: Any) -> Any:
+    """A connection of ``pool`` (a single-server client's pool) ready to send on; give it
+    back with ``await pool.release(connection)``.
+
+    On redis-py 8 and later this is the pool's own ``get_connection()``; before 8 the
+    pool's probe would make every call wait its turn (above), so a plain
+    ``ConnectionPool``'s is :func:`unprobed_connection` (a ``BlockingConnectionPool``
+    already probes outside its lock, and waits for a free connection).
+    """
+    if _PROBE_HOLDS_THE_POOL and type(pool) is ConnectionPool:
+        return await unprobed_connection(pool)
+    return await pool.get_connection()
+
+
+async def unprobed_connection(pool: Any) -> Any:
+    """A connection of ``pool`` taken without the pool's probe for unread data.
+
+    A free connection (or a new one) is connected if it is not, and connected again
+    if its server closed it (the end of its stream, or an error on it, is already
+    known). The probe's other finding, unread data, cannot happen on a connection
+    handed back to the pool: redis-py drops a connection whose reply was not read
+    to its end (an error, a cancellation), as :func:`bounded_writes` does for a
+    write that failed. A pool that is full raises as ``get_connection()`` does.
+    """
+    connection = pool.get_available_connection()  # no await: nothing runs in between
+    try:
+        stream = connection._reader
+        if stream is not None and (stream.at_eof() or stream.exception() is not None):
+            await connection.disconnect(nowait=True)
+        if not connection.is_connected:
+            await connection.connect()
+    except BaseException:
+        await pool.release(connection)
+        raise
+    return connection
 
 
 # The gates of the clients create_client built with pool_wait: every statepact store,

@@ -20,6 +20,8 @@ from typing import Any, Literal
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
+from statepact.storage.redis._client import pooled_connection
+
 __all__ = ["QUEUE_SCRIPTS", "STATE_SCRIPTS", "TX_SCRIPTS", "ScriptRunner", "script_source"]
 
 Family = Literal["state", "queue", "tx"]
@@ -118,7 +120,7 @@ class ScriptRunner:
         if pool is None:
             return await self._redis.evalsha(sha, len(keys), *_utf8(keys), *_utf8(args))
         command = _resp_command(b"EVALSHA", [sha, len(keys), *keys, *args])
-        connection = await pool.get_connection()
+        connection = await pooled_connection(pool)
         try:
             await connection.send_packed_command(command)
             return await connection.read_response()
