@@ -6,7 +6,12 @@ SQL text, see :class:`Prepared`) on the asyncpg connection underneath, and puts
 it back. While calls keep coming, connections go from one call to the next
 without a trip through the pool; as soon as no call is running they are checked
 back in (at the next step of the event loop), and a caller waiting on the pool
-gets the next one given back.
+gets the next one given back. When the pool is full and this executor holds
+connections, its next caller waits for one of them to be handed over directly
+(first come, first served, within the pool's timeout) instead of waiting in the
+pool, whose check-in and checkout cost more than the statement; should a call of
+another executor wait in the pool, the connection goes there and the waiter
+here is sent to the pool's own queue.
 That skips what SQLAlchemy does around a statement (an ``AsyncConnection``, two
 greenlet hops, result processing), which costs several times the round trip on
 a loopback server, while everything else stays the engine's: its pool and its
@@ -33,13 +38,15 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.pool import Pool, PoolProxiedConnection
+from sqlalchemy.pool import Pool, PoolProxiedConnection, QueuePool
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.util import greenlet_spawn
@@ -58,6 +65,15 @@ _DIALECT: Dialect = asyncpg_dialect()  # type: ignore[no-untyped-call]
 # every executor on it: a store, a queue and a backend often share one engine, and a
 # connection one of them would pass to its next call goes to the pool when any waits there.
 _WAITING: weakref.WeakKeyDictionary[Pool, int] = weakref.WeakKeyDictionary()
+
+_Taken = tuple[Pool, PoolProxiedConnection]
+
+
+def _full(pool: QueuePool) -> bool:
+    """Whether a checkout of ``pool`` would wait: no idle connection and no overflow left
+    (``_max_overflow``: SQLAlchemy keeps the limit private; -1 is unlimited)."""
+    overflow_limit: int = getattr(pool, "_max_overflow", -1)
+    return overflow_limit >= 0 and pool.checkedin() == 0 and pool.overflow() >= overflow_limit
 
 
 class Prepared:
@@ -155,7 +171,13 @@ class DirectExecutor:
         self._failures = Failures(unavailable, what)
         # Checked-out connections between two calls, with the pool each came from; checked
         # in once no call is running.
-        self._free: list[tuple[Pool, PoolProxiedConnection]] = []
+        self._free: list[_Taken] = []
+        # Connections checked out of the pool by this executor (running or free), and the
+        # calls waiting for one of them: a future gets a connection, or None for "go to the
+        # pool".
+        self._out = 0
+        self._waiters: deque[asyncio.Future[_Taken | None]] = deque()
+        self._in_pool = 0  # this executor's calls among _WAITING
         self._running = 0
         self._check_in_soon: asyncio.Handle | None = None
         self._closing: set[asyncio.Task[None]] = set()
@@ -164,7 +186,7 @@ class DirectExecutor:
     def engine(self) -> AsyncEngine:
         return self._engine
 
-    async def _checkout(self) -> tuple[Pool, PoolProxiedConnection]:
+    async def _checkout(self) -> _Taken:
         # The engine's pool now: engine.dispose() replaces it, and a connection of the old
         # one goes back to the old one (which closes it) rather than on to the next call.
         pool = self._engine.sync_engine.pool
@@ -172,23 +194,84 @@ class DirectExecutor:
             taken = self._free.pop()
             if taken[0] is pool:
                 return taken
-            await greenlet_spawn(taken[1].close)
+            await self._close(taken)
+        if self._out and isinstance(pool, QueuePool) and _full(pool):
+            handed = await self._wait_for_hand_over(pool)
+            if handed is not None:
+                return handed
         # The pool's own checkout, with its events, its waiting and its timeout (I/O when
         # it opens, pings or replaces a connection, hence the greenlet).
         _WAITING[pool] = _WAITING.get(pool, 0) + 1
+        self._in_pool += 1
         try:
-            return pool, await greenlet_spawn(pool.connect)
+            connection = await greenlet_spawn(pool.connect)
         finally:
             _WAITING[pool] -= 1
+            self._in_pool -= 1
+        self._out += 1
+        return pool, connection
 
-    async def _give_back(self, taken: tuple[Pool, PoolProxiedConnection]) -> None:
-        if _WAITING.get(taken[0]):
-            # A call waits on the pool (this executor's or another's): this one is its next
-            # (in a greenlet: a full pool closes an overflow connection instead, and that is
-            # I/O).
-            await greenlet_spawn(taken[1].close)
-            return
-        self._free.append(taken)
+    async def _wait_for_hand_over(self, pool: QueuePool) -> _Taken | None:
+        """Wait (within the pool's timeout) for a connection a call of this executor gives
+        back; None: take one from the pool instead."""
+        handed: asyncio.Future[_Taken | None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(handed)
+        timeout = pool.timeout()
+        try:
+            async with asyncio.timeout(timeout):
+                taken = await handed
+        except BaseException as exc:
+            if handed.done() and not handed.cancelled():
+                # Handed over as the wait ended (a cancellation, the timeout): pass it on.
+                given = handed.result()
+                if given is not None:
+                    self._pass_on(given)
+            else:
+                handed.cancel()  # skipped by whoever gives back next
+            if isinstance(exc, TimeoutError):
+                raise sa_exc.TimeoutError(
+                    f"no connection of the pool (size {pool.size()}) was free within {timeout:g} s"
+                ) from None
+            raise
+        if taken is not None and taken[0] is not pool:
+            await self._close(taken)  # of a pool disposed of since
+            return None
+        return taken
+
+    def _hand_over(self, taken: _Taken | None) -> bool:
+        """Give ``taken`` (None: "go to the pool") to the first call still waiting here."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(taken)
+                return True
+        return False
+
+    def _pass_on(self, taken: _Taken) -> None:
+        """Without I/O: to a waiting call, or kept for the next one (checked in when idle)."""
+        if not self._hand_over(taken):
+            self._free.append(taken)
+
+    async def _close(self, taken: _Taken, *, wake: bool = True) -> None:
+        """Check ``taken`` back in (in a greenlet: a full pool closes an overflow connection,
+        which is I/O); ``wake``: a call waiting here goes to the pool instead."""
+        self._out -= 1
+        if wake:
+            self._hand_over(None)
+        await greenlet_spawn(taken[1].close)
+
+    async def _give_back(self, taken: _Taken) -> None:
+        waiting = _WAITING.get(taken[0], 0)
+        if waiting > self._in_pool:
+            # A call of another executor waits in the pool: this connection is its next, and
+            # a call waiting here queues in the pool too (first come, first served).
+            await self._close(taken)
+        elif waiting:
+            # A call of this executor waits in the pool (it went there before this executor
+            # held a connection): this one is its next; the calls waiting here come after.
+            await self._close(taken, wake=False)
+        else:
+            self._pass_on(taken)
 
     def _check_in_idle(self) -> None:
         self._check_in_soon = None
@@ -205,6 +288,7 @@ class DirectExecutor:
         full closes an overflow connection, which is I/O: the idle check-in runs this in a
         greenlet for that."""
         free, self._free = self._free, []
+        self._out -= len(free)
         for _pool, connection in free:
             connection.close()
 
@@ -237,6 +321,8 @@ class DirectExecutor:
                         # Never pooled again; closing the dead socket is I/O. Invalidating
                         # checks the connection in: closing it as well would return its
                         # record to the pool twice, for two callers to share.
+                        self._out -= 1
+                        self._hand_over(None)
                         await greenlet_spawn(connection.invalidate, exc)
                     else:
                         await self._give_back(taken)

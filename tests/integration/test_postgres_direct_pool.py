@@ -1,0 +1,198 @@
+"""The direct executor's connections when its callers outnumber the pool, on a real server.
+
+Calls beyond a full pool wait for a connection the executor's own calls give back,
+handed over directly rather than checked in and out of the pool again; they still
+meet the pool's timeout, and a waiter that is cancelled, before or just after it is
+handed a connection, leaks nothing: the connection goes on to the next caller and
+back to the pool when the executor is idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from statepact._retry import RetryPolicy
+from statepact.errors import PoolExhaustedError, StatePersistenceError
+from statepact.storage.postgres._direct import DirectExecutor, Statements
+
+pytestmark = pytest.mark.integration
+
+
+def _executor(engine: AsyncEngine) -> DirectExecutor:
+    return DirectExecutor(
+        engine,
+        policy=RetryPolicy(attempts=1, base_delay=0.01, max_delay=0.01),
+        unavailable=StatePersistenceError,
+        what="test",
+    )
+
+
+async def _backend_pid(statements: Statements) -> int:
+    pid: int = await statements.driver.fetchval("SELECT pg_backend_pid()")
+    return pid
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Until ``condition()`` holds (a few seconds at most, however loaded the machine)."""
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition never held")
+
+
+def _waiting(executor: DirectExecutor) -> int:
+    """Calls waiting for a connection this executor hands over."""
+    return sum(not waiter.done() for waiter in executor._waiters)
+
+
+async def _idle(engine: AsyncEngine) -> None:
+    """Until the executor's idle check-in ran (it runs at the loop's next step)."""
+    for _ in range(100):
+        if engine.sync_engine.pool.checkedout() == 0:  # type: ignore[attr-defined]
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the executor kept its connections while idle")
+
+
+@pytest.fixture
+async def small_engine(pg_database_url: str) -> Any:
+    engine = create_async_engine(pg_database_url, pool_size=2, max_overflow=0, pool_timeout=0.5)
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
+
+
+async def test_callers_beyond_the_pool_are_handed_its_connections(
+    small_engine: AsyncEngine,
+) -> None:
+    """20 callers on a pool of 2: every call runs, on the pool's two connections, and the
+    pool is checked out about once a caller (their first calls all queue in the pool), not
+    once a call."""
+    checkouts: list[int] = []
+    event.listen(small_engine.sync_engine.pool, "checkout", lambda *_args: checkouts.append(1))
+    executor = _executor(small_engine)
+    pids: list[int] = []
+
+    async def caller() -> None:
+        for _ in range(10):
+            pids.append(await executor.run(_backend_pid, idempotent=True))
+
+    await asyncio.gather(*(caller() for _ in range(20)))
+    assert len(pids) == 200
+    assert len(set(pids)) <= 2
+    assert len(checkouts) <= 30, f"{len(checkouts)} checkouts for 200 calls"
+    await _idle(small_engine)
+
+
+async def test_a_caller_waiting_for_a_hand_over_meets_the_pool_timeout(
+    small_engine: AsyncEngine,
+) -> None:
+    """Both connections held past the pool's timeout (0.5 s): the next caller gets
+    PoolExhaustedError after about that long, not a wait without end."""
+    executor = _executor(small_engine)
+    release = asyncio.Event()
+
+    async def hold(statements: Statements) -> int:
+        await release.wait()
+        return await _backend_pid(statements)
+
+    holders = [asyncio.create_task(executor.run(hold, idempotent=True)) for _ in range(2)]
+    await _until(lambda: executor._out == 2)
+    started = time.monotonic()
+    with pytest.raises(PoolExhaustedError):
+        await executor.run(_backend_pid, idempotent=True)
+    assert 0.4 <= time.monotonic() - started < 1.5
+    release.set()
+    assert len(set(await asyncio.gather(*holders))) == 2
+    assert await executor.run(_backend_pid, idempotent=True) > 0
+    await _idle(small_engine)
+
+
+async def test_a_cancelled_caller_waiting_for_a_hand_over_still_finishes_its_call(
+    small_engine: AsyncEngine,
+) -> None:
+    """A call, once begun, runs to its end before its caller's cancellation goes on (the
+    failover shields it), waiting for a hand-over included: the caller gets its
+    CancelledError after the statement ran, and nothing is left checked out."""
+    executor = _executor(small_engine)
+    release = asyncio.Event()
+    ran: list[int] = []
+
+    async def hold(statements: Statements) -> int:
+        await release.wait()
+        return await _backend_pid(statements)
+
+    async def note(statements: Statements) -> int:
+        ran.append(await _backend_pid(statements))
+        return ran[-1]
+
+    holders = [asyncio.create_task(executor.run(hold, idempotent=True)) for _ in range(2)]
+    await _until(lambda: executor._out == 2)
+    waiter = asyncio.create_task(executor.run(note, idempotent=True))
+    await _until(lambda: _waiting(executor) == 1)
+    waiter.cancel()
+    await asyncio.sleep(0.05)
+    assert not waiter.done() and ran == []  # still waiting for a connection
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert len(ran) == 1 and ran[0] in await asyncio.gather(*holders)
+    await _idle(small_engine)
+
+
+@pytest.mark.parametrize("when", ["while waiting", "just handed a connection"])
+async def test_a_wait_for_a_hand_over_that_ends_early_leaks_no_connection(
+    small_engine: AsyncEngine, when: str
+) -> None:
+    """Two holders fill the pool; a checkout A waits, then caller B. A's own task is
+    cancelled (what the pool timeout does to it too) either while it waits or right after a
+    holder handed it a connection, before it resumed: B still gets a connection (A's, in the
+    second case), and the pool has everything back when the executor is idle."""
+    executor = _executor(small_engine)
+    release_first, release_second = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+    waiter_a: asyncio.Task[Any] | None = None
+
+    async def hold_then_cancel_a(statements: Statements) -> int:
+        await release_first.wait()
+        pid = await _backend_pid(statements)
+        # Runs after this call handed its connection to A (as it returns) and before A
+        # resumes: A is cancelled holding a connection it never used.
+        assert waiter_a is not None
+        loop.call_soon(waiter_a.cancel)
+        return pid
+
+    async def hold(statements: Statements) -> int:
+        await release_second.wait()
+        return await _backend_pid(statements)
+
+    first = asyncio.create_task(executor.run(hold_then_cancel_a, idempotent=True))
+    second = asyncio.create_task(executor.run(hold, idempotent=True))
+    await _until(lambda: executor._out == 2)
+    # The checkout itself, outside the failover's shield, so the cancellation reaches it.
+    waiter_a = asyncio.create_task(executor._checkout())
+    await _until(lambda: _waiting(executor) == 1)
+    waiter_b = asyncio.create_task(executor.run(_backend_pid, idempotent=True))
+    await _until(lambda: _waiting(executor) == 2)
+    if when == "while waiting":
+        waiter_a.cancel()
+        await _until(waiter_a.done)
+        assert waiter_a.cancelled() and _waiting(executor) == 1
+    release_first.set()
+    first_pid = await first
+    with pytest.raises(asyncio.CancelledError):
+        await waiter_a
+    assert await asyncio.wait_for(waiter_b, 2.0) == first_pid  # A's connection went on to B
+    release_second.set()
+    assert await second not in (0, first_pid)
+    assert await executor.run(_backend_pid, idempotent=True) > 0
+    await _idle(small_engine)
