@@ -82,6 +82,13 @@ class _Chain:
         self.times.append(at)
         self.until.append(_CURRENT)
 
+    def drop_oldest(self, count: int) -> None:
+        """Drop the oldest ``count`` versions, in place (what most collections do)."""
+        del self.versions[:count]
+        del self.values[:count]
+        del self.times[:count]
+        del self.until[:count]
+
     def keep(self, indexes: list[int]) -> None:
         """Retain only the versions at ``indexes`` (ascending)."""
         self.versions = [self.versions[i] for i in indexes]
@@ -325,27 +332,26 @@ class MemoryBackend:
         chains = self._chains
         last_commit = self._last_commit
         mark = (seq, now)
+        floor = self.retain_versions or 1
         written: list[Slot] = []
         for write in writes:
             slot = (write.resource, write.key)
             value = StoredValue(write.data, seq)
             chain = chains.get(slot)
             if chain is None:
-                chains[slot] = _Chain.of(value, now)
+                chains[slot] = _Chain.of(value, now)  # one version: nothing to collect
             else:
                 chain.append(value, now)
+                length = len(chain.versions)
+                if length > floor:
+                    self._prunable.add(slot)
+                    if length > floor + _GC_SLACK:
+                        self._collect((slot,))
             written.append(slot)
             last_commit[write.resource] = mark
         # Every writing commit is retained for the audit, whatever its isolation: a
         # serializable commit's cycle may run through any of them.
         self._graph.add_commit(request.txn_id, seq, request.reads, written)
-        floor = self.retain_versions or 1
-        for slot in written:
-            length = len(chains[slot].versions)
-            if length > floor:
-                self._prunable.add(slot)
-                if length > floor + _GC_SLACK:
-                    self._collect((slot,))
         return CommitResult(seq)
 
     # -- garbage collection ---------------------------------------------------------------
@@ -366,7 +372,7 @@ class MemoryBackend:
                 continue
             if not live or live[0] >= versions[-floor]:
                 # No snapshot is older than the versions retention keeps: only they stay.
-                chain.keep(list(range(len(versions) - floor, len(versions))))
+                chain.drop_oldest(len(versions) - floor)
                 self._prunable.discard(slot)
                 continue
             keep = set(range(len(versions) - floor, len(versions)))
