@@ -52,6 +52,9 @@ _GC_SLACK = 32
 
 
 _CURRENT = 2**63  # "not superseded yet"
+# Read once: ``Isolation.X`` is a lookup through the enum's metaclass at every use.
+_READ_COMMITTED = Isolation.READ_COMMITTED
+_SERIALIZABLE = Isolation.SERIALIZABLE
 
 
 @dataclass(slots=True)
@@ -277,7 +280,7 @@ class MemoryBackend:
                 return replace(seen[1], replayed=True)
         snapshot = request.snapshot
         taken_at = self._seq if snapshot is None else snapshot.sequence
-        if request.isolation is not Isolation.READ_COMMITTED:
+        if request.isolation is not _READ_COMMITTED:
             self._validate(request, taken_at)
         result = self._apply(request, taken_at)
         if request.idempotency_key is not None and request.fingerprint is not None:
@@ -292,7 +295,7 @@ class MemoryBackend:
                 raise ConflictError.write_conflict(
                     write.resource, write.key, latest=chain.versions[-1], taken_at=taken_at
                 )
-        if request.isolation is not Isolation.SERIALIZABLE:
+        if request.isolation is not _SERIALIZABLE:
             return
         for read in request.reads:
             latest = self._latest((read.resource, read.key))
@@ -342,11 +345,13 @@ class MemoryBackend:
                 chains[slot] = _Chain.of(value, now)  # one version: nothing to collect
             else:
                 chain.append(value, now)
+                # A key is prunable exactly while it holds more than ``floor`` versions
+                # (a collection leaves it so): it joins the set when it first passes it.
                 length = len(chain.versions)
-                if length > floor:
+                if length == floor + 1:
                     self._prunable.add(slot)
-                    if length > floor + _GC_SLACK:
-                        self._collect((slot,))
+                elif length > floor + _GC_SLACK:
+                    self._collect((slot,))
             written.append(slot)
             last_commit[write.resource] = mark
         # Every writing commit is retained for the audit, whatever its isolation: a
