@@ -938,7 +938,9 @@ class Transaction:
             ):
                 # Nothing to validate or record: the backing would answer exactly this.
                 snapshot = self._snapshot or await self._take_snapshot()
-                result = CommitResult(snapshot.sequence)
+                result = manager._read_only
+                if result.version != snapshot.sequence:
+                    result = manager._read_only = CommitResult(snapshot.sequence)
             else:
                 request = CommitRequest(  # by position: a keyword call costs more, every commit
                     self.txn_id,
@@ -1039,6 +1041,9 @@ class TransactionManager:
         # The backing's constants, read once (every transaction asks them).
         self._in_process: bool = getattr(backend, "in_process", False)
         self._pins_snapshots: bool = getattr(backend, "pins_snapshots", False)
+        # The last read-only commit's result: the next one at the same sequence is the
+        # same (immutable) result, so it is handed out again instead of made again.
+        self._read_only = CommitResult(0)
 
     @property
     def backend(self) -> StorageBackend:
