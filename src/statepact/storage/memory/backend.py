@@ -46,8 +46,10 @@ _ABSENT = StoredValue(None, 0)
 # Garbage collection is batched: the versions no snapshot needs any more are dropped once
 # this many snapshot sequences were released, and a key's chain is trimmed at once when it
 # grows this many versions past what it keeps (history() and retained_versions() collect
-# first, so they show what a collection leaves).
-_GC_EVERY = 64
+# first, so they show what a collection leaves). A batch visits each key written since the
+# last one once, however often it was written: the longer the batch, the fewer visits per
+# write, while the slack bounds what a key holds meanwhile.
+_GC_EVERY = 256
 _GC_SLACK = 32
 
 
