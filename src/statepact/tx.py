@@ -718,7 +718,6 @@ class Transaction:
     def __init__(
         self,
         manager: TransactionManager,
-        *,
         isolation: Isolation,
         idempotency_key: str | None,
         fencing: Lease | None,
@@ -1070,13 +1069,11 @@ class TransactionManager:
         been issued for ``fencing.resource``. Bad arguments raise
         ``ValueError``/``TypeError`` naming the field, before anything is sent.
         """
-        return Transaction(
+        return Transaction(  # by position: a keyword call costs more, every transaction
             self,
-            isolation=isolation if type(isolation) is Isolation else _require_isolation(isolation),
-            idempotency_key=None
-            if idempotency_key is None
-            else require_id("idempotency_key", idempotency_key),
-            fencing=None if fencing is None else _require_lease("fencing", fencing),
+            isolation if type(isolation) is Isolation else _require_isolation(isolation),
+            None if idempotency_key is None else require_id("idempotency_key", idempotency_key),
+            None if fencing is None else _require_lease("fencing", fencing),
         )
 
     async def begin(
@@ -1119,12 +1116,7 @@ class TransactionManager:
         checked_fencing = None if fencing is None else _require_lease("fencing", fencing)
         attempt = 0
         while True:
-            tx = Transaction(
-                self,
-                isolation=checked_isolation,
-                idempotency_key=checked_key,
-                fencing=checked_fencing,
-            )
+            tx = Transaction(self, checked_isolation, checked_key, checked_fencing)
             try:
                 # ``async with tx``, without its two extra awaits: commit on a clean exit,
                 # roll back on an exception (rollback never suppresses it).
