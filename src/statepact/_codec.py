@@ -223,6 +223,10 @@ def _plain(field: str, root: object) -> Any:
     subclass's ``__str__``/``__repr__`` or a mapping's ``items`` is read once. A container's
     leaves are checked as it is walked; its containers wait on the stack.
     """
+    if type(root) is dict:
+        flat = _flat(root)  # the usual payload, in one pass
+        if flat is not None:
+            return flat
     holder: list[Any] = [None]
     # (value, its path, its depth, the container it goes in, its slot there)
     stack: list[tuple[object, _Path, int, Any, Any]] = [(root, None, 0, holder, 0)]
@@ -334,9 +338,7 @@ def plain_json(field: str, value: object, *, sort_keys: bool = False) -> tuple[A
     """``encode_json``, also giving the plain tree it encoded (what a read would return)."""
     if not isinstance(value, Mapping):
         raise ValueError(f"{field}: must be a JSON object (a dict), got {type(value).__name__}")
-    plain = _flat(value) if type(value) is dict else None
-    if plain is None:
-        plain = _plain(field, value)
+    plain = _plain(field, value)
     return plain, _dumps(plain, sort_keys)
 
 

@@ -46,12 +46,17 @@ _ABSENT = StoredValue(None, 0)
 # Garbage collection is batched: the versions no snapshot needs any more are dropped once
 # this many snapshot sequences were released, and a key's chain is trimmed at once when it
 # grows this many versions past what it keeps (history() and retained_versions() collect
-# first, so they show what a collection leaves).
-_GC_EVERY = 64
+# first, so they show what a collection leaves). A batch visits each key written since the
+# last one once, however often it was written: the longer the batch, the fewer visits per
+# write, while the slack bounds what a key holds meanwhile.
+_GC_EVERY = 256
 _GC_SLACK = 32
 
 
 _CURRENT = 2**63  # "not superseded yet"
+# Read once: ``Isolation.X`` is a lookup through the enum's metaclass at every use.
+_READ_COMMITTED = Isolation.READ_COMMITTED
+_SERIALIZABLE = Isolation.SERIALIZABLE
 
 
 @dataclass(slots=True)
@@ -81,6 +86,13 @@ class _Chain:
         self.values.append(value)
         self.times.append(at)
         self.until.append(_CURRENT)
+
+    def drop_oldest(self, count: int) -> None:
+        """Drop the oldest ``count`` versions, in place (what most collections do)."""
+        del self.versions[:count]
+        del self.values[:count]
+        del self.times[:count]
+        del self.until[:count]
 
     def keep(self, indexes: list[int]) -> None:
         """Retain only the versions at ``indexes`` (ascending)."""
@@ -270,7 +282,7 @@ class MemoryBackend:
                 return replace(seen[1], replayed=True)
         snapshot = request.snapshot
         taken_at = self._seq if snapshot is None else snapshot.sequence
-        if request.isolation is not Isolation.READ_COMMITTED:
+        if request.isolation is not _READ_COMMITTED:
             self._validate(request, taken_at)
         result = self._apply(request, taken_at)
         if request.idempotency_key is not None and request.fingerprint is not None:
@@ -285,7 +297,7 @@ class MemoryBackend:
                 raise ConflictError.write_conflict(
                     write.resource, write.key, latest=chain.versions[-1], taken_at=taken_at
                 )
-        if request.isolation is not Isolation.SERIALIZABLE:
+        if request.isolation is not _SERIALIZABLE:
             return
         for read in request.reads:
             latest = self._latest((read.resource, read.key))
@@ -325,27 +337,28 @@ class MemoryBackend:
         chains = self._chains
         last_commit = self._last_commit
         mark = (seq, now)
+        floor = self.retain_versions or 1
         written: list[Slot] = []
         for write in writes:
             slot = (write.resource, write.key)
             value = StoredValue(write.data, seq)
             chain = chains.get(slot)
             if chain is None:
-                chains[slot] = _Chain.of(value, now)
+                chains[slot] = _Chain.of(value, now)  # one version: nothing to collect
             else:
                 chain.append(value, now)
+                # A key is prunable exactly while it holds more than ``floor`` versions
+                # (a collection leaves it so): it joins the set when it first passes it.
+                length = len(chain.versions)
+                if length == floor + 1:
+                    self._prunable.add(slot)
+                elif length > floor + _GC_SLACK:
+                    self._collect((slot,))
             written.append(slot)
             last_commit[write.resource] = mark
         # Every writing commit is retained for the audit, whatever its isolation: a
         # serializable commit's cycle may run through any of them.
         self._graph.add_commit(request.txn_id, seq, request.reads, written)
-        floor = self.retain_versions or 1
-        for slot in written:
-            length = len(chains[slot].versions)
-            if length > floor:
-                self._prunable.add(slot)
-                if length > floor + _GC_SLACK:
-                    self._collect((slot,))
         return CommitResult(seq)
 
     # -- garbage collection ---------------------------------------------------------------
@@ -366,7 +379,7 @@ class MemoryBackend:
                 continue
             if not live or live[0] >= versions[-floor]:
                 # No snapshot is older than the versions retention keeps: only they stay.
-                chain.keep(list(range(len(versions) - floor, len(versions))))
+                chain.drop_oldest(len(versions) - floor)
                 self._prunable.discard(slot)
                 continue
             keep = set(range(len(versions) - floor, len(versions)))
