@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from statepact.cli._bench.floors import FLOOR_MIN_SECONDS, Floor, LockedDict, measure_floor
+from statepact.cli._bench.floors import Floor, LockedDict, measure_floor
+from statepact.cli._bench.measure import MIN_SECONDS
 from statepact.cli._bench.report import (
     Against,
     BenchResult,
@@ -83,7 +84,7 @@ async def test_the_hot_key_design_ends_at_agents_times_ops() -> None:
     ops, seconds, sent, retries = await measure_floor(floor, 5, 4, None)
     assert design.data[HOT][0] == 5 * 4
     assert ops % (5 * 4) == 0  # whole repetitions of the scenario's shape
-    assert seconds >= FLOOR_MIN_SECONDS
+    assert seconds >= MIN_SECONDS
     assert sent is None  # memory sends nothing
     assert retries > 0  # the agents yield between read and commit, so they conflict
 

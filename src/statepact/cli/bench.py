@@ -35,8 +35,8 @@ import uuid
 from dataclasses import asdict
 from typing import TextIO
 
-from statepact.cli._bench.floors import FLOOR_MIN_SECONDS, FLOOR_TABLE
-from statepact.cli._bench.measure import RoundTrips
+from statepact.cli._bench.floors import FLOOR_TABLE
+from statepact.cli._bench.measure import MIN_SECONDS, RoundTrips
 from statepact.cli._bench.report import BenchResult, Progress, format_table, targets_met
 from statepact.cli._bench.scenarios import BenchParams, Runner
 from statepact.cli._common import (
@@ -50,8 +50,8 @@ from statepact.clock import SystemClock
 from statepact.queue import QueuePolicy
 
 __all__ = [
-    "FLOOR_MIN_SECONDS",
     "FLOOR_TABLE",
+    "MIN_SECONDS",
     "BenchParams",
     "BenchResult",
     "Progress",

@@ -17,11 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from statepact._cancel import finish
-from statepact.cli._bench.measure import RoundTrips, spread, timed
+from statepact.cli._bench.measure import RoundTrips, repeated
 from statepact.cli._common import CommandError
 
-#: A floor runs for at least this long (in repetitions), so the clock can be trusted.
-FLOOR_MIN_SECONDS = 0.25
 #: The rows of the PostgreSQL update floors, one per caller, in the bench's scratch schema.
 FLOOR_TABLE = "bench_floor"
 
@@ -73,7 +71,7 @@ class Floor:
 async def measure_floor(
     floor: Floor, callers: int, ops: int, trips: RoundTrips | None
 ) -> tuple[int, float, tuple[int, int] | None, int]:
-    """Run ``floor`` at ``callers`` until it has run :data:`FLOOR_MIN_SECONDS`: operations,
+    """Run ``floor`` at ``callers`` until it has run :data:`MIN_SECONDS`: operations,
     seconds, round trips sent while timed (None on memory), re-runs after conflicts.
 
     One untimed repetition of one op per caller comes first, so connections and
@@ -82,23 +80,23 @@ async def measure_floor(
     per_caller = ops if floor.whole_scenario else max(ops, 10)
     try:
         await floor.hold(callers)
-        await floor.reset(callers)
-        await spread(callers, 1, floor.op)
-        await floor.check(callers, 1)
-        retries_before = floor.retries
-        done, seconds = 0, 0.0
-        sent: tuple[int, int] | None = None if trips is None else (0, 0)
-        while seconds < FLOOR_MIN_SECONDS:
-            await floor.reset(callers)
-            took, got = await timed(callers, per_caller, floor.op, trips)
-            await floor.check(callers, per_caller)
-            seconds += took
-            done += callers * per_caller
-            if sent is not None and got is not None:
-                sent = (sent[0] + got[0], sent[1] + got[1])
+        retries_before = [floor.retries]
+
+        def warmed() -> None:
+            retries_before[0] = floor.retries  # the warm-up's re-runs are not counted
+
+        done, seconds, sent = await repeated(
+            callers,
+            per_caller,
+            floor.op,
+            trips,
+            reset=lambda: floor.reset(callers),
+            check=lambda each: floor.check(callers, each),
+            warmed=warmed,
+        )
     finally:
         await finish(floor.release())
-    return done, seconds, sent, floor.retries - retries_before
+    return done, seconds, sent, floor.retries - retries_before[0]
 
 
 # -- memory -----------------------------------------------------------------------------

@@ -40,6 +40,50 @@ async def spread(
     return time.perf_counter() - started
 
 
+#: A repeated measurement (a floor's, a transaction or state scenario's) is timed for at
+#: least this long, in rounds, so the clock can be trusted.
+MIN_SECONDS = 0.25
+
+
+async def repeated(
+    callers: int,
+    per_caller: int,
+    op: Callable[[int, int], Awaitable[object]],
+    trips: RoundTrips | None,
+    progress: Progress | None = None,
+    *,
+    reset: Callable[[], Awaitable[None]] | None = None,
+    check: Callable[[int], Awaitable[None]] | None = None,
+    warmed: Callable[[], object] | None = None,
+) -> tuple[int, float, tuple[int, int] | None]:
+    """``op`` measured as a floor is: one untimed op per caller first (connections,
+    prepared statements and the interpreter warm), then timed rounds of ``per_caller``
+    ops per caller until :data:`MIN_SECONDS` have been timed. ``reset`` runs (untimed)
+    before the warm-up and before each round, ``check(ops_per_caller)`` after each,
+    ``warmed()`` once the warm-up is over. Returns the ops timed, their seconds, and the
+    round trips sent while timed (None on memory)."""
+    if reset is not None:
+        await reset()
+    await spread(callers, 1, op)
+    if check is not None:
+        await check(1)
+    if warmed is not None:
+        warmed()
+    done, seconds = 0, 0.0
+    sent: tuple[int, int] | None = None if trips is None else (0, 0)
+    while seconds < MIN_SECONDS:
+        if reset is not None:
+            await reset()
+        took, got = await timed(callers, per_caller, op, trips, progress)
+        if check is not None:
+            await check(per_caller)
+        seconds += took
+        done += callers * per_caller
+        if sent is not None and got is not None:
+            sent = (sent[0] + got[0], sent[1] + got[1])
+    return done, seconds, sent
+
+
 # -- round trips ------------------------------------------------------------------------
 
 #: Set while a backend's ``commit`` runs, in the task that called it.

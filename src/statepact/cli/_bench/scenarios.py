@@ -21,6 +21,7 @@ from statepact.cli._bench.measure import (
     commit_marked,
     count_postgres,
     count_redis,
+    repeated,
     sent_since,
     settled,
     spread,
@@ -96,6 +97,18 @@ class Runner:
         (all, inside commits); None on memory."""
         return await timed(callers, per_caller, op, self.trips, self.progress)
 
+    async def repeated(
+        self,
+        callers: int,
+        per_caller: int,
+        op: Callable[[int, int], Awaitable[object]],
+        warmed: Callable[[], object] | None = None,
+    ) -> tuple[int, float, tuple[int, int] | None]:
+        """``op`` measured as its floors are (:func:`measure.repeated`): one untimed op per
+        caller, then timed rounds for at least ``MIN_SECONDS``; ops timed, seconds, round
+        trips sent while timed. Each caller has run ``1 + ops // callers`` ops in all."""
+        return await repeated(callers, per_caller, op, self.trips, self.progress, warmed=warmed)
+
     async def record(
         self,
         scenario: str,
@@ -150,12 +163,12 @@ class Runner:
 
             await manager.run(body)
 
-        seconds, sent = await self.timed(c, n, commit)
+        ops, seconds, sent = await self.repeated(c, n, commit)
         await self.record(
             "tx.independent",
             f"tx: independent keys ({c} agents x {n})",
             concurrency=c,
-            ops=c * n,
+            ops=ops,
             seconds=seconds,
             sent=sent,
             commits=True,
@@ -179,22 +192,28 @@ class Runner:
 
             await manager.run(body, retries=100_000)
 
-        seconds, sent = await self.timed(c, n, commit)
+        warm_up_attempts = 0
+
+        def warmed() -> None:
+            nonlocal warm_up_attempts
+            warm_up_attempts = attempts
+
+        ops, seconds, sent = await self.repeated(c, n, commit, warmed=warmed)
         async with manager.transaction() as tx:
             final = await tx.read(resource, "hot")
-        if final is None or int(final["n"]) != c * n:
+        if final is None or int(final["n"]) != c + ops:
             raise CommandError(
-                f"bench: the hot key ended at {final!r}, expected n={c * n}: a lost update"
+                f"bench: the hot key ended at {final!r}, expected n={c + ops}: a lost update"
             )
         await self.record(
             "tx.hot_key",
             f"tx: one hot key, no backoff ({c} agents x {n})",
             concurrency=c,
-            ops=c * n,
+            ops=ops,
             seconds=seconds,
             sent=sent,
             commits=True,
-            retries=attempts - c * n,
+            retries=attempts - warm_up_attempts - ops,
         )
 
     async def tx_read_only(self) -> None:
@@ -210,12 +229,12 @@ class Runner:
             async with manager.transaction() as tx:
                 await tx.read(resource, f"agent-{agent}")
 
-        seconds, sent = await self.timed(c, n, commit)
+        ops, seconds, sent = await self.repeated(c, n, commit)
         await self.record(
             "tx.read_only",
             f"tx: read-only commits ({c} agents x {n})",
             concurrency=c,
-            ops=c * n,
+            ops=ops,
             seconds=seconds,
             sent=sent,
             commits=True,
@@ -224,7 +243,7 @@ class Runner:
     # -- state store ----------------------------------------------------------------------
 
     async def state_ops(self) -> None:
-        c, n = self.p.concurrency, self.p.ops
+        c = self.p.concurrency
         state = self.b.state
         tenant = f"bench-{self.tag}"
         # Each caller owns one run, so put_run never conflicts and measures the write path.
@@ -251,10 +270,10 @@ class Runner:
                 tenant, f"run-{caller}", input_tokens=100, cost="0.0001", iterations=1
             )
 
-        async def each_added_up() -> None:
+        async def each_added_up(each: int) -> None:
             for caller in range(c):
                 mine = await state.get_run(tenant, f"run-{caller}")
-                if mine is None or mine.iterations != n:
+                if mine is None or mine.iterations != each:
                     raise CommandError(f"bench: patch_run lost updates ({mine!r})")
 
         await self.state_calls("state.patch_own", "patch_run, own run", patch_own, each_added_up)
@@ -265,9 +284,9 @@ class Runner:
         async def patch(_caller: int, _i: int) -> None:
             await state.patch_run(tenant, "shared", input_tokens=100, cost="0.0001", iterations=1)
 
-        async def added_up() -> None:
+        async def added_up(each: int) -> None:
             final = await state.get_run(tenant, "shared")
-            if final is None or final.iterations != c * n:
+            if final is None or final.iterations != c * each:
                 raise CommandError(f"bench: patch_run lost updates ({final!r})")
 
         await self.state_calls("state.patch", "patch_run, one run", patch, added_up)
@@ -277,20 +296,21 @@ class Runner:
         scenario: str,
         what: str,
         op: Callable[[int, int], Awaitable[object]],
-        check: Callable[[], Awaitable[None]] | None = None,
+        check: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
-        """One state scenario: ``--concurrency`` callers doing ``op`` ``--ops`` times each,
-        then ``check`` (untimed), then the floors beside it."""
+        """One state scenario: ``--concurrency`` callers doing ``op`` ``--ops`` times each, in
+        rounds as :meth:`repeated` runs them, then ``check(ops_per_caller)`` (untimed), then
+        the floors beside it."""
         c, n = self.p.concurrency, self.p.ops
         self.progress.start(f"{self.b.kind}: state {what} ({c} callers x {n})")
-        seconds, sent = await self.timed(c, n, op)
+        ops, seconds, sent = await self.repeated(c, n, op)
         if check is not None:
-            await check()
+            await check(1 + ops // c)
         await self.record(
             scenario,
             f"state: {what} ({c} callers x {n})",
             concurrency=c,
-            ops=c * n,
+            ops=ops,
             seconds=seconds,
             sent=sent,
         )
