@@ -243,6 +243,68 @@ async def test_claim_is_one_statement(
     assert len(statements) - before == 1
 
 
+_SKIP_STORED = "ON CONFLICT (queue, tenant, item_id) DO NOTHING"
+
+
+async def test_a_batch_of_new_items_skips_no_conflict_check(
+    postgres_work_queue: PostgresWorkQueue, statements: list[str]
+) -> None:
+    """A batch whose items are all new is one insert without ON CONFLICT (the speculative
+    insertion of every row costs a sixth of the statement); one naming a stored item
+    fails on its key, leaves nothing, and the insert that skips stored items follows:
+    two statements, the answer and the turns as a single statement would leave them."""
+    before = len(statements)
+    fresh = await postgres_work_queue.enqueue_many(
+        [WorkItem(tenant=t, item_id=f"n{i}") for t in "ab" for i in range(3)]
+    )
+    assert len(statements) - before == 1
+    assert _SKIP_STORED not in statements[-1]
+    lease = await postgres_work_queue.claim("w1", lease_for=LEASE)
+    assert lease is not None
+    before = len(statements)
+    mixed = await postgres_work_queue.enqueue_many(
+        [
+            WorkItem(tenant="a", item_id="n9"),
+            WorkItem(tenant=lease.item.tenant, item_id=lease.item.item_id, payload={"v": 2}),
+            WorkItem(tenant="c", item_id="n0"),
+        ]
+    )
+    assert len(statements) - before == 2
+    assert _SKIP_STORED not in statements[-2]
+    assert _SKIP_STORED in statements[-1]
+    assert mixed[1] == lease.item
+    assert [m.status for m in mixed] == [ItemStatus.QUEUED, ItemStatus.LEASED, ItemStatus.QUEUED]
+    assert await postgres_work_queue.get_item("a", "n9") == mixed[0]
+    stats = await postgres_work_queue.stats()
+    assert {t: (s.queued, s.leased) for t, s in stats.tenants.items()} == {
+        "a": (3, 1),
+        "b": (3, 0),
+        "c": (1, 0),
+    }
+    assert fresh[0].status is ItemStatus.QUEUED
+
+
+async def test_a_resent_batch_answers_what_its_first_attempt_stored(
+    postgres_work_queue: PostgresWorkQueue, pg_engine: AsyncEngine
+) -> None:
+    """The executor's resend of a batch whose first attempt committed (its reply lost):
+    the insert meets the batch's own rows, and the answer is those rows, stored once,
+    each tenant's turn counting them once."""
+    queue = postgres_work_queue
+    now = read_clock(queue.clock)
+    batch = [
+        queue._prepare("", WorkItem(tenant=f"t{i % 2}", item_id=f"r{i}"), now, now)
+        for i in range(6)
+    ]
+    first = await queue._enqueue_many(batch)
+    again = await queue._enqueue_many(batch)
+    assert again == first
+    async with pg_engine.connect() as conn:
+        rows = await conn.execute(text("SELECT tenant, queued FROM adk_queue_turns"))
+        counts = dict(rows.all())
+    assert counts == {"t0": 3, "t1": 3}
+
+
 async def test_purge_dead_is_one_delete_statement(
     postgres_work_queue: PostgresWorkQueue, statements: list[str]
 ) -> None:

@@ -188,22 +188,17 @@ def enqueue(tables: Tables) -> Select[Any]:
     )
 
 
-def enqueue_many(tables: Tables) -> Select[Any]:
-    """Insert every item of the batch whose ``(queue, tenant, item_id)`` is new, and wake
-    their tenants, in one statement; answer the items that were not inserted, each with
-    its place in the batch (``ord``).
+def _batch_insert(tables: Tables, *, skip_existing: bool) -> tuple[CTE, CTE]:
+    """The batch (parallel arrays, read once: a materialized CTE) and the insert of its
+    items in ``(tenant, item_id)`` order (so two batches sharing ids wait on each other
+    in one order, never in a cycle), returning what the turns upsert needs.
 
-    The batch arrives as parallel arrays (one bind each, whatever its length), is
-    read once (a materialized CTE), inserted in ``(tenant, item_id)`` order (so two
-    batches sharing ids wait on each other in one order, never in a cycle), and the
-    turns rows are upserted in ``(queue, tenant)`` order like every other multi-row
-    write here. The answer holds only the items the insert skipped: an item stored
-    before the statement comes with its row, read by key (an index probe per skipped
-    item, never a scan of the queue); one a concurrent enqueue inserted after the
-    statement's snapshot comes with its place only (its columns NULL), and the
-    caller reads it with a second statement. Every other item was stored as sent.
+    ``skip_existing``: an item whose ``(queue, tenant, item_id)`` exists is skipped
+    (``ON CONFLICT DO NOTHING``); without it the insert fails on that item's key
+    (a unique violation), which costs the speculative insertion nothing when every
+    item is new.
     """
-    work, turns = tables.work, tables.queue_turns
+    work = tables.work
     unnested = (
         func.unnest(
             cast(param("tenants"), ARRAY(Text)),
@@ -237,27 +232,71 @@ def enqueue_many(tables: Tables) -> Select[Any]:
         batch.c.created_at,
         batch.c.created_at,
     ).order_by(batch.c.tenant, batch.c.item_id)
-    inserted = (
-        pg_insert(work)
-        .from_select(
-            [
-                "queue",
-                "tenant",
-                "item_id",
-                "payload",
-                "priority",
-                "status",
-                "attempts",
-                "available_at",
-                "created_at",
-                "updated_at",
-            ],
-            rows,
-        )
-        .on_conflict_do_nothing(index_elements=[work.c.queue, work.c.tenant, work.c.item_id])
-        .returning(work.c.queue, work.c.tenant, work.c.item_id, work.c.available_at, work.c.status)
-        .cte("inserted")
+    insert = pg_insert(work).from_select(
+        [
+            "queue",
+            "tenant",
+            "item_id",
+            "payload",
+            "priority",
+            "status",
+            "attempts",
+            "available_at",
+            "created_at",
+            "updated_at",
+        ],
+        rows,
     )
+    if skip_existing:
+        insert = insert.on_conflict_do_nothing(
+            index_elements=[work.c.queue, work.c.tenant, work.c.item_id]
+        )
+    inserted = insert.returning(
+        work.c.queue, work.c.tenant, work.c.item_id, work.c.available_at, work.c.status
+    ).cte("inserted")
+    return batch, inserted
+
+
+def _notified() -> CTE:
+    """Wake the queue's watchers: they LISTEN on its channel, and PostgreSQL delivers at
+    commit (the caller's, for a bound enqueue), once per transaction and channel."""
+    return select(func.pg_notify(param("channel"), literal_column("''")).label("notified")).cte(
+        "notified"
+    )
+
+
+def enqueue_new(tables: Tables) -> Select[Any]:
+    """Insert every item of the batch and wake their tenants, in one statement, or fail
+    with a unique violation on the work table's item key when one of them exists.
+
+    ``enqueue_many`` without its ``ON CONFLICT``: what a batch of new items costs
+    (the speculative insertion of every row, and the anti-join of the skipped ones,
+    are most of the difference). The insert runs before the turns upsert reads its
+    rows, as in ``enqueue_many``; a failure leaves nothing, and the caller then sends
+    ``enqueue_many``, which answers the stored items. Only where the statement runs
+    alone in its transaction: in a caller's, the failure would abort it.
+    """
+    _batch, inserted = _batch_insert(tables, skip_existing=False)
+    woken = _turn_added(tables.queue_turns, inserted, grouped=True).cte("woken")
+    notified = _notified()
+    return select(notified.c.notified).add_cte(woken)
+
+
+def enqueue_many(tables: Tables) -> Select[Any]:
+    """Insert every item of the batch whose ``(queue, tenant, item_id)`` is new, and wake
+    their tenants, in one statement; answer the items that were not inserted, each with
+    its place in the batch (``ord``).
+
+    The batch and its insert are ``_batch_insert``'s, and the turns rows are upserted
+    in ``(queue, tenant)`` order like every other multi-row write here. The answer
+    holds only the items the insert skipped: an item stored before the statement
+    comes with its row, read by key (an index probe per skipped item, never a scan of
+    the queue); one a concurrent enqueue inserted after the statement's snapshot
+    comes with its place only (its columns NULL), and the caller reads it with a
+    second statement. Every other item was stored as sent.
+    """
+    work, turns = tables.work, tables.queue_turns
+    batch, inserted = _batch_insert(tables, skip_existing=True)
     woken = _turn_added(turns, inserted, grouped=True).cte("woken")
     # The items the insert skipped (usually none): an anti-join of two small sets, run only
     # when the insert stored fewer rows than the batch holds (a one-time filter).
@@ -287,9 +326,7 @@ def enqueue_many(tables: Tables) -> Select[Any]:
         .limit(_ONE)
         .lateral("stored")
     )
-    notified = select(func.pg_notify(param("channel"), literal_column("''")).label("notified")).cte(
-        "notified"
-    )
+    notified = _notified()
     return (
         select(skipped.c.ord, *stored.c)
         .select_from(skipped.outerjoin(stored, true()).join(notified, true()))
@@ -825,6 +862,7 @@ def next_due(turns: Table) -> Select[Any]:
 class QueueStatements:
     enqueue: Select[Any]
     enqueue_many: Select[Any]
+    enqueue_new: Select[Any]
     claim: Select[Any]
     claim_many: Select[Any]
     get_item: Select[Any]
@@ -845,6 +883,7 @@ class QueueStatements:
         return cls(
             enqueue=enqueue(tables),
             enqueue_many=enqueue_many(tables),
+            enqueue_new=enqueue_new(tables),
             claim=claim(tables),
             claim_many=claim_many(tables),
             get_item=get_item(tables.work),
