@@ -331,17 +331,22 @@ class PostgresWorkQueue(BaseWorkQueue):
         return await self._executor.run(work, idempotent=True)
 
     async def _enqueue_many(self, batch: list[tuple[WorkItem, bytes]]) -> list[WorkItem]:
-        created = [item.created_at for item, _ in batch]
+        # Each moment once, each item naming its own by place (from 1): see _batch_insert.
+        places: dict[datetime | None, int] = {}
+        available = [places.setdefault(item.available_at, len(places) + 1) for item, _ in batch]
+        created = [places.setdefault(item.created_at, len(places) + 1) for item, _ in batch]
+        times = list(places)
         params = {
             "p_queue": self.name,
             "p_channel": self._channel,
             # The latest clock reading of the batch (concurrent enqueues share one): turns.
-            "p_now": max(created),  # type: ignore[type-var]
+            "p_now": max(item.created_at for item, _ in batch),  # type: ignore[type-var]
             "p_tenants": [item.tenant for item, _ in batch],
             "p_item_ids": [item.item_id for item, _ in batch],
             "p_payloads": [payload.decode("utf-8") for _, payload in batch],
             "p_priorities": [item.priority for item, _ in batch],
-            "p_available": [item.available_at for item, _ in batch],
+            "p_times": times,
+            "p_available": available,
             "p_created": created,
         }
 

@@ -43,7 +43,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.elements import ColumnElement, Grouping
 from sqlalchemy.sql.selectable import CTE
 
 from statepact.storage.postgres._sql import TZ, param
@@ -190,8 +190,8 @@ def enqueue(tables: Tables) -> Select[Any]:
 
 def _batch_insert(tables: Tables, *, skip_existing: bool) -> tuple[CTE, CTE]:
     """The batch (parallel arrays, read once: a materialized CTE) and the insert of its
-    items in ``(tenant, item_id)`` order (so two batches sharing ids wait on each other
-    in one order, never in a cycle), returning what the turns upsert needs.
+    items in ``(tenant, item_id)`` byte order (so two batches sharing ids wait on each
+    other in one order, never in a cycle), returning what the turns upsert needs.
 
     ``skip_existing``: an item whose ``(queue, tenant, item_id)`` exists is skipped
     (``ON CONFLICT DO NOTHING``); without it the insert fails on that item's key
@@ -199,27 +199,32 @@ def _batch_insert(tables: Tables, *, skip_existing: bool) -> tuple[CTE, CTE]:
     item is new.
     """
     work = tables.work
+    # The batch's moments, each once (a batch's items share one or two): every item names
+    # its ``available_at`` and ``created_at`` by place in ``p_times`` (from 1), an int
+    # array a third of the cost of a timestamp array to encode and read.
+    times = Grouping(cast(param("times"), ARRAY(TZ)))  # (CAST(...))[i]: a subscript needs it
     unnested = (
         func.unnest(
             cast(param("tenants"), ARRAY(Text)),
             cast(param("item_ids"), ARRAY(Text)),
             cast(param("payloads"), ARRAY(Text)),
             cast(param("priorities"), ARRAY(Integer)),
-            cast(param("available"), ARRAY(TZ)),
-            cast(param("created"), ARRAY(TZ)),
+            cast(param("available"), ARRAY(Integer)),
+            cast(param("created"), ARRAY(Integer)),
         )
         .table_valued(
             "tenant",
             "item_id",
             "payload",
             "priority",
-            "available_at",
-            "created_at",
+            "available_place",
+            "created_place",
             with_ordinality="ord",
         )
         .render_derived(name="unnested")
     )
     batch = select(*unnested.c).cte("batch").prefix_with("MATERIALIZED")
+    created = times[batch.c.created_place]
     rows = select(
         param("queue"),
         batch.c.tenant,
@@ -228,10 +233,10 @@ def _batch_insert(tables: Tables, *, skip_existing: bool) -> tuple[CTE, CTE]:
         batch.c.priority,
         QUEUED,
         _ZERO,
-        batch.c.available_at,
-        batch.c.created_at,
-        batch.c.created_at,
-    ).order_by(batch.c.tenant, batch.c.item_id)
+        times[batch.c.available_place],
+        created,
+        created,
+    ).order_by(batch.c.tenant.collate("C"), batch.c.item_id.collate("C"))
     insert = pg_insert(work).from_select(
         [
             "queue",
