@@ -189,9 +189,9 @@ def enqueue(tables: Tables) -> Select[Any]:
 
 
 def _batch_insert(tables: Tables, *, skip_existing: bool) -> tuple[CTE, CTE]:
-    """The batch (parallel arrays, read once: a materialized CTE) and the insert of its
-    items in ``(tenant, item_id)`` byte order (so two batches sharing ids wait on each
-    other in one order, never in a cycle), returning what the turns upsert needs.
+    """The batch (parallel arrays, one bind each whatever its length) and the insert of
+    its items in ``(tenant, item_id)`` byte order (so two batches sharing ids wait on
+    each other in one order, never in a cycle), returning what the turns upsert needs.
 
     ``skip_existing``: an item whose ``(queue, tenant, item_id)`` exists is skipped
     (``ON CONFLICT DO NOTHING``); without it the insert fails on that item's key
@@ -223,7 +223,11 @@ def _batch_insert(tables: Tables, *, skip_existing: bool) -> tuple[CTE, CTE]:
         )
         .render_derived(name="unnested")
     )
-    batch = select(*unnested.c).cte("batch").prefix_with("MATERIALIZED")
+    batch = select(*unnested.c).cte("batch")
+    if skip_existing:
+        # Read by the insert and by the anti-join of the skipped items: unnested once. (Read
+        # once, without it, PostgreSQL inlines it into the insert: no tuplestore.)
+        batch = batch.prefix_with("MATERIALIZED")
     created = times[batch.c.created_place]
     rows = select(
         param("queue"),
