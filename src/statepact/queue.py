@@ -536,16 +536,20 @@ class BaseWorkQueue(ABC):
         wait = 0.0 if delay is None else require_seconds("delay", delay, allow_zero=True)
         available_at = now + timedelta(seconds=wait)
         batch: list[tuple[WorkItem, bytes]] = []
-        seen: dict[tuple[str, str], int] = {}
+        # Each tenant's ids, and their place: no key tuple an item (a batch of 10,000 is
+        # 10,000 objects fewer for the collector to count).
+        seen: dict[str, dict[str, int]] = {}
         for index, item in enumerate(items):
             fresh, payload = self._prepare(f"items[{index}].", item, now, available_at)
-            key = (fresh.tenant, fresh.item_id)
-            if key in seen:
+            ids = seen.get(fresh.tenant)
+            if ids is None:
+                ids = seen[fresh.tenant] = {}
+            first = ids.setdefault(fresh.item_id, index)
+            if first != index:
                 raise ValueError(
                     f"items[{index}].item_id: item {fresh.item_id!r} of tenant "
-                    f"{fresh.tenant!r} is already items[{seen[key]}] of this batch"
+                    f"{fresh.tenant!r} is already items[{first}] of this batch"
                 )
-            seen[key] = index
             batch.append((fresh, payload))
         total = sum(len(payload) for _, payload in batch)
         if total > MAX_BATCH_BYTES:
