@@ -250,7 +250,7 @@ async def test_a_batch_of_new_items_skips_no_conflict_check(
     postgres_work_queue: PostgresWorkQueue, statements: list[str]
 ) -> None:
     """A batch whose items are all new is one insert without ON CONFLICT (the speculative
-    insertion of every row costs a sixth of the statement); one naming a stored item
+    insertion of every row took a fifth of the statement's time); one naming a stored item
     fails on its key, leaves nothing, and the insert that skips stored items follows:
     two statements, the answer and the turns as a single statement would leave them."""
     before = len(statements)
