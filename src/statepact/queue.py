@@ -536,7 +536,7 @@ class BaseWorkQueue(ABC):
         wait = 0.0 if delay is None else require_seconds("delay", delay, allow_zero=True)
         available_at = now + timedelta(seconds=wait)
         batch: list[tuple[WorkItem, bytes]] = []
-        # Each tenant's ids, and their place: no key tuple an item (a batch of 10,000 is
+        # Each tenant's ids, and their place: no key tuple per item (a batch of 10,000 is
         # 10,000 objects fewer for the collector to count).
         seen: dict[str, dict[str, int]] = {}
         for index, item in enumerate(items):
