@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 from collections import Counter
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -20,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from statepact.clock import ManualClock, read_clock
 from statepact.models import ItemStatus, Lease, WorkItem
-from statepact.storage.postgres import PostgresWorkQueue
+from statepact.storage.postgres import PostgresWorkQueue, _direct
 from statepact.storage.postgres.queue import _prepared
 
 pytestmark = pytest.mark.integration
@@ -243,22 +244,31 @@ async def test_claim_is_one_statement(
     assert len(statements) - before == 1
 
 
-_SKIP_STORED = "ON CONFLICT (queue, tenant, item_id) DO NOTHING"
-
-
-async def test_a_batch_of_new_items_skips_no_conflict_check(
-    postgres_work_queue: PostgresWorkQueue, statements: list[str]
+async def test_a_batch_is_one_statement_and_a_stored_item_in_it_fails_nothing(
+    postgres_work_queue: PostgresWorkQueue,
+    statements: list[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A batch whose items are all new is one insert without ON CONFLICT (the speculative
-    insertion of every row took a fifth of the statement's time); one naming a stored item
-    fails on its key, leaves nothing, and the insert that skips stored items follows:
-    two statements, the answer and the turns as a single statement would leave them."""
+    """A batch of new items is one statement; so is one naming a stored item, which
+    fails nothing (a failed statement is an ERROR in the server's log, and idempotent
+    re-enqueues are normal) and answers the stored item as it is, the turns counting
+    only what was inserted."""
+    failed: list[Exception] = []
+    recorded = _direct.Statements.execute  # the statements fixture's
+
+    async def execute(self: _direct.Statements, statement: Any, parameters: Any = None) -> Any:
+        try:
+            return await recorded(self, statement, parameters)
+        except Exception as exc:
+            failed.append(exc)
+            raise
+
+    monkeypatch.setattr(_direct.Statements, "execute", execute)
     before = len(statements)
     fresh = await postgres_work_queue.enqueue_many(
         [WorkItem(tenant=t, item_id=f"n{i}") for t in "ab" for i in range(3)]
     )
     assert len(statements) - before == 1
-    assert _SKIP_STORED not in statements[-1]
     lease = await postgres_work_queue.claim("w1", lease_for=LEASE)
     assert lease is not None
     before = len(statements)
@@ -269,9 +279,7 @@ async def test_a_batch_of_new_items_skips_no_conflict_check(
             WorkItem(tenant="c", item_id="n0"),
         ]
     )
-    assert len(statements) - before == 2
-    assert _SKIP_STORED not in statements[-2]
-    assert _SKIP_STORED in statements[-1]
+    assert len(statements) - before == 1
     assert mixed[1] == lease.item
     assert [m.status for m in mixed] == [ItemStatus.QUEUED, ItemStatus.LEASED, ItemStatus.QUEUED]
     assert await postgres_work_queue.get_item("a", "n9") == mixed[0]
@@ -282,6 +290,40 @@ async def test_a_batch_of_new_items_skips_no_conflict_check(
         "c": (1, 0),
     }
     assert fresh[0].status is ItemStatus.QUEUED
+    assert failed == []
+
+
+async def test_an_item_stored_by_a_concurrent_enqueue_meanwhile_is_answered_as_stored(
+    postgres_work_queue: PostgresWorkQueue, pg_engine: AsyncEngine
+) -> None:
+    """A caller's transaction has enqueued an item (bound, not committed) that a batch also
+    names: the batch's insert waits on that item's key, skips it once the caller commits,
+    and the item, stored after the batch's snapshot, is read and answered as stored; the
+    batch's other items are stored once."""
+    queue = postgres_work_queue
+    async with pg_engine.connect() as conn:
+        caller = await conn.begin()
+        await queue.bound(conn).enqueue(WorkItem(tenant="a", item_id="x1", payload={"by": "c"}))
+        batch = asyncio.create_task(
+            queue.enqueue_many(
+                [
+                    WorkItem(tenant="a", item_id="x0"),
+                    WorkItem(tenant="a", item_id="x1", payload={"by": "batch"}),
+                    WorkItem(tenant="b", item_id="x2"),
+                ]
+            )
+        )
+        await asyncio.sleep(0.3)
+        assert not batch.done()  # waiting on the key the caller's transaction holds
+        await caller.commit()
+    stored = await asyncio.wait_for(batch, 5.0)
+    assert [(item.item_id, item.payload) for item in stored] == [
+        ("x0", {}),
+        ("x1", {"by": "c"}),
+        ("x2", {}),
+    ]
+    stats = await queue.stats()
+    assert {t: s.queued for t, s in stats.tenants.items()} == {"a": 2, "b": 1}
 
 
 async def test_a_resent_batch_answers_what_its_first_attempt_stored(

@@ -25,7 +25,6 @@ from functools import cache
 from typing import Any, Protocol, Self, TypeVar
 
 import asyncpg
-from sqlalchemy import UniqueConstraint
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
@@ -44,12 +43,7 @@ from statepact.queue import (
     WorkWatch,
 )
 from statepact.settings import PostgresStoreSettings
-from statepact.storage.postgres._client import (
-    BoundExecutor,
-    EngineExecutor,
-    constraint_of,
-    sqlstate_of,
-)
+from statepact.storage.postgres._client import BoundExecutor, EngineExecutor
 from statepact.storage.postgres._direct import DirectExecutor, Prepared
 from statepact.storage.postgres._sql.queue import QueueStatements
 from statepact.storage.postgres._sql.queue import statements as _statements
@@ -234,11 +228,6 @@ class PostgresWorkQueue(BaseWorkQueue):
         # DirectExecutor, a fraction of SQLAlchemy's cost per statement), Core expressions on
         # one AsyncConnection and inside a caller's transaction (bound).
         self._sql: Any
-        # Each statement in a transaction of its own (the DirectExecutor's autocommit), where
-        # one that fails leaves nothing behind and the next still runs: enqueue_many may then
-        # try the insert without ON CONFLICT first. Not inside a transaction (one
-        # AsyncConnection's, or a caller's: bound), which a failed statement aborts.
-        self._alone = isinstance(engine, AsyncEngine)
         if isinstance(engine, AsyncEngine):
             self._shares_enqueues = True
             self._sql = _prepared(self._tables)
@@ -253,9 +242,6 @@ class PostgresWorkQueue(BaseWorkQueue):
         # watch() listens on its own connection of the engine (a bound clone keeps it).
         self._listen_on = engine if isinstance(engine, AsyncEngine) else None
         self._channel = _channel(self._tables, self.name)
-        # The unique constraint on (queue, tenant, item_id): the insert without ON CONFLICT
-        # fails on it when an item exists.
-        self._item_key = _item_key_name(self._tables)
 
     @classmethod
     async def open(
@@ -280,7 +266,6 @@ class PostgresWorkQueue(BaseWorkQueue):
         clone._executor = BoundExecutor(session, unavailable=_unavailable, what="queue")
         clone._sql = _statements(self._tables)
         clone._shares_enqueues = False  # each enqueue is a statement of the caller's transaction
-        clone._alone = False  # a failed statement would abort the caller's transaction
         return clone
 
     @property
@@ -352,16 +337,6 @@ class PostgresWorkQueue(BaseWorkQueue):
 
         async def work(conn: _Conn) -> list[WorkItem]:
             answer = [item for item, _ in batch]
-            if self._alone:
-                # Usually every item is new: the insert without ON CONFLICT, and the one
-                # that skips stored items only when an item turns out to exist (this
-                # call's own first attempt, after a lost reply, included).
-                try:
-                    await conn.execute(self._sql.enqueue_new, params)
-                    return answer
-                except Exception as exc:
-                    if sqlstate_of(exc) != "23505" or constraint_of(exc) != self._item_key:
-                        raise
             # Only the items the insert skipped come back; every other one was stored as sent.
             rows = (await conn.execute(self._sql.enqueue_many, params)).mappings().all()
             for row in rows:
@@ -587,16 +562,6 @@ class PostgresWorkQueue(BaseWorkQueue):
             return due
 
         return await self._executor.run(work, idempotent=True)
-
-
-def _item_key_name(tables: Tables) -> str:
-    keys = [
-        constraint
-        for constraint in tables.work.constraints
-        if isinstance(constraint, UniqueConstraint)
-        and [column.name for column in constraint.columns] == ["queue", "tenant", "item_id"]
-    ]
-    return str(keys[0].name)
 
 
 def _unavailable(message: str) -> QueueUnavailableError:

@@ -188,15 +188,11 @@ def enqueue(tables: Tables) -> Select[Any]:
     )
 
 
-def _batch_insert(tables: Tables, *, skip_existing: bool) -> tuple[CTE, CTE]:
+def _batch_insert(tables: Tables) -> tuple[CTE, CTE]:
     """The batch (parallel arrays, one bind each whatever its length) and the insert of
-    its items in ``(tenant, item_id)`` byte order (so two batches sharing ids wait on
-    each other in one order, never in a cycle), returning what the turns upsert needs.
-
-    ``skip_existing``: an item whose ``(queue, tenant, item_id)`` exists is skipped
-    (``ON CONFLICT DO NOTHING``); without it the insert fails on that item's key
-    (a unique violation), which costs the speculative insertion nothing when every
-    item is new.
+    its items whose ``(queue, tenant, item_id)`` is new (``ON CONFLICT DO NOTHING``), in
+    ``(tenant, item_id)`` byte order (so two batches sharing ids wait on each other in
+    one order, never in a cycle), returning what the turns upsert needs.
     """
     work = tables.work
     # The batch's moments, each once (a batch's items share one or two): every item names
@@ -223,14 +219,12 @@ def _batch_insert(tables: Tables, *, skip_existing: bool) -> tuple[CTE, CTE]:
         )
         .render_derived(name="unnested")
     )
-    batch = select(*unnested.c).cte("batch")
-    if skip_existing:
-        # Read by the insert and by the anti-join of the skipped items: unnested once. (Read
-        # once, without it, PostgreSQL inlines it into the insert: no tuplestore.)
-        batch = batch.prefix_with("MATERIALIZED")
+    # Read by the insert and by the anti-join of the skipped items: unnested once.
+    batch = select(*unnested.c).cte("batch").prefix_with("MATERIALIZED")
     created = times[batch.c.created_place]
     rows = select(
-        param("queue"),
+        # Typed as the column is: the probe for stored items compares the column with it.
+        param("queue", work.c.queue.type),
         batch.c.tenant,
         batch.c.item_id,
         cast(batch.c.payload, JSON),
@@ -256,10 +250,9 @@ def _batch_insert(tables: Tables, *, skip_existing: bool) -> tuple[CTE, CTE]:
         ],
         rows,
     )
-    if skip_existing:
-        insert = insert.on_conflict_do_nothing(
-            index_elements=[work.c.queue, work.c.tenant, work.c.item_id]
-        )
+    insert = insert.on_conflict_do_nothing(
+        index_elements=[work.c.queue, work.c.tenant, work.c.item_id]
+    )
     inserted = insert.returning(
         work.c.queue, work.c.tenant, work.c.item_id, work.c.available_at, work.c.status
     ).cte("inserted")
@@ -272,23 +265,6 @@ def _notified() -> CTE:
     return select(func.pg_notify(param("channel"), literal_column("''")).label("notified")).cte(
         "notified"
     )
-
-
-def enqueue_new(tables: Tables) -> Select[Any]:
-    """Insert every item of the batch and wake their tenants, in one statement, or fail
-    with a unique violation on the work table's item key when one of them exists.
-
-    ``enqueue_many`` without its ``ON CONFLICT``: what a batch of new items costs
-    (the speculative insertion of every row, and the anti-join of the skipped ones,
-    are most of the difference). The insert runs before the turns upsert reads its
-    rows, as in ``enqueue_many``; a failure leaves nothing, and the caller then sends
-    ``enqueue_many``, which answers the stored items. Only where the statement runs
-    alone in its transaction: in a caller's, the failure would abort it.
-    """
-    _batch, inserted = _batch_insert(tables, skip_existing=False)
-    woken = _turn_added(tables.queue_turns, inserted, grouped=True).cte("woken")
-    notified = _notified()
-    return select(notified.c.notified).add_cte(woken)
 
 
 def enqueue_many(tables: Tables) -> Select[Any]:
@@ -305,7 +281,7 @@ def enqueue_many(tables: Tables) -> Select[Any]:
     second statement. Every other item was stored as sent.
     """
     work, turns = tables.work, tables.queue_turns
-    batch, inserted = _batch_insert(tables, skip_existing=True)
+    batch, inserted = _batch_insert(tables)
     woken = _turn_added(turns, inserted, grouped=True).cte("woken")
     # The items the insert skipped (usually none): an anti-join of two small sets, run only
     # when the insert stored fewer rows than the batch holds (a one-time filter).
@@ -871,7 +847,6 @@ def next_due(turns: Table) -> Select[Any]:
 class QueueStatements:
     enqueue: Select[Any]
     enqueue_many: Select[Any]
-    enqueue_new: Select[Any]
     claim: Select[Any]
     claim_many: Select[Any]
     get_item: Select[Any]
@@ -892,7 +867,6 @@ class QueueStatements:
         return cls(
             enqueue=enqueue(tables),
             enqueue_many=enqueue_many(tables),
-            enqueue_new=enqueue_new(tables),
             claim=claim(tables),
             claim_many=claim_many(tables),
             get_item=get_item(tables.work),
