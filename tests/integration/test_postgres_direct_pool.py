@@ -89,10 +89,9 @@ async def test_callers_beyond_the_pool_are_handed_its_connections(
     await asyncio.gather(*(caller() for _ in range(20)))
     assert len(pids) == 200
     assert len(set(pids)) <= 2
-    # Every call through the pool: about 200 (192 to 197 measured). Handed over: about one
-    # per caller while the first calls drain from the pool's queue, a few more on a loaded
-    # machine.
-    assert len(checkouts) <= 60, f"{len(checkouts)} checkouts for 200 calls"
+    # Every call through the pool: about 200 (192 to 197 measured). Handed over: one per
+    # caller, whose first calls all queue in the pool (20 to 28 measured, loaded or not).
+    assert len(checkouts) <= 40, f"{len(checkouts)} checkouts for 200 calls"
     await _idle(small_engine)
 
 

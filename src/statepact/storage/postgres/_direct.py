@@ -6,8 +6,9 @@ SQL text, see :class:`Prepared`) on the asyncpg connection underneath, and puts
 it back. While calls keep coming, connections go from one call to the next
 without a trip through the pool; as soon as no call is running they are checked
 back in (at the next step of the event loop), and a caller waiting on the pool
-gets the next one given back. When the pool is full and this executor holds
-connections, its next caller waits for one of them to be handed over directly
+gets the next one given back. When the pool is full (or calls of this executor
+already wait in it) and this executor holds connections, its next caller waits
+for one of them to be handed over directly
 (first come, first served, within the pool's timeout) instead of waiting in the
 pool, whose check-in and checkout cost more than the statement; should a call of
 another executor wait in the pool, the connection goes there and the waiter
@@ -195,7 +196,10 @@ class DirectExecutor:
             if taken[0] is pool:
                 return taken
             await self._close(taken)
-        if self._out and isinstance(pool, QueuePool) and _full(pool):
+        # The pool is full, or calls of this executor already wait in it (a connection given
+        # back goes to them first, so a caller joining them would only make the queue
+        # longer): wait for a connection this executor's calls hand over.
+        if self._out and isinstance(pool, QueuePool) and (self._in_pool or _full(pool)):
             handed = await self._wait_for_hand_over(pool)
             if handed is not None:
                 return handed
