@@ -619,6 +619,45 @@ async def test_claims_keep_their_generic_plan_on_a_table_never_analyzed(
             assert plans["generic_plans"] == 3, dict(plans)
 
 
+async def test_a_batch_claim_updates_its_rows_by_ctid_whatever_the_generic_plan_knew(
+    postgres_work_queue: PostgresWorkQueue, pg_engine: AsyncEngine
+) -> None:
+    """claim_batch's generic plan, made on a small table (as one made early in a process
+    that fills the queue later), finds the rows it locked without scanning the table: by
+    primary key such a plan kept a sequential scan of the whole work table, every claim
+    reading every row (130 to 170 ms a claim at 20,000 rows)."""
+    # 200 items, never analyzed: by primary key, the plan scanned the table for 50 to 1,000.
+    await postgres_work_queue.enqueue_many(
+        [WorkItem(tenant=f"t{i % 10}", item_id=f"i{i:04d}") for i in range(200)]
+    )
+    claim_many = _prepared(postgres_work_queue.tables).claim_many
+    moment = read_clock(postgres_work_queue.clock)
+    values = {
+        "p_queue": postgres_work_queue.name,
+        "p_now": moment,
+        "p_worker": "w1",
+        "p_expires_at": moment + timedelta(seconds=LEASE),
+        "p_limit": 10,
+    }
+    async with pg_engine.connect() as conn:
+        raw = await conn.get_raw_connection()
+        driver = raw.driver_connection
+        assert driver is not None
+        await driver.execute("SET plan_cache_mode = force_generic_plan")
+        await driver.execute(f"PREPARE claim_many AS {claim_many.sql}")
+        # EXECUTE takes its arguments as literals (no parameters in a utility statement).
+        literals = [
+            f"'{value.isoformat()}'" if isinstance(value, datetime) else repr(value)
+            for value in claim_many.arguments(values)
+        ]
+        rows = await driver.fetch(f"EXPLAIN EXECUTE claim_many({', '.join(literals)})")
+        await driver.execute("DEALLOCATE claim_many")
+        await driver.execute("RESET plan_cache_mode")
+    plan = "\n".join(row[0] for row in rows)
+    update = plan[plan.index("Update on adk_work") :]
+    assert "Seq Scan on adk_work" not in update, plan
+
+
 class _TickingClock(ManualClock):
     """A manual clock that moves 1 ms forward at every reading: each enqueue has its own now."""
 

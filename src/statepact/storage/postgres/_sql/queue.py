@@ -42,9 +42,11 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import dialect as _postgresql
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.elements import ColumnElement, Grouping
 from sqlalchemy.sql.selectable import CTE
+from sqlalchemy.types import UserDefinedType
 
 from statepact.storage.postgres._sql import TZ, param
 from statepact.storage.postgres.schema import Tables
@@ -64,6 +66,19 @@ _ONE = literal_column("1", Integer)
 # planning each call again) matches a partial index (WHERE queued > 0) only against a
 # constant, so a bound 0 left the claim planned anew on every call.
 _ZERO = literal_column("0", BigInteger)
+
+
+class _Tid(UserDefinedType[Any]):
+    """PostgreSQL's ``tid``: a row version's place (``ctid``)."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **_kw: Any) -> str:
+        return "TID"
+
+
+# Quotes a table's name where a statement names its ctid.
+_PREPARER = _postgresql().identifier_preparer  # type: ignore[no-untyped-call]
 
 
 def _item_columns(work: Table, source: Any = None) -> list[ColumnElement[Any]]:
@@ -407,13 +422,19 @@ def _try_tenant_lock(turns: Table, tenant: Any) -> ColumnElement[bool]:
     return func.pg_try_advisory_xact_lock(queue_key, func.hashtext(tenant), type_=Boolean)
 
 
-def _due_items(work: Table, tenant: Any, limit: Any, name: str, *more: Any) -> Any:
+def _due_items(
+    work: Table, tenant: Any, limit: Any, name: str, *more: Any, row_ctid: bool = False
+) -> Any:
     """The tenant's best due items (``priority DESC, id``: the claim index), up to ``limit``,
     ``FOR UPDATE SKIP LOCKED`` with every predicate on the locked relation; a LATERAL
-    probe of each tenant the rotation yields."""
+    probe of each tenant the rotation yields. ``row_ctid``: each locked row's ``ctid`` too
+    (``row_ctid``), which the update finds it by."""
     candidate = work.alias("candidate")
+    ctid: list[ColumnElement[Any]] = (
+        [literal_column("candidate.ctid").label("row_ctid")] if row_ctid else []
+    )
     return (
-        select(candidate.c.id, *(candidate.c[column] for column in more))
+        select(candidate.c.id, *(candidate.c[column] for column in more), *ctid)
         .where(
             candidate.c.queue == param("queue"),
             candidate.c.tenant == tenant,
@@ -559,7 +580,7 @@ def claim_many(tables: Tables) -> Select[Any]:
     quota = (param("limit", BigInteger()) - ranked_front.c.pos + ranked_front.c.tenants) // (
         ranked_front.c.tenants
     )
-    offered = _due_items(work, ranked_front.c.tenant, quota, "offered", "priority")
+    offered = _due_items(work, ranked_front.c.tenant, quota, "offered", "priority", row_ctid=True)
     # FOR UPDATE and a window cannot share a level: the rounds are numbered above it.
     round_ = (
         func.row_number()
@@ -570,7 +591,9 @@ def claim_many(tables: Tables) -> Select[Any]:
         .label("round")
     )
     picked = (
-        select(offered.c.id, ranked_front.c.additions, round_, ranked_front.c.pos)
+        select(
+            offered.c.id, offered.c.row_ctid, ranked_front.c.additions, round_, ranked_front.c.pos
+        )
         .select_from(ranked_front.join(offered, true()))
         .order_by(literal_column("round"), ranked_front.c.pos)
         .limit(param("limit", BigInteger()))
@@ -578,19 +601,24 @@ def claim_many(tables: Tables) -> Select[Any]:
     )
     # Tokens are drawn as the ordered rows come out: in claim order.
     tokens = select(
-        picked.c.id, picked.c.additions, tables.token_seq.next_value().label("token")
+        picked.c.id,
+        picked.c.row_ctid,
+        picked.c.additions,
+        tables.token_seq.next_value().label("token"),
     ).cte("tokens")
-    # The rows are found by primary key whatever the statistics say. ``picked`` locked
-    # them and checked ``status`` in this statement, so the update repeats neither: a
-    # ``status`` condition here let a planner that thinks few items are queued (a table
-    # filled since its last ANALYZE) scan every queued row through the due index.
-    ids = select(func.array_agg(tokens.c.id)).scalar_subquery()
+    # The rows are found by the ctid ``picked`` locked them at (a TID scan), whatever the
+    # statistics say: by primary key, a generic plan made while the table was small kept
+    # a sequential scan of the whole table (130 to 170 ms a claim once it held 20,000
+    # rows), and a ``status`` condition let a planner that thinks few items are queued
+    # scan every queued row through the due index. ``picked`` locked the rows and checked
+    # ``status`` in this statement; a locked row keeps its ctid until this statement
+    # updates it. One a concurrent update moved after this statement's snapshot is not
+    # seen at its new ctid and is left queued (the batch comes back short).
+    ctids = select(func.array_agg(tokens.c.row_ctid)).scalar_subquery()
+    target_ctid: ColumnElement[Any] = literal_column(f"{_PREPARER.quote(work.name)}.ctid")
     claimed = (
         update(work)
-        .where(
-            work.c.id == any_(cast(ids, ARRAY(BigInteger))),
-            work.c.id == tokens.c.id,
-        )
+        .where(target_ctid == any_(cast(ctids, ARRAY(_Tid()))), work.c.id == tokens.c.id)
         .values(
             status=LEASED,
             attempts=work.c.attempts + _ONE,
