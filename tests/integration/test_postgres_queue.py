@@ -584,6 +584,18 @@ def test_no_queue_statement_binds_a_constant(postgres_work_queue: PostgresWorkQu
         assert constants == [], (name, constants)
 
 
+def _claim_parameters(queue: PostgresWorkQueue) -> dict[str, Any]:
+    """What a claim of up to 10 items by worker w1 sends, now by the queue's clock."""
+    moment = read_clock(queue.clock)
+    return {
+        "p_queue": queue.name,
+        "p_now": moment,
+        "p_worker": "w1",
+        "p_expires_at": moment + timedelta(seconds=LEASE),
+        "p_limit": 10,
+    }
+
+
 async def test_claims_keep_their_generic_plan_on_a_table_never_analyzed(
     postgres_work_queue: PostgresWorkQueue, pg_engine: AsyncEngine
 ) -> None:
@@ -594,14 +606,7 @@ async def test_claims_keep_their_generic_plan_on_a_table_never_analyzed(
         [WorkItem(tenant=f"t{i % 10}", item_id=f"i{i:04d}") for i in range(2000)]
     )
     prepared = _prepared(postgres_work_queue.tables)
-    moment = read_clock(postgres_work_queue.clock)
-    params = {
-        "p_queue": postgres_work_queue.name,
-        "p_now": moment,
-        "p_worker": "w1",
-        "p_expires_at": moment + timedelta(seconds=LEASE),
-        "p_limit": 10,
-    }
+    params = _claim_parameters(postgres_work_queue)
     async with pg_engine.connect() as conn:
         raw = await conn.get_raw_connection()
         driver = raw.driver_connection
@@ -631,14 +636,7 @@ async def test_a_batch_claim_updates_its_rows_by_ctid_whatever_the_generic_plan_
         [WorkItem(tenant=f"t{i % 10}", item_id=f"i{i:04d}") for i in range(200)]
     )
     claim_many = _prepared(postgres_work_queue.tables).claim_many
-    moment = read_clock(postgres_work_queue.clock)
-    values = {
-        "p_queue": postgres_work_queue.name,
-        "p_now": moment,
-        "p_worker": "w1",
-        "p_expires_at": moment + timedelta(seconds=LEASE),
-        "p_limit": 10,
-    }
+    values = _claim_parameters(postgres_work_queue)
     async with pg_engine.connect() as conn:
         raw = await conn.get_raw_connection()
         driver = raw.driver_connection

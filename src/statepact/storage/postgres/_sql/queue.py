@@ -238,7 +238,7 @@ def _batch_insert(tables: Tables) -> tuple[CTE, CTE]:
     batch = select(*unnested.c).cte("batch").prefix_with("MATERIALIZED")
     created = times[batch.c.created_place]
     rows = select(
-        # Typed as the column is: the probe for stored items compares the column with it.
+        # Typed as the column is, as the lookup of the skipped items compares it.
         param("queue", work.c.queue.type),
         batch.c.tenant,
         batch.c.item_id,
@@ -250,36 +250,28 @@ def _batch_insert(tables: Tables) -> tuple[CTE, CTE]:
         created,
         created,
     ).order_by(batch.c.tenant.collate("C"), batch.c.item_id.collate("C"))
-    insert = pg_insert(work).from_select(
-        [
-            "queue",
-            "tenant",
-            "item_id",
-            "payload",
-            "priority",
-            "status",
-            "attempts",
-            "available_at",
-            "created_at",
-            "updated_at",
-        ],
-        rows,
+    inserted = (
+        pg_insert(work)
+        .from_select(
+            [
+                "queue",
+                "tenant",
+                "item_id",
+                "payload",
+                "priority",
+                "status",
+                "attempts",
+                "available_at",
+                "created_at",
+                "updated_at",
+            ],
+            rows,
+        )
+        .on_conflict_do_nothing(index_elements=[work.c.queue, work.c.tenant, work.c.item_id])
+        .returning(work.c.queue, work.c.tenant, work.c.item_id, work.c.available_at, work.c.status)
+        .cte("inserted")
     )
-    insert = insert.on_conflict_do_nothing(
-        index_elements=[work.c.queue, work.c.tenant, work.c.item_id]
-    )
-    inserted = insert.returning(
-        work.c.queue, work.c.tenant, work.c.item_id, work.c.available_at, work.c.status
-    ).cte("inserted")
     return batch, inserted
-
-
-def _notified() -> CTE:
-    """Wake the queue's watchers: they LISTEN on its channel, and PostgreSQL delivers at
-    commit (the caller's, for a bound enqueue), once per transaction and channel."""
-    return select(func.pg_notify(param("channel"), literal_column("''")).label("notified")).cte(
-        "notified"
-    )
 
 
 def enqueue_many(tables: Tables) -> Select[Any]:
@@ -326,7 +318,9 @@ def enqueue_many(tables: Tables) -> Select[Any]:
         .limit(_ONE)
         .lateral("stored")
     )
-    notified = _notified()
+    notified = select(func.pg_notify(param("channel"), literal_column("''")).label("notified")).cte(
+        "notified"
+    )
     return (
         select(skipped.c.ord, *stored.c)
         .select_from(skipped.outerjoin(stored, true()).join(notified, true()))
