@@ -70,11 +70,11 @@ _WAITING: weakref.WeakKeyDictionary[Pool, int] = weakref.WeakKeyDictionary()
 _Taken = tuple[Pool, PoolProxiedConnection]
 
 
-def _full(pool: QueuePool) -> bool:
-    """Whether a checkout of ``pool`` would wait: no idle connection and no overflow left
-    (``_max_overflow``: SQLAlchemy keeps the limit private; -1 is unlimited)."""
+def _at_capacity(pool: QueuePool) -> bool:
+    """Whether ``pool`` has opened every connection it may (``_max_overflow``: SQLAlchemy
+    keeps the limit private; -1 is unlimited), so a checkout waits unless one is idle."""
     overflow_limit: int = getattr(pool, "_max_overflow", -1)
-    return overflow_limit >= 0 and pool.checkedin() == 0 and pool.overflow() >= overflow_limit
+    return overflow_limit >= 0 and pool.overflow() >= overflow_limit
 
 
 class Prepared:
@@ -196,10 +196,15 @@ class DirectExecutor:
             if taken[0] is pool:
                 return taken
             await self._close(taken)
-        # The pool is full, or calls of this executor already wait in it (a connection given
-        # back goes to them first, so a caller joining them would only make the queue
-        # longer): wait for a connection this executor's calls hand over.
-        if self._out and isinstance(pool, QueuePool) and (self._in_pool or _full(pool)):
+        # The pool may open no more, and has no idle connection or calls of this executor
+        # wait in it (a connection given back goes to them first, so a caller joining them
+        # would only make the queue longer): wait for one this executor's calls hand over.
+        if (
+            self._out
+            and isinstance(pool, QueuePool)
+            and _at_capacity(pool)
+            and (self._in_pool or pool.checkedin() == 0)
+        ):
             handed = await self._wait_for_hand_over(pool)
             if handed is not None:
                 return handed
@@ -209,6 +214,10 @@ class DirectExecutor:
         self._in_pool += 1
         try:
             connection = await greenlet_spawn(pool.connect)
+        except BaseException:
+            # No connection came: a call waiting here for this one's tries the pool itself.
+            self._hand_over(None)
+            raise
         finally:
             _WAITING[pool] -= 1
             self._in_pool -= 1
