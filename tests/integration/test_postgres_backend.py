@@ -568,6 +568,95 @@ async def test_commits_to_different_keys_do_not_wait_on_each_other(
     assert [v.version for v in await second.history(R, "k3")] == [4]
 
 
+async def test_a_commit_finds_its_rows_by_primary_key_whatever_the_statistics_say(
+    pg_database_url: str, clock: ManualClock
+) -> None:
+    """The planner would join a commit's keys to ``statepact_values`` over a sequential
+    scan (revision 0004 did: on a table of a few hundred pages, or a small one bloated by
+    rewrites, every commit read all of it). Each statement inside ``statepact_commit``
+    reaches the tables through their primary keys (auto_explain shows the nested plans):
+    one key takes the short path (lock, update, history row); several keys, serializable
+    reads, a key with no row yet and a conflict take the full one."""
+    plans: list[str] = []
+    engine = create_async_engine(pg_database_url, pool_size=1, max_overflow=0)
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.driver_connection.add_log_listener(
+            lambda _conn, message: plans.append(message.message)
+        )
+
+    event.listen(engine.sync_engine, "connect", on_connect)
+    backend = await PostgresBackend.open(engine, clock=clock)
+    manager = TransactionManager(backend)
+
+    async def nested_plans(
+        isolation: str, writes: dict[str, int], reads: tuple[str, ...]
+    ) -> list[str]:
+        tx = await manager.begin(isolation)
+        for key in reads:
+            await tx.read(R, key)
+        for key, value in writes.items():
+            tx.write(R, key, value)
+        plans.clear()
+        try:
+            await tx.commit()
+        finally:
+            await asyncio.sleep(0)  # asyncpg calls its log listeners with call_soon
+        return [plan for plan in plans if "statepact_commit(" not in plan]
+
+    try:
+        # 40 keys rewritten 5 times beside 2,000 of another resource (about 1 kB each, some
+        # 300 pages): the planner costs a hash join over a sequential scan below a hundred
+        # primary-key probes, which it assumes a set-returning function's 100 rows need.
+        async with manager.transaction() as tx:
+            for i in range(40):
+                tx.write(R, f"a{i}", 0)
+        for round_ in range(1, 6):
+            for i in range(40):
+                await _write(manager, f"a{i}", round_)
+        async with engine.connect() as conn:
+            await conn.exec_driver_sql(
+                "INSERT INTO statepact_values (resource, key, version, data, committed_at) "
+                "SELECT 'filler', 'k' || g, 1, to_json(repeat('x', 1000)), now() "
+                "FROM generate_series(1, 2000) AS g"
+            )
+            await conn.exec_driver_sql("ANALYZE statepact_values")
+            # The session's next statements log their plans, nested ones included, to it.
+            await conn.exec_driver_sql("LOAD 'auto_explain'")
+            for setting in ("log_min_duration = 0", "log_nested_statements = on"):
+                await conn.exec_driver_sql(f"SET auto_explain.{setting}")
+            await conn.exec_driver_sql("SET auto_explain.log_level = notice")
+            await conn.commit()
+
+        short = await nested_plans("snapshot", {"a1": 7}, ("a1",))
+        assert [plan.split("\n", 2)[1].split()[2] for plan in short] == [
+            "SELECT",
+            "UPDATE",
+            "INSERT",
+        ], short
+        full = [
+            *await nested_plans("snapshot", {"a2": 7, "a3": 7}, ("a2", "a3")),
+            *await nested_plans("serializable", {"a4": 7}, ("a4", "a5", "a6")),
+            *await nested_plans("read_committed", {"new-key": 7}, ()),
+        ]
+        loser = await manager.begin("snapshot")
+        await loser.read(R, "a7")
+        await _write(manager, "a7", 8)
+        loser.write(R, "a7", 9)
+        plans.clear()
+        with pytest.raises(ConflictError):
+            await loser.commit()
+        await asyncio.sleep(0)
+        full += plans
+        assert len(full) > 3 * len(short)
+        for plan in [*short, *full]:
+            assert "Seq Scan on statepact_" not in plan, plan
+            assert "Hash Join" not in plan, plan
+    finally:
+        await backend.close()
+        await engine.dispose()
+
+
 async def test_a_snapshot_reads_what_its_first_read_saw(
     pg_database_url: str, backends: Callable[..., Any]
 ) -> None:
