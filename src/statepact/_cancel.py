@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from functools import partial
+from types import CoroutineType
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -48,30 +50,33 @@ async def finish(work: Awaitable[T]) -> T:
     transaction, closing the pool). Only the task running ``work`` being
     cancelled itself (the event loop shutting down) ends it early.
     """
-    if asyncio.current_task() in _UNABANDONED:
+    loop = asyncio.get_running_loop()
+    if asyncio.current_task(loop) in _UNABANDONED:
         return await work  # already out of reach of the caller's cancellation
-    task = asyncio.ensure_future(work)
+    task = loop.create_task(work) if type(work) is CoroutineType else asyncio.ensure_future(work)
     _UNABANDONED.add(task)
     cancelled: asyncio.CancelledError | None = None
-    while True:
+    while not task.done():
+        # The caller waits on a future of its own that the task's end resolves (what
+        # asyncio.shield does, with less around it): cancelling the caller cancels only that.
+        woken = loop.create_future()
+        task.add_done_callback(partial(_wake, woken))
         try:
-            result = await asyncio.shield(task)
+            await woken
         except asyncio.CancelledError as exc:
-            if task.cancelled():
-                raise  # ``work`` itself was cancelled (the event loop is shutting down)
-            cancelled = cancelled or exc
-            if not task.done():
-                continue  # the caller was cancelled: keep waiting for ``work``
-        except BaseException:
-            if cancelled is None:
-                raise
-        else:
-            if cancelled is None:
-                return result
-        break
+            if woken.cancelled():
+                cancelled = cancelled or exc  # the caller was cancelled: keep waiting
+            else:
+                raise  # not from the wait (cannot happen; never swallowed)
+    if cancelled is None:
+        return task.result()  # what ``work`` returned or raised (cancelled: the loop's end)
     # ``work`` is done and the caller was cancelled: what ``work`` raised is retrieved, so
     # that an error nobody waits for any more is not reported as unhandled, and dropped.
     if not task.cancelled():
         task.exception()
-    assert cancelled is not None
     raise cancelled
+
+
+def _wake(woken: asyncio.Future[None], _task: asyncio.Future[Any]) -> None:
+    if not woken.done():
+        woken.set_result(None)
