@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections.abc import Awaitable
 from functools import partial
 from types import CoroutineType
-from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 __all__ = ["finish"]

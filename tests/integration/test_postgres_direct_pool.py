@@ -50,7 +50,7 @@ async def _until(condition: Callable[[], bool]) -> None:
 
 def _waiting(executor: DirectExecutor) -> int:
     """Calls waiting for a connection this executor hands over."""
-    return sum(not waiter.done() for waiter in executor._waiters)
+    return sum(not waiter.done() for _deadline, waiter in executor._waiters)
 
 
 async def _idle(engine: AsyncEngine) -> None:
@@ -98,8 +98,9 @@ async def test_callers_beyond_the_pool_are_handed_its_connections(
 async def test_a_caller_waiting_for_a_hand_over_meets_the_pool_timeout(
     small_engine: AsyncEngine,
 ) -> None:
-    """Both connections held past the pool's timeout (0.5 s): the next caller gets
-    PoolExhaustedError after about that long, not a wait without end."""
+    """Both connections held past the pool's timeout (0.5 s): callers waiting for a
+    hand-over get PoolExhaustedError each about that long after it began (the queue's one
+    timer is set again for the next deadline), not a wait without end."""
     executor = _executor(small_engine)
     release = asyncio.Event()
 
@@ -107,12 +108,23 @@ async def test_a_caller_waiting_for_a_hand_over_meets_the_pool_timeout(
         await release.wait()
         return await _backend_pid(statements)
 
+    async def waited() -> float:
+        started = time.monotonic()
+        with pytest.raises(PoolExhaustedError):
+            await executor.run(_backend_pid, idempotent=True)
+        return time.monotonic() - started
+
     holders = [asyncio.create_task(executor.run(hold, idempotent=True)) for _ in range(2)]
     await _until(lambda: executor._out == 2)
-    started = time.monotonic()
-    with pytest.raises(PoolExhaustedError):
-        await executor.run(_backend_pid, idempotent=True)
-    assert 0.4 <= time.monotonic() - started < 1.5
+    first = asyncio.create_task(waited())
+    await asyncio.sleep(0.3)
+    second = asyncio.create_task(waited())
+    await _until(lambda: _waiting(executor) == 2)
+    first_waited = await first
+    assert _waiting(executor) == 1  # the second is still within its own timeout
+    second_waited = await asyncio.wait_for(second, 3.0)
+    assert 0.4 <= first_waited < 1.5
+    assert 0.4 <= second_waited < 1.5
     release.set()
     assert len(set(await asyncio.gather(*holders))) == 2
     assert await executor.run(_backend_pid, idempotent=True) > 0

@@ -174,10 +174,13 @@ class DirectExecutor:
         # in once no call is running.
         self._free: list[_Taken] = []
         # Connections checked out of the pool by this executor (running or free), and the
-        # calls waiting for one of them: a future gets a connection, or None for "go to the
-        # pool".
+        # calls waiting for one of them, first come first served, with their deadlines: a
+        # future gets a connection, None for "go to the pool", or TimeoutError. One timer
+        # serves the whole queue, set for its first deadline (every wait is the pool's
+        # timeout, so the deadlines come in order), rather than one timer per wait.
         self._out = 0
-        self._waiters: deque[asyncio.Future[_Taken | None]] = deque()
+        self._waiters: deque[tuple[float, asyncio.Future[_Taken | None]]] = deque()
+        self._expiry: asyncio.TimerHandle | None = None
         self._in_pool = 0  # this executor's calls among _WAITING
         self._running = 0
         self._check_in_soon: asyncio.Handle | None = None
@@ -227,20 +230,23 @@ class DirectExecutor:
     async def _wait_for_hand_over(self, pool: QueuePool) -> _Taken | None:
         """Wait (within the pool's timeout) for a connection a call of this executor gives
         back; None: take one from the pool instead."""
-        handed: asyncio.Future[_Taken | None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(handed)
+        loop = asyncio.get_running_loop()
+        handed: asyncio.Future[_Taken | None] = loop.create_future()
         timeout = pool.timeout()
+        deadline = loop.time() + timeout
+        self._waiters.append((deadline, handed))
+        if self._expiry is None:
+            self._expiry = loop.call_at(deadline, self._expire)
         try:
-            async with asyncio.timeout(timeout):
-                taken = await handed
+            taken = await handed
         except BaseException as exc:
-            if handed.done() and not handed.cancelled():
-                # Handed over as the wait ended (a cancellation, the timeout): pass it on.
+            if not handed.done():
+                handed.cancel()  # skipped by whoever gives back next
+            elif not handed.cancelled() and handed.exception() is None:
+                # Handed over as the caller was cancelled: pass it on.
                 given = handed.result()
                 if given is not None:
                     self._pass_on(given)
-            else:
-                handed.cancel()  # skipped by whoever gives back next
             if isinstance(exc, TimeoutError):
                 raise sa_exc.TimeoutError(
                     f"no connection of the pool (size {pool.size()}) was free within {timeout:g} s"
@@ -253,12 +259,32 @@ class DirectExecutor:
 
     def _hand_over(self, taken: _Taken | None) -> bool:
         """Give ``taken`` (None: "go to the pool") to the first call still waiting here."""
-        while self._waiters:
-            waiter = self._waiters.popleft()
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()[1]
             if not waiter.done():
                 waiter.set_result(taken)
+                if not waiters and self._expiry is not None:
+                    self._expiry.cancel()  # nobody left to time out
+                    self._expiry = None
                 return True
         return False
+
+    def _expire(self) -> None:
+        """The queue's timer: each wait past its deadline ends in ``TimeoutError``, then the
+        timer is set again for the first wait still running, if any."""
+        self._expiry = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        waiters = self._waiters
+        while waiters:
+            deadline, waiter = waiters[0]
+            if not waiter.done():
+                if deadline > now:
+                    self._expiry = loop.call_at(deadline, self._expire)
+                    return
+                waiter.set_exception(TimeoutError())
+            waiters.popleft()
 
     def _pass_on(self, taken: _Taken) -> None:
         """Without I/O: to a waiting call, or kept for the next one (checked in when idle)."""
