@@ -64,10 +64,9 @@ async def finish(work: Awaitable[T]) -> T:
         try:
             await woken
         except asyncio.CancelledError as exc:
-            if woken.cancelled():
-                cancelled = cancelled or exc  # the caller was cancelled: keep waiting
-            else:
-                raise  # not from the wait (cannot happen; never swallowed)
+            # The caller was cancelled (while it waited, or as ``work`` ended): keep waiting
+            # for ``work`` if it runs still; the cancellation is raised once it is done.
+            cancelled = cancelled or exc
     if cancelled is None:
         return task.result()  # what ``work`` returned or raised (cancelled: the loop's end)
     # ``work`` is done and the caller was cancelled: what ``work`` raised is retrieved, so

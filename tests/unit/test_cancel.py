@@ -9,6 +9,7 @@ cancelling its other children when one fails.
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any
 
 import pytest
@@ -120,6 +121,25 @@ async def test_an_error_after_the_cancel_is_dropped_quietly() -> None:
     del caller
     await asyncio.sleep(0)
     assert work.finished
+    assert seen == []
+
+
+async def test_a_cancel_as_the_work_ends_is_raised_and_its_error_retrieved() -> None:
+    """The caller cancelled after the work ended but before the caller resumed: the caller
+    gets its CancelledError, and the work's error is not reported as never retrieved."""
+    seen = _unhandled(asyncio.get_running_loop())
+    work = asyncio.ensure_future(Work(0.02, RuntimeError("late"))())
+    caller = asyncio.ensure_future(finish(work))
+    await asyncio.sleep(0)  # finish() is waiting on the work
+    # Runs after finish()'s own callback on the work's end, before the caller resumes.
+    cancel_caller = caller.cancel
+    work.add_done_callback(lambda _work: cancel_caller())
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert work.done()
+    del caller, work
+    gc.collect()
+    await asyncio.sleep(0)
     assert seen == []
 
 
