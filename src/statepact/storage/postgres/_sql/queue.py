@@ -421,8 +421,8 @@ def _due_items(
 ) -> Any:
     """The tenant's best due items (``priority DESC, id``: the claim index), up to ``limit``,
     ``FOR UPDATE SKIP LOCKED`` with every predicate on the locked relation; a LATERAL
-    probe of each tenant the rotation yields. ``row_ctid``: each locked row's ``ctid`` too
-    (``row_ctid``), which the update finds it by."""
+    probe of each tenant the rotation yields. ``row_ctid``: each locked row's ``ctid`` too,
+    as column ``row_ctid``, which the update finds it by."""
     candidate = work.alias("candidate")
     ctid: list[ColumnElement[Any]] = (
         [literal_column("candidate.ctid").label("row_ctid")] if row_ctid else []
