@@ -260,6 +260,17 @@ class WorkQueueConformance:
             assert await asyncio.wait_for(watch.wait(30), 5) is True
             assert await watch.wait(0.05) is False
 
+    async def test_watch_wakes_on_an_enqueue_many(self, work_queue: WorkQueue) -> None:
+        """A batch of new items wakes a waiting watcher, as a single enqueue does."""
+        async with work_queue.watch() as watch:
+            while await watch.wait(0.05):
+                pass
+            waiting = asyncio.ensure_future(watch.wait(30))
+            await asyncio.sleep(0.1)
+            assert not waiting.done()
+            await work_queue.enqueue_many([_item("acme", "wake-a"), _item("beta", "wake-b")])
+            assert await asyncio.wait_for(waiting, 5) is True
+
     # -- enqueue_many ------------------------------------------------------------
 
     async def test_enqueue_many_stores_the_batch_in_order(

@@ -340,6 +340,8 @@ class PostgresWorkQueue(BaseWorkQueue):
             # Only the items the insert skipped come back; every other one was stored as sent.
             rows = (await conn.execute(self._sql.enqueue_many, params)).mappings().all()
             for row in rows:
+                if row["ord"] is None:  # the notify's own row: nothing skipped
+                    continue
                 place = row["ord"] - 1
                 if row["status"] is not None:
                     answer[place] = _item(row)

@@ -275,9 +275,10 @@ def _batch_insert(tables: Tables) -> tuple[CTE, CTE]:
 
 
 def enqueue_many(tables: Tables) -> Select[Any]:
-    """Insert every item of the batch whose ``(queue, tenant, item_id)`` is new, and wake
-    their tenants, in one statement; answer the items that were not inserted, each with
-    its place in the batch (``ord``).
+    """Insert every item of the batch whose ``(queue, tenant, item_id)`` is new, wake
+    their tenants and the queue's watchers, in one statement; answer the items that were
+    not inserted, each with its place in the batch (``ord``); with none skipped, one row
+    of NULLs (the notify's).
 
     The batch and its insert are ``_batch_insert``'s, and the turns rows are upserted
     in ``(queue, tenant)`` order like every other multi-row write here. The answer
@@ -318,12 +319,16 @@ def enqueue_many(tables: Tables) -> Select[Any]:
         .limit(_ONE)
         .lateral("stored")
     )
+    # Watchers LISTEN on the queue's channel. The notify is the outer side of the join, so
+    # it runs whatever the one-time filter of ``skipped`` decides: with nothing skipped the
+    # answer is its one row, ``ord`` NULL.
     notified = select(func.pg_notify(param("channel"), literal_column("''")).label("notified")).cte(
         "notified"
     )
+    found = skipped.outerjoin(stored, true())
     return (
         select(skipped.c.ord, *stored.c)
-        .select_from(skipped.outerjoin(stored, true()).join(notified, true()))
+        .select_from(notified.outerjoin(found, true()))
         .add_cte(woken)
     )
 
