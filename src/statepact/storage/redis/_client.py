@@ -152,7 +152,8 @@ def bounded_writes(base: type[Any]) -> type[Any]:
     redis-py bounds every write with ``wait_for`` when ``socket_timeout`` is set,
     which on Python 3.11 runs the write in a task of its own: a task per call,
     more CPU than the rest of a short command. Here the write runs in the caller's
-    task under a timeout; a write that stalls past ``socket_timeout`` still drops
+    task under a timeout (none at all for a write that fits below the transport's
+    high-water mark, which cannot wait); a write that stalls past ``socket_timeout`` drops
     the connection and raises redis-py's ``TimeoutError`` (so the failover budget
     waits the server out), an OS error drops it and raises ``ConnectionError``,
     and anything else (a cancellation) drops it and goes on. A dropped connection
@@ -182,10 +183,15 @@ def _bounded_writes(base: type[Any]) -> type[Any]:
             await self.check_health()
         if isinstance(command, str):
             command = command.encode()
-        chunks = [command] if isinstance(command, bytes) else command
+        chunks = [command] if isinstance(command, bytes) else list(command)
         try:
-            async with asyncio.timeout(self.socket_timeout or None):
+            if _fits(self._writer, chunks):
+                # Below the high-water mark the write cannot wait (drain returns at once):
+                # no timer to set and cancel, which is most of a short command's write.
                 await self._send_packed_command(chunks)
+            else:
+                async with asyncio.timeout(self.socket_timeout or None):
+                    await self._send_packed_command(chunks)
         except BaseException as exc:
             # Part of the command may be buffered or sent: drop what is buffered with the
             # socket (a graceful close would flush the rest and let the server run it).
@@ -208,6 +214,20 @@ def _bounded_writes(base: type[Any]) -> type[Any]:
         (base,),
         {"send_packed_command": send_packed_command, "__module__": __name__},
     )
+
+
+def _fits(writer: asyncio.StreamWriter | None, chunks: list[bytes]) -> bool:
+    """Whether writing ``chunks`` leaves ``writer``'s buffer at or below its high-water mark,
+    so that the ``drain`` after the write returns without waiting for the server."""
+    if writer is None:
+        return False  # redis-py raises its own error: the bounded path reports it
+    transport = writer.transport
+    limits = getattr(transport, "get_write_buffer_limits", None)
+    if limits is None:
+        return False
+    high: int = limits()[1]
+    room = high - transport.get_write_buffer_size()
+    return sum(map(len, chunks)) <= room
 
 
 # redis-py before 8 probes a pooled connection for unread data while holding the pool's
