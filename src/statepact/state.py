@@ -14,12 +14,13 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from statepact._codec import (
     check_size,
     encode_json,
     plain_int,
+    plain_json,
     require_count,
     require_id,
     require_limit,
@@ -123,13 +124,19 @@ class StateStore(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class RunWrite:
-    """A checked ``put_run``: the blob is already encoded and under the size limit."""
+    """A checked ``put_run``: the blob is already encoded and under the size limit.
+
+    ``value`` is the plain tree ``data`` encodes (a fresh copy of the caller's, what a
+    read would decode): the written run's ``data``, so a backing neither reads the blob
+    back nor decodes it.
+    """
 
     tenant: str
     run_id: str
     session_id: str | None
     status: RunStatus
     data: bytes
+    value: dict[str, Any]
     expected_version: int
     now: datetime
 
@@ -243,7 +250,7 @@ class BaseStateStore(ABC):
                 "input_tokens/output_tokens/cost/iterations/cursor: counters start at zero "
                 "and move only through patch_run"
             )
-        data = encode_json("data", record.data)
+        value, data = plain_json("data", record.data)
         check_size("data", len(data), self._max_value_bytes, where=f"run {run_id!r}")
         return await self._put_run(
             RunWrite(
@@ -252,6 +259,7 @@ class BaseStateStore(ABC):
                 session_id=session_id,
                 status=_require_status(record.status),
                 data=data,
+                value=value,
                 expected_version=_require_version(record.version),
                 now=read_clock(self._clock),
             )

@@ -205,6 +205,7 @@ async def test_put_run_hands_down_encoded_checked_write(clock: ManualClock) -> N
         session_id="s1",
         status=RunStatus.RUNNING,
         data='{"ü":[1,2]}'.encode(),
+        value={"ü": [1, 2]},
         expected_version=4,
         now=clock.now(),
     )

@@ -159,6 +159,22 @@ class StateStoreConformance:
         )
         assert await state_store.get_run("acme", "run_1") == updated
 
+    async def test_put_returns_its_data_as_a_read_decodes_it(self, state_store: StateStore) -> None:
+        """The data a put returns is what a read decodes (a tuple as a list, text and
+        floats as stored), its own copy: the caller changing its dict afterwards changes
+        neither the returned record nor the stored run."""
+        mine: dict[str, Any] = {"t": (1, 2), "ü": 1.5, "n": {"k": [True, None]}}
+        created = await _create(state_store, "run_1", data=mine)
+        mine["n"]["k"].append(3)
+        expected = {"t": [1, 2], "ü": 1.5, "n": {"k": [True, None]}}
+        assert created.data == expected
+        assert (await state_store.get_run("acme", "run_1")) == created
+        mine = {"again": [mine["t"]]}
+        updated = await state_store.put_run(created.model_copy(update={"data": mine}))
+        mine["again"].append("later")
+        assert updated.data == {"again": [[1, 2]]}
+        assert await state_store.get_run("acme", "run_1") == updated
+
     async def test_put_with_current_version_bumps_it(self, state_store: StateStore) -> None:
         """A put holding the stored version writes blob, status and session, then version+1."""
         created = await _create(state_store, "run_1", data={"step": 1})

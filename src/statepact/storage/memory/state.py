@@ -14,7 +14,7 @@ from bisect import bisect_right, insort
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Self, TypeVar
+from typing import Any, Self, TypeVar
 
 from statepact._codec import decode_json, nanos_to_decimal
 from statepact._limits import MAX_COUNTER
@@ -166,7 +166,7 @@ class MemoryStateStore(BaseStateStore):
             row.data = write.data
             row.version += 1
             row.updated_at = write.now
-        return _run_record(write.tenant, write.run_id, row)
+        return _run_record(write.tenant, write.run_id, row, write.value)
 
     async def _patch_run(
         self, tenant: str, run_id: str, delta: CounterDelta, now: datetime
@@ -299,13 +299,14 @@ def _drop(indexes: dict[K, _SeqIndex], key: K, seq: int) -> None:
             del indexes[key]
 
 
-def _run_record(tenant: str, run_id: str, row: _Run) -> RunRecord:
+def _run_record(tenant: str, run_id: str, row: _Run, data: Any = None) -> RunRecord:
+    """The record of ``row``; ``data`` is its blob decoded, when the caller has it."""
     return RunRecord(
         tenant=tenant,
         run_id=run_id,
         session_id=row.session_id,
         status=row.status,
-        data=decode_json(row.data),
+        data=decode_json(row.data) if data is None else data,
         version=row.version,
         input_tokens=row.input_tokens,
         output_tokens=row.output_tokens,

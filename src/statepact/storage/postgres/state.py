@@ -248,8 +248,9 @@ class PostgresStateStore(BaseStateStore):
             for _ in range(3):
                 row = await self._write(conn, statement, params)
                 if row is not None:
-                    data = write.data if row["data"] is None else row["data"]
-                    return _run_record(row, decode_json(data))
+                    # A write's row leaves the blob out: it is the one this call sent.
+                    data = write.value if row["data"] is None else decode_json(row["data"])
+                    return _run_record(row, data)
                 found = (await conn.execute(self._sql.run_after_write, params)).mappings().first()
                 if found is not None and found["replayed"]:
                     # The first attempt applied, then the resend lost a race to it.

@@ -148,7 +148,7 @@ class RedisStateStore(BaseStateStore):
                 actual=int(reply[1]),
                 kind="run",
             )
-        return _run_record(tenant, run_id, reply[1:])
+        return _run_record(tenant, run_id, reply[1:], write.value)
 
     async def _patch_run(
         self, tenant: str, run_id: str, delta: CounterDelta, now: datetime
@@ -272,8 +272,13 @@ class RedisStateStore(BaseStateStore):
         ]
 
 
-def _run_record(tenant: str, run_id: str, fields: Sequence[Any]) -> RunRecord:
+def _run_record(
+    tenant: str, run_id: str, fields: Sequence[Any], written: dict[str, Any] | None = None
+) -> RunRecord:
+    """The record of a reply; ``written`` is the blob a put sent, decoded, which its
+    reply leaves out (the blob field is nil) when it wrote it."""
     session = fields[_SESSION]
+    blob = fields[_RUN_BLOB]
     return stored(
         RunRecord,
         {
@@ -281,7 +286,7 @@ def _run_record(tenant: str, run_id: str, fields: Sequence[Any]) -> RunRecord:
             "run_id": run_id,
             "session_id": None if session is None else as_text(session),
             "status": _STATUSES[as_text(fields[_STATUS])],
-            "data": decode_json(fields[_RUN_BLOB]),
+            "data": written if blob is None else decode_json(blob),
             "version": int(fields[_VERSION]),
             "input_tokens": int(fields[_INPUT]),
             "output_tokens": int(fields[_OUTPUT]),

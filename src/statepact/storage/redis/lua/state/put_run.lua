@@ -13,10 +13,11 @@ ARGV[5]  status
 ARGV[6]  session id, '' for none
 ARGV[7]  now, µs since the epoch (the caller's clock)
 
-Returns  {1, run...} when written, {0, stored version} on a version mismatch
-         (nothing written). A retry of a call that wrote returns {1, run...}
-         with the run as it is now: any later put held the version this call
-         wrote, so it built on it.
+Returns  {1, run...} when written, the blob left out (nil: the caller sent it),
+         {0, stored version} on a version mismatch (nothing written). A retry of
+         a call that wrote returns {1, run...} with the run as it is now, blob
+         included: any later put held the version this call wrote, so it built
+         on it.
 Counters are never touched. Old index entries are removed and new ones added
 in the same script, so a listing never sees the run in two statuses.
 ]]
@@ -69,4 +70,6 @@ else
 end
 redis.call('SET', KEYS[1], ARGV[4])
 op_record(KEYS[5], '1')
-return { 1, unpack(run_reply(prefix, run_id)) }
+local written = redis.call('HMGET', KEYS[2], unpack(RUN_FIELDS))
+written[#RUN_FIELDS + 1] = false
+return { 1, unpack(written) }
