@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 import uuid
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 from redis import exceptions as rex
-from redis.asyncio import Redis
+from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ConstantBackoff
 
@@ -107,11 +108,88 @@ async def test_stores_opened_on_a_created_client_serve(
 
 @pytest.fixture(params=["get_connection", "unprobed"])
 def connection_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """How scripts take their pooled connection: the pool's ``get_connection()`` (redis-py 8
-    and later) or :func:`unprobed_connection` (before 8), whichever redis-py is installed."""
+    """How scripts take their pooled connection: the pool's ``get_connection()`` (a pool
+    whose call does more, see ``_pool_does_more``) or :func:`unprobed_connection`, whatever
+    the installed redis-py and its settings would choose."""
     path: str = request.param
     monkeypatch.setattr(_client, "_PROBE_HOLDS_THE_POOL", path == "unprobed")
+    monkeypatch.setattr(_client, "_pool_does_more", lambda pool: path == "get_connection")
     return path
+
+
+async def test_a_plain_resp2_pool_hands_out_unprobed_connections_and_resp3_its_own(
+    durable_server: RedisServer,
+) -> None:
+    """With redis-py's observability off, a RESP2 pool's get_connection() does nothing that
+    unprobed_connection does not, so statepact takes the cheaper one; a RESP3 pool's may
+    have push notifications to hand to its maintenance handler, so it is asked."""
+    client = create_client(_settings(durable_server.url))
+    resp3 = ConnectionPool.from_url(durable_server.url, protocol=3)
+    try:
+        await client.ping()  # redis-py looks for its metrics collector on a first call
+        assert _client._pool_does_more(client.connection_pool) is False
+        assert _client._pool_does_more(resp3) is True
+    finally:
+        await client.aclose()
+        await resp3.aclose()
+
+
+# Run in a process of its own: it sets OpenTelemetry's global MeterProvider and turns on
+# redis-py's observability, neither of which can be undone for the rest of a test session.
+_POOL_METRICS_SCRIPT = """
+import asyncio, sys, uuid
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from redis.observability.config import OTelConfig
+from redis.observability.providers import get_observability_instance
+from statepact import RunRecord
+from statepact.settings import RedisStoreSettings
+from statepact.storage.redis import RedisStateStore, create_client
+
+reader = InMemoryMetricReader()
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+get_observability_instance().init(OTelConfig())
+
+async def main() -> None:
+    settings = RedisStoreSettings(dsn=sys.argv[1], namespace="m" + uuid.uuid4().hex[:8])
+    client = create_client(settings)
+    store = RedisStateStore(client, settings=settings)
+    runs = [RunRecord(tenant="t", run_id=f"r{n}") for n in range(8)]
+    await asyncio.gather(*(store.put_run(run) for run in runs))
+    await asyncio.gather(*(store.get_run("t", run.run_id) for run in runs))
+    await client.aclose()
+    for resource in reader.get_metrics_data().resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name.endswith("connection.count"):
+                    for point in metric.data.data_points:
+                        state = dict(point.attributes)["db.client.connection.state"]
+                        print(state, point.value)
+
+asyncio.run(main())
+"""
+
+
+async def test_redis_py_pool_metrics_stay_balanced_through_statepact_calls(
+    durable_server: RedisServer,
+) -> None:
+    """With redis-py's observability on, its pool counts every connection statepact takes
+    and gives back: after concurrent calls none is counted in use, and all are idle.
+    (Taking connections past get_connection() would count each release with no take.)"""
+    done = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _POOL_METRICS_SCRIPT,
+        durable_server.url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(done.communicate(), 60)
+    assert done.returncode == 0, err.decode()
+    counts = dict(line.split() for line in out.decode().splitlines())
+    assert counts["used"] == "0"
+    assert int(counts["idle"]) >= 1
 
 
 async def test_a_connection_its_server_closed_is_replaced_before_a_script_is_sent(

@@ -13,8 +13,10 @@ URL or a password in a message.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
+from types import ModuleType
 from typing import Any, Literal, TypeVar, overload
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -237,16 +239,50 @@ def _fits(writer: asyncio.StreamWriter | None, chunks: list[bytes]) -> bool:
 _PROBE_HOLDS_THE_POOL = int(redis.__version__.split(".", 1)[0]) < 8
 
 
+def _import_pool_metrics() -> ModuleType | None:
+    """redis-py 8's pool metrics recorder; ``None`` before 8, which records none."""
+    try:
+        return importlib.import_module("redis.asyncio.observability.recorder")
+    except ImportError:  # pragma: no cover - redis-py before 8
+        return None
+
+
+_pool_metrics = _import_pool_metrics()
+
+
+def _pool_does_more(pool: Any) -> bool:
+    """Whether ``pool.get_connection()`` does something for ``pool`` that
+    :func:`unprobed_connection` does not.
+
+    redis-py 8 also counts the connection in its pool metrics (once its
+    observability is on: it has looked for a collector and found one, or has not
+    looked yet), and hands push notifications waiting on a connection to the
+    maintenance handler (RESP3 only: a RESP2 connection gets none). Either makes
+    the pool's own call the one to use; anything this does not recognise does too.
+    """
+    if pool.connection_kwargs.get("protocol") not in (None, 2, "2"):
+        return True
+    if _pool_metrics is None:
+        return False
+    resolved = getattr(_pool_metrics, "_async_collector_resolved", None)
+    collector = getattr(_pool_metrics, "_async_metrics_collector", None)
+    return resolved is not True or collector is not None
+
+
 async def pooled_connection(pool: Any) -> Any:
     """A connection of ``pool`` (a single-server client's pool) ready to send on; give it
     back with ``await pool.release(connection)``.
 
-    On redis-py 8 and later this is the pool's own ``get_connection()``; before 8 the
-    pool's probe would make every call wait its turn (above), so a plain
-    ``ConnectionPool``'s is :func:`unprobed_connection` (a ``BlockingConnectionPool``
-    already probes outside its lock, and waits for a free connection).
+    For a plain ``ConnectionPool`` this is :func:`unprobed_connection`: before
+    redis-py 8 the pool's probe would make every call wait its turn (above), and on 8
+    its ``get_connection()`` costs about half of a short command's client time
+    (its lock, its connect-with-retry and probe, four metric calls that record
+    nothing while observability is off) to hand out what ``unprobed_connection``
+    does. Where the pool's call does more (:func:`_pool_does_more`), and for a
+    ``BlockingConnectionPool`` (it probes outside its lock, and waits for a free
+    connection), it is the pool's own ``get_connection()``.
     """
-    if _PROBE_HOLDS_THE_POOL and type(pool) is ConnectionPool:
+    if type(pool) is ConnectionPool and (_PROBE_HOLDS_THE_POOL or not _pool_does_more(pool)):
         return await unprobed_connection(pool)
     return await pool.get_connection()
 
