@@ -72,7 +72,7 @@ from statepact._limits import DEFAULT_MAX_VALUE_BYTES
 from statepact.clock import ManualClock
 from statepact.errors import LeaseLostError, StatePersistenceError
 from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem
-from statepact.queue import QueuePolicy, WorkQueue
+from statepact.queue import QueuePolicy, WorkQueue, WorkWatch
 from statepact.testing._inputs import (
     AWARE_ELSEWHERE,
     EACH_ACCEPTED_JSON,
@@ -94,6 +94,18 @@ LEASE = 30.0
 
 def _item(tenant: str, item_id: str, **fields: Any) -> WorkItem:
     return WorkItem(tenant=tenant, item_id=item_id, **fields)
+
+
+async def _woken_by(watch: WorkWatch, write: Callable[[], Awaitable[object]]) -> None:
+    """Use up the wake-ups earlier writes left, start a long wait and check that it waits,
+    then ``write``: the wait must return True within five seconds."""
+    while await watch.wait(0.05):
+        pass
+    waiting = asyncio.ensure_future(watch.wait(30))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    await write()
+    assert await asyncio.wait_for(waiting, 5) is True
 
 
 async def _fill(queue: WorkQueue, tenant: str, count: int, *, prefix: str = "i") -> None:
@@ -241,11 +253,7 @@ class WorkQueueConformance:
             while await watch.wait(0.05):
                 pass
             assert await watch.wait(0.05) is False
-            waiting = asyncio.ensure_future(watch.wait(30))
-            await asyncio.sleep(0.1)
-            assert not waiting.done()
-            await work_queue.enqueue(_item("acme", "wake-1"))
-            assert await asyncio.wait_for(waiting, 5) is True
+            await _woken_by(watch, lambda: work_queue.enqueue(_item("acme", "wake-1")))
 
     async def test_watch_keeps_a_wake_up_that_came_while_nobody_waited(
         self, work_queue: WorkQueue
@@ -262,14 +270,9 @@ class WorkQueueConformance:
 
     async def test_watch_wakes_on_an_enqueue_many(self, work_queue: WorkQueue) -> None:
         """A batch of new items wakes a waiting watcher, as a single enqueue does."""
+        batch = [_item("acme", "wake-a"), _item("beta", "wake-b")]
         async with work_queue.watch() as watch:
-            while await watch.wait(0.05):
-                pass
-            waiting = asyncio.ensure_future(watch.wait(30))
-            await asyncio.sleep(0.1)
-            assert not waiting.done()
-            await work_queue.enqueue_many([_item("acme", "wake-a"), _item("beta", "wake-b")])
-            assert await asyncio.wait_for(waiting, 5) is True
+            await _woken_by(watch, lambda: work_queue.enqueue_many(batch))
 
     # -- enqueue_many ------------------------------------------------------------
 
@@ -565,13 +568,7 @@ class WorkQueueConformance:
         """A delayed enqueue wakes a watcher too, so an idle claimer can ask next_due and
         sleep until then instead of its whole poll interval."""
         async with work_queue.watch() as watch:
-            while await watch.wait(0.05):
-                pass
-            waiting = asyncio.ensure_future(watch.wait(30))
-            await asyncio.sleep(0.1)
-            assert not waiting.done()
-            await work_queue.enqueue(_item("acme", "later"), delay=60)
-            assert await asyncio.wait_for(waiting, 5) is True
+            await _woken_by(watch, lambda: work_queue.enqueue(_item("acme", "later"), delay=60))
 
     # -- concurrency ----------------------------------------------------------
 
