@@ -286,7 +286,7 @@ def _run_record(
             "run_id": run_id,
             "session_id": None if session is None else as_text(session),
             "status": _STATUSES[as_text(fields[_STATUS])],
-            "data": written if blob is None else decode_json(blob),
+            "data": written if blob is None and written is not None else decode_json(blob),
             "version": int(fields[_VERSION]),
             "input_tokens": int(fields[_INPUT]),
             "output_tokens": int(fields[_OUTPUT]),
