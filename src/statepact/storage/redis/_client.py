@@ -275,12 +275,12 @@ async def pooled_connection(pool: Any) -> Any:
 
     For a plain ``ConnectionPool`` this is :func:`unprobed_connection`: before
     redis-py 8 the pool's probe would make every call wait its turn (above), and on 8
-    its ``get_connection()`` costs about half of a short command's client time
-    (its lock, its connect-with-retry and probe, four metric calls that record
-    nothing while observability is off) to hand out what ``unprobed_connection``
-    does. Where the pool's call does more (:func:`_pool_does_more`), and for a
-    ``BlockingConnectionPool`` (it probes outside its lock, and waits for a free
-    connection), it is the pool's own ``get_connection()``.
+    its ``get_connection()`` does more than a script needs to hand out the same
+    connection (its lock, its connect-with-retry and probe, four metric calls that
+    record nothing while observability is off). Where the pool's call does more
+    (:func:`_pool_does_more`), and for a ``BlockingConnectionPool`` (it probes
+    outside its lock, and waits for a free connection), it is the pool's own
+    ``get_connection()``.
     """
     if type(pool) is ConnectionPool and (_PROBE_HOLDS_THE_POOL or not _pool_does_more(pool)):
         return await unprobed_connection(pool)
