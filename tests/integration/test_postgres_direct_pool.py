@@ -210,3 +210,75 @@ async def test_a_wait_for_a_hand_over_that_ends_early_leaks_no_connection(
     assert await second not in (0, first_pid)
     assert await executor.run(_backend_pid, idempotent=True) > 0
     await _idle(small_engine)
+
+
+@pytest.mark.parametrize("abandonable", [True, False], ids=["abandonable", "shielded"])
+async def test_a_cancelled_read_is_abandoned_only_when_it_may_be(
+    small_engine: AsyncEngine, abandonable: bool
+) -> None:
+    """A statement stalled on a table another session holds ACCESS EXCLUSIVE, its caller
+    cancelled by wait_for after 0.2 s: an abandonable call raises at once and its
+    connection is dropped, never handed on (the next call runs on another server session);
+    any other call waits for its reply, which comes once the lock is let go, and its
+    connection goes back to the pool. Either way nothing stays checked out and the loop
+    reports nothing; an abandoned session ends once the lock is released."""
+    executor = _executor(small_engine)
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    stalled: list[int] = []
+
+    async def read_stalled(statements: Statements) -> int:
+        stalled.append(await _backend_pid(statements))
+        count: int = await statements.driver.fetchval("SELECT count(*) FROM abandon_probe")
+        return count
+
+    async with small_engine.connect() as setup:
+        await setup.exec_driver_sql("CREATE TABLE abandon_probe (id int)")
+        await setup.commit()
+    try:
+        async with small_engine.connect() as locker:
+            await locker.exec_driver_sql("LOCK TABLE abandon_probe IN ACCESS EXCLUSIVE MODE")
+            started = time.monotonic()
+            call = executor.run(read_stalled, idempotent=True, abandonable=abandonable)
+            if abandonable:
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(call, 0.2)
+                assert time.monotonic() - started < 1.0  # did not wait for the lock
+                assert executor._out == 0  # dropped, not kept for the next call
+                # The next call is on another server session: the stalled one still waits.
+                assert await executor.run(_backend_pid, idempotent=True) != stalled[0]
+            else:
+                waiting = asyncio.create_task(asyncio.wait_for(call, 0.2))
+                await asyncio.sleep(0.6)
+                assert not waiting.done()  # the cancelled call waits for its reply
+            await locker.rollback()
+        if not abandonable:
+            with pytest.raises(TimeoutError):
+                await waiting
+            assert time.monotonic() - started >= 0.6
+            assert await executor.run(_backend_pid, idempotent=True) > 0
+        await _idle(small_engine)
+
+        async def session_gone() -> bool:
+            async with small_engine.connect() as probe:
+                found = await probe.exec_driver_sql(
+                    f"SELECT count(*) FROM pg_stat_activity WHERE pid = {stalled[0]}"
+                )
+                return found.scalar_one() == 0
+
+        if abandonable:
+            for _ in range(100):
+                if await session_gone():
+                    break
+                await asyncio.sleep(0.02)
+            assert await session_gone()  # it read its closed socket once the lock was gone
+        await asyncio.sleep(0.05)  # let anything the cancel left scheduled run (and report)
+    finally:
+        loop.set_exception_handler(previous)
+        async with small_engine.connect() as cleanup:
+            await cleanup.exec_driver_sql("DROP TABLE abandon_probe")
+            await cleanup.commit()
+    assert not reported, [context.get("message") for context in reported]
+    await _idle(small_engine)

@@ -205,11 +205,14 @@ class Failures:
         idempotent: bool,
         resend_safe: bool,
         sent: Callable[[], bool],
+        abandonable: bool = False,
     ) -> T:
         """Run ``attempt`` under the failover of ``policy``, by this store's rules:
         :meth:`retries` decides a resend (``sent()`` says whether the failed attempt
         reached the server), :meth:`translate` names what is not retried, and
-        :meth:`ran_out` what the budget ends on."""
+        :meth:`ran_out` what the budget ends on. Each attempt runs to its end even if
+        the caller is cancelled meanwhile, unless ``abandonable`` (the attempt then
+        sees the ``CancelledError`` itself and must leave its connection unused)."""
         return await call_with_failover(
             attempt,
             policy=policy,
@@ -220,6 +223,7 @@ class Failures:
             translate=lambda exc: self.translate(exc, bound=False),
             what=self.what,
             backing="postgres",
+            shield=not abandonable,
         )
 
     def unknown_outcome(self, exc: BaseException) -> StatepactError:
@@ -273,10 +277,21 @@ class Failures:
 
 
 class Executor(Protocol):
+    """What a store runs its calls on. ``abandonable`` marks a read that changes nothing:
+    an executor may walk away from it when its caller is cancelled (``DirectExecutor``
+    does, closing its connection); the others run it to its end like any call."""
+
     @property
     def bound(self) -> bool: ...
 
-    async def run(self, work: Work[T], *, idempotent: bool, resend_safe: bool = False) -> T: ...
+    async def run(
+        self,
+        work: Work[T],
+        *,
+        idempotent: bool,
+        resend_safe: bool = False,
+        abandonable: bool = False,
+    ) -> T: ...
 
 
 class EngineExecutor:
@@ -319,12 +334,21 @@ class EngineExecutor:
         assert target is not None
         return target
 
-    async def run(self, work: Work[T], *, idempotent: bool, resend_safe: bool = False) -> T:
+    async def run(
+        self,
+        work: Work[T],
+        *,
+        idempotent: bool,
+        resend_safe: bool = False,
+        abandonable: bool = False,
+    ) -> T:
         """Run ``work`` on an owned connection, waiting out a failover within the policy.
 
         ``idempotent``: running it twice is harmless (a read). ``resend_safe``: a
         write whose statement carries a call id and recognises its own first
         attempt, so sending it again after a lost reply applies it once.
+        ``abandonable`` is accepted and not used: every call on SQLAlchemy's
+        connection runs to its end.
         """
         sent = False
 
@@ -447,7 +471,14 @@ class BoundExecutor:
             )
         return None
 
-    async def run(self, work: Work[T], *, idempotent: bool, resend_safe: bool = False) -> T:
+    async def run(
+        self,
+        work: Work[T],
+        *,
+        idempotent: bool,
+        resend_safe: bool = False,
+        abandonable: bool = False,
+    ) -> T:
         key = id(self._target)
         if key in _IN_USE:  # first: mid-call, the target's own state is not settled
             raise self._refuse(f"is running another task's bound call: {_ONE_TASK}")

@@ -27,8 +27,10 @@ statement's parameters must be what asyncpg takes as they are (JSON as text);
 
 Cancellation: a call, once its statement is sent, runs to its end
 (``statepact._cancel.finish``) before the caller's cancellation goes on: asyncpg
-would otherwise cancel it on the server, and a connection closed before that
-settled leaves futures nobody answers.
+would otherwise cancel it on the server, and a connection handed on before that
+settled would refuse the next statement. A read marked ``abandonable`` is the
+exception: a cancelled caller goes on at once and the connection is closed, never
+handed on.
 
 This module must never retry a statement that is not idempotent or resend-safe
 and never let an asyncpg or SQLAlchemy exception out. See docs/backings.md
@@ -52,6 +54,7 @@ from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.util import greenlet_spawn
 
+from statepact._cancel import finish
 from statepact._retry import RetryPolicy
 from statepact.errors import StatepactError
 from statepact.storage.postgres._client import Failures, is_connection_error
@@ -312,6 +315,49 @@ class DirectExecutor:
         else:
             self._pass_on(taken)
 
+    def _take_free(self) -> _Taken | None:
+        """The connection the last call gave back, if it is of the engine's pool now."""
+        free = self._free
+        if free and free[-1][0] is self._engine.sync_engine.pool:
+            return free.pop()
+        return None
+
+    async def _checkout_to_end(self) -> _Taken:
+        """:meth:`_checkout`, run to its end even if the caller is cancelled meanwhile (a
+        connection half opened would be torn down under asyncpg); what it got then is
+        passed on to the next call."""
+        getting = asyncio.ensure_future(self._checkout())
+        try:
+            return await finish(getting)
+        except asyncio.CancelledError:
+            if getting.done() and not getting.cancelled() and getting.exception() is None:
+                self._pass_on(getting.result())
+            raise
+
+    async def _give_back_to_end(self, taken: _Taken) -> None:
+        """:meth:`_give_back`, run to its end even if the caller is cancelled meanwhile;
+        without a task of its own when it needs no I/O (no call waits in the pool)."""
+        if _WAITING.get(taken[0], 0):
+            await finish(self._give_back(taken))
+        else:
+            self._pass_on(taken)
+
+    def _abandon(self, connection: PoolProxiedConnection, exc: BaseException) -> None:
+        """Drop, at once, a connection whose statement's caller was cancelled.
+
+        Its reply may still be on the way, and asyncpg has just scheduled a task that
+        asks the server to cancel the statement: handed on, the connection would refuse
+        the next call's statement until that settled. Invalidated here, outside a
+        greenlet, SQLAlchemy terminates the asyncpg connection without I/O (the socket
+        is closed, which also stops the cancel request before it starts: one sent late
+        could cancel the next statement of that server session); the server ends the
+        session when it next reads from it, and the pool opens another one when needed.
+        A call waiting here goes to the pool meanwhile.
+        """
+        self._out -= 1
+        self._hand_over(None)
+        connection.invalidate(exc)
+
     def _check_in_idle(self) -> None:
         self._check_in_soon = None
         if not self._running and self._free:
@@ -337,11 +383,14 @@ class DirectExecutor:
         *,
         idempotent: bool,
         resend_safe: bool = False,
+        abandonable: bool = False,
     ) -> T:
         """Run ``work`` on a pooled connection, waiting out a failover within the policy.
 
         ``idempotent``: running it twice is harmless. ``resend_safe``: a write
-        that recognises its own first attempt.
+        that recognises its own first attempt. ``abandonable``: a read that
+        changes nothing, which a cancelled caller does not wait for: its
+        connection is closed (:meth:`_abandon`) rather than given back.
         """
         sent = False
 
@@ -374,10 +423,46 @@ class DirectExecutor:
                     loop = asyncio.get_running_loop()
                     self._check_in_soon = loop.call_soon(self._check_in_idle)
 
+        async def read() -> T:
+            # An abandonable call's attempt, in the caller's task: a cancellation may cut
+            # its statement short, never a checkout or a check-in (those run to their end).
+            nonlocal sent
+            sent = False
+            self._running += 1
+            running = True
+            try:
+                taken = self._take_free() or await self._checkout_to_end()
+                connection = taken[1]
+                sent = True
+                try:
+                    result = await work(Statements(connection.driver_connection))
+                except BaseException as exc:
+                    if isinstance(exc, asyncio.CancelledError) or is_connection_error(exc):
+                        self._abandon(connection, exc)
+                    else:
+                        await self._give_back_to_end(taken)
+                    raise
+                await self._give_back_to_end(taken)
+                if self._running == 1 and self._free:
+                    # The last call running: its caller goes on only once the connections
+                    # are back in the pool, as a shielded call's does (a caller that
+                    # disposes of the engine or ends the loop next leaves none out).
+                    self._running = 0
+                    running = False
+                    await finish(greenlet_spawn(self.check_in))
+                return result
+            finally:
+                if running:
+                    self._running -= 1
+                if not self._running and self._free and self._check_in_soon is None:
+                    loop = asyncio.get_running_loop()
+                    self._check_in_soon = loop.call_soon(self._check_in_idle)
+
         return await self._failures.call(
-            attempt,
+            read if abandonable else attempt,
             policy=self._policy,
             idempotent=idempotent,
             resend_safe=resend_safe,
             sent=lambda: sent,
+            abandonable=abandonable,
         )

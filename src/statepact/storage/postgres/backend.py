@@ -415,10 +415,21 @@ class PostgresBackend:
     def __repr__(self) -> str:
         return f"PostgresBackend(lock_timeout={self.lock_timeout:g})"
 
-    async def _run(self, work: Callable[[Statements], Awaitable[T]], *, idempotent: bool) -> T:
+    async def _run(
+        self,
+        work: Callable[[Statements], Awaitable[T]],
+        *,
+        idempotent: bool,
+        abandonable: bool = False,
+    ) -> T:
         if self._closed:
             raise RuntimeError("PostgresBackend: closed")
-        return await self._executor.run(work, idempotent=idempotent)
+        return await self._executor.run(work, idempotent=idempotent, abandonable=abandonable)
+
+    async def _read(self, work: Callable[[Statements], Awaitable[T]]) -> T:
+        """A read: it changes nothing, so a cancelled caller does not wait for its reply
+        (its connection is closed instead, docs/faults.md "Cancellation")."""
+        return await self._run(work, idempotent=True, abandonable=True)
 
     # -- snapshots and reads ----------------------------------------------------------------
 
@@ -427,7 +438,7 @@ class PostgresBackend:
             token, sequence = (await conn.execute(BEGIN)).one()
             return Snapshot(int(sequence), token)
 
-        return await self._run(work, idempotent=True)
+        return await self._read(work)
 
     async def begin_read(
         self, txn_id: str, resource: str, key: str
@@ -440,7 +451,7 @@ class PostgresBackend:
             found = StoredValue(data, 0 if version is None else int(version))
             return Snapshot(int(sequence), token), found
 
-        return await self._run(work, idempotent=True)
+        return await self._read(work)
 
     async def end(self, txn_id: str) -> None:
         if txn_id not in self._locking:
@@ -479,7 +490,7 @@ class PostgresBackend:
                 return _ABSENT
             return StoredValue(row[0], int(row[1]))
 
-        return await self._run(work, idempotent=True)
+        return await self._read(work)
 
     # -- commit -----------------------------------------------------------------------------
 
@@ -603,7 +614,7 @@ class PostgresBackend:
             rows: Any = (await conn.execute(HISTORY, params)).all()
             return [StoredVersion(int(row[0]), row[1], row[2]) for row in rows]
 
-        return await self._run(work, idempotent=True)
+        return await self._read(work)
 
     async def register_resource(self, name: str, metadata: str, now: datetime) -> None:
         params = {"p_name": name, "p_metadata": metadata, "p_now": now}
@@ -626,7 +637,7 @@ class PostgresBackend:
                 last_commit_at=committed_at,
             )
 
-        return await self._run(work, idempotent=True)
+        return await self._read(work)
 
     async def health_check(self) -> bool:
         if self._closed:

@@ -220,7 +220,7 @@ class PostgresStateStore(BaseStateStore):
             row = result.mappings().first()
             return None if row is None else _run_record(row, decode_json(row["data"]))
 
-        return await self._executor.run(work, idempotent=True)
+        return await self._executor.run(work, idempotent=True, abandonable=True)
 
     async def _put_run(self, write: RunWrite) -> RunRecord:
         params = {
@@ -334,7 +334,7 @@ class PostgresStateStore(BaseStateStore):
             result = await conn.execute(statement, params)
             return [_run_record(row, decode_json(row["data"])) for row in result.mappings()]
 
-        return await self._executor.run(work, idempotent=True)
+        return await self._executor.run(work, idempotent=True, abandonable=True)
 
     async def _delete_run(self, tenant: str, run_id: str) -> bool:
         async def work(conn: Runner) -> bool:
@@ -384,7 +384,7 @@ class PostgresStateStore(BaseStateStore):
             row = result.mappings().first()
             return None if row is None else _session_record(row, decode_json(row["data"]))
 
-        return await self._executor.run(work, idempotent=True)
+        return await self._executor.run(work, idempotent=True, abandonable=True)
 
     async def _list_sessions(self, tenant: str, limit: int, after_seq: int) -> list[SessionRecord]:
         params = {"p_tenant": tenant, "p_after": after_seq, "p_limit": limit + 1}
@@ -393,4 +393,4 @@ class PostgresStateStore(BaseStateStore):
             result = await conn.execute(self._sql.list_sessions, params)
             return [_session_record(row, decode_json(row["data"])) for row in result.mappings()]
 
-        return await self._executor.run(work, idempotent=True)
+        return await self._executor.run(work, idempotent=True, abandonable=True)
