@@ -282,3 +282,34 @@ async def test_a_cancelled_read_is_abandoned_only_when_it_may_be(
             await cleanup.commit()
     assert not reported, [context.get("message") for context in reported]
     await _idle(small_engine)
+
+
+async def test_disposing_of_the_engine_closes_what_an_executor_holds_between_calls(
+    pg_database_url: str,
+) -> None:
+    """A read gives its connection back to the executor for its next call (checked in at
+    the loop's next step); disposing of the engine right after closes that connection
+    with the pool, instead of leaving it checked out of a pool nobody uses any more."""
+    engine = create_async_engine(pg_database_url, pool_size=2, max_overflow=0)
+    executor = _executor(engine)
+    try:
+        pid = await executor.run(_backend_pid, idempotent=True, abandonable=True)
+        assert len(executor._free) == 1  # held for the next call
+        await engine.dispose()
+        assert executor._free == [] and executor._out == 0
+    finally:
+        await engine.dispose()
+    probe = create_async_engine(pg_database_url)
+    try:
+        async with probe.connect() as conn:
+            for _ in range(100):
+                found = await conn.exec_driver_sql(
+                    f"SELECT count(*) FROM pg_stat_activity WHERE pid = {pid}"
+                )
+                if found.scalar_one() == 0:
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("the held connection's session outlived the dispose")
+    finally:
+        await probe.dispose()

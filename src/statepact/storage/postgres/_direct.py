@@ -43,11 +43,12 @@ import asyncio
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, TypeGuard, TypeVar, cast
 
+from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
-from sqlalchemy.engine import Dialect
+from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import Pool, PoolProxiedConnection, QueuePool
 from sqlalchemy.sql import ClauseElement
@@ -71,6 +72,28 @@ _DIALECT: Dialect = asyncpg_dialect()  # type: ignore[no-untyped-call]
 _WAITING: weakref.WeakKeyDictionary[Pool, int] = weakref.WeakKeyDictionary()
 
 _Taken = tuple[Pool, PoolProxiedConnection]
+
+# The executors on each engine, for its dispose: the connections they hold between calls
+# belong to the pool the engine is dropping, and are closed with it.
+_ON_ENGINE: weakref.WeakKeyDictionary[Engine, weakref.WeakSet[DirectExecutor]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _register(executor: DirectExecutor, engine: Engine) -> None:
+    executors = _ON_ENGINE.get(engine)
+    if executors is None:
+        executors = _ON_ENGINE[engine] = weakref.WeakSet()
+        event.listen(engine, "engine_disposed", _on_disposed)
+    executors.add(executor)
+
+
+def _on_disposed(engine: Engine) -> None:
+    """``engine.dispose()`` replaced its pool: close what its executors hold between calls
+    (in dispose's greenlet, so the close may do I/O), rather than leave it checked out of
+    a pool nobody uses any more until the next call or the garbage collector."""
+    for executor in list(_ON_ENGINE.get(engine, ())):
+        executor.drop_free()
 
 
 def _at_capacity(pool: QueuePool) -> bool:
@@ -188,6 +211,7 @@ class DirectExecutor:
         self._running = 0
         self._check_in_soon: asyncio.Handle | None = None
         self._closing: set[asyncio.Task[None]] = set()
+        _register(self, engine.sync_engine)
 
     @property
     def engine(self) -> AsyncEngine:
@@ -202,20 +226,27 @@ class DirectExecutor:
             if taken[0] is pool:
                 return taken
             await self._close(taken)
-        # The pool may open no more, and has no idle connection or calls of this executor
-        # wait in it (a connection given back goes to them first, so a caller joining them
-        # would only make the queue longer): wait for one this executor's calls hand over.
-        if (
+        if self._waits_for_hand_over(pool):
+            handed = await self._wait_for_hand_over(pool)
+            if handed is not None:
+                return handed
+        return await self._connect(pool)
+
+    def _waits_for_hand_over(self, pool: Pool) -> TypeGuard[QueuePool]:
+        """Whether a call with no connection of its own waits for one this executor's calls
+        hand over: the pool may open no more, and has no idle connection or calls of this
+        executor wait in it (a connection given back goes to them first, so a caller
+        joining them would only make the queue longer)."""
+        return bool(
             self._out
             and isinstance(pool, QueuePool)
             and _at_capacity(pool)
             and (self._in_pool or pool.checkedin() == 0)
-        ):
-            handed = await self._wait_for_hand_over(pool)
-            if handed is not None:
-                return handed
-        # The pool's own checkout, with its events, its waiting and its timeout (I/O when
-        # it opens, pings or replaces a connection, hence the greenlet).
+        )
+
+    async def _connect(self, pool: Pool) -> _Taken:
+        """The pool's own checkout, with its events, its waiting and its timeout (I/O when
+        it opens, pings or replaces a connection, hence the greenlet)."""
         _WAITING[pool] = _WAITING.get(pool, 0) + 1
         self._in_pool += 1
         try:
@@ -256,7 +287,7 @@ class DirectExecutor:
                 ) from None
             raise
         if taken is not None and taken[0] is not pool:
-            await self._close(taken)  # of a pool disposed of since
+            self._close_soon(taken)  # of a pool disposed of since
             return None
         return taken
 
@@ -302,6 +333,19 @@ class DirectExecutor:
             self._hand_over(None)
         await greenlet_spawn(taken[1].close)
 
+    def _close_soon(self, taken: _Taken) -> None:
+        """:meth:`_close` in a task of its own (a call waiting here goes to the pool)."""
+        self._out -= 1
+        self._hand_over(None)
+        self._in_background(taken[1].close)
+
+    def _in_background(self, function: Callable[[], None]) -> None:
+        """Run ``function`` in a greenlet (it may do I/O) in a task of its own, kept until
+        it ends."""
+        task = asyncio.get_running_loop().create_task(greenlet_spawn(function))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
     async def _give_back(self, taken: _Taken) -> None:
         waiting = _WAITING.get(taken[0], 0)
         if waiting > self._in_pool:
@@ -315,18 +359,24 @@ class DirectExecutor:
         else:
             self._pass_on(taken)
 
-    def _take_free(self) -> _Taken | None:
-        """The connection the last call gave back, if it is of the engine's pool now."""
-        free = self._free
-        if free and free[-1][0] is self._engine.sync_engine.pool:
-            return free.pop()
-        return None
-
-    async def _checkout_to_end(self) -> _Taken:
-        """:meth:`_checkout`, run to its end even if the caller is cancelled meanwhile (a
-        connection half opened would be torn down under asyncpg); what it got then is
+    async def _checkout_for_read(self) -> _Taken:
+        """A read's checkout, in its caller's task: the connection the last call gave back,
+        or one handed over (neither does I/O, and a wait cancelled passes on what it was
+        handed); else the pool's, run to its end even if the caller is cancelled meanwhile
+        (a connection half opened would be torn down under asyncpg), what it got then
         passed on to the next call."""
-        getting = asyncio.ensure_future(self._checkout())
+        pool = self._engine.sync_engine.pool
+        free = self._free
+        if free:
+            if free[-1][0] is pool:
+                return free.pop()
+            getting = asyncio.ensure_future(self._checkout())  # closes the old pool's
+        else:
+            if self._waits_for_hand_over(pool):
+                handed = await self._wait_for_hand_over(pool)
+                if handed is not None:
+                    return handed
+            getting = asyncio.ensure_future(self._connect(pool))
         try:
             return await finish(getting)
         except asyncio.CancelledError:
@@ -363,9 +413,15 @@ class DirectExecutor:
         if not self._running and self._free:
             # In a greenlet: a pool already full closes what comes back past its size (the
             # overflow connections of a busy moment), and closing an asyncpg connection is I/O.
-            task = asyncio.get_running_loop().create_task(greenlet_spawn(self.check_in))
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+            self._in_background(self.check_in)
+
+    def drop_free(self) -> None:
+        """Close every connection held between calls (the engine disposed of their pool);
+        in a greenlet, as closing an asyncpg connection is I/O."""
+        free, self._free = self._free, []
+        self._out -= len(free)
+        for _pool, connection in free:
+            connection.invalidate()
 
     def check_in(self) -> None:
         """Give every connection held between calls back to the pool (the backing closing).
@@ -429,9 +485,8 @@ class DirectExecutor:
             nonlocal sent
             sent = False
             self._running += 1
-            running = True
             try:
-                taken = self._take_free() or await self._checkout_to_end()
+                taken = await self._checkout_for_read()
                 connection = taken[1]
                 sent = True
                 try:
@@ -443,17 +498,9 @@ class DirectExecutor:
                         await self._give_back_to_end(taken)
                     raise
                 await self._give_back_to_end(taken)
-                if self._running == 1 and self._free:
-                    # The last call running: its caller goes on only once the connections
-                    # are back in the pool, as a shielded call's does (a caller that
-                    # disposes of the engine or ends the loop next leaves none out).
-                    self._running = 0
-                    running = False
-                    await finish(greenlet_spawn(self.check_in))
                 return result
             finally:
-                if running:
-                    self._running -= 1
+                self._running -= 1
                 if not self._running and self._free and self._check_in_soon is None:
                     loop = asyncio.get_running_loop()
                     self._check_in_soon = loop.call_soon(self._check_in_idle)
