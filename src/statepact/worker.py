@@ -39,7 +39,7 @@ from statepact._cancel import finish
 from statepact._codec import plain_json, require_id
 from statepact.clock import Clock, SystemClock, from_micros, read_clock, to_micros
 from statepact.errors import LeaseLostError
-from statepact.models import Lease, WorkItem
+from statepact.models import ItemStatus, Lease, WorkItem
 from statepact.queue import MAX_ERROR_CHARS, MAX_PRIORITY, WorkQueue, WorkWatch
 
 __all__ = [
@@ -777,6 +777,9 @@ class Worker:
                 await self._slot_freed.wait()
                 continue
             asked = min(free, width)
+            # From here a _notify_work() counts: one made while this claim or the next_due
+            # read is on its way (a retry this worker just scheduled) ends the wait below.
+            self._wake.clear()
             try:
                 leases = await self._claim_owned(asked)
             except asyncio.CancelledError:
@@ -851,8 +854,7 @@ class Worker:
     async def _wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
         """Wait up to ``timeout`` s for work to be worth claiming again: cut short by the
         queue's wake-ups (LISTEN/NOTIFY, a blocking Redis pop), :meth:`stop` and
-        :meth:`_notify_work`."""
-        self._wake.clear()
+        :meth:`_notify_work` (since the claim before it began: :meth:`_claims` clears it)."""
         if self._stopping.is_set():
             return
         watcher = self._watcher
@@ -1107,6 +1109,10 @@ class Worker:
         except LeaseLostError as exc:
             self._lost(job, f"fail refused: {exc}")
             return
+        if item.status == ItemStatus.QUEUED:
+            # A retry: its due time may come before the one the claim loop sleeps toward
+            # (read before this fail landed), and a fail notifies no one else.
+            self._notify_work()
         self._hook("failed", job, item, error)
 
     async def _release(self, job: Job) -> None:

@@ -162,3 +162,47 @@ async def test_delayed_items_start_when_they_come_due_not_at_the_poll(
     assert first[0] == "half-second" and 0.45 <= first[1] < 1.0, first
     assert second[0] == "third-second" and 0.25 <= second[1] < 0.8, second
     assert retried[0] == "retried" and 0.35 <= retried[1] < 0.9, retried
+
+
+async def test_a_retry_scheduled_while_the_worker_sleeps_starts_when_it_comes_due(
+    realtime_queue: BaseWorkQueue,
+) -> None:
+    """The claim loop sleeps toward an item due in a minute (capped at the 10 s poll) when a
+    handler, 0.3 s into its run, raises ``Retry(0.4)``: the worker's own fail wakes it to
+    read the next due time again, so the retry starts about 0.4 s later, not at the poll
+    (a fail notifies no other worker, and the loop read the due times before it landed)."""
+    started: asyncio.Queue[tuple[str, float]] = asyncio.Queue()
+    tries: dict[str, int] = {}
+
+    async def handler(job: Job) -> None:
+        started.put_nowait((job.item.item_id, time.monotonic()))
+        tries[job.item.item_id] = tries.get(job.item.item_id, 0) + 1
+        if tries[job.item.item_id] == 1:
+            await asyncio.sleep(0.3)  # the claim loop is asleep by now
+            raise Retry(0.4)
+
+    queue = realtime_queue
+    worker = Worker(queue, handlers={"t": handler}, poll_interval=POLL, reap_every=0)
+    async with worker:
+        await queue.enqueue(WorkItem(tenant="t", item_id="later", payload={"task": "t"}), delay=60)
+        await queue.enqueue(WorkItem(tenant="t", item_id="flaky", payload={"task": "t"}))
+        item_id, first = await asyncio.wait_for(started.get(), POLL)
+        assert item_id == "flaky"
+        item_id, second = await asyncio.wait_for(started.get(), POLL)
+    assert item_id == "flaky" and tries == {"flaky": 2}
+    # 0.3 s in the handler, then the 0.4 s retry delay.
+    assert 0.65 <= second - first < 1.5, second - first
+
+
+async def test_a_watch_reports_what_was_enqueued_before_its_first_wait(
+    realtime_queue: BaseWorkQueue,
+) -> None:
+    """An enqueue between opening a watch and its first ``wait`` (a worker's first claim
+    found nothing, the item comes just after) is reported by that wait at once, not after
+    the 10 s fallback: on PostgreSQL the first wait starts listening and, since a
+    notification sent before that is lost, tells the caller to look again."""
+    async with realtime_queue.watch() as watch:
+        await realtime_queue.enqueue(WorkItem(tenant="t", item_id="early", payload={}))
+        began = time.monotonic()
+        assert await asyncio.wait_for(watch.wait(POLL), 2.0) is True
+    assert time.monotonic() - began < 1.0

@@ -106,9 +106,9 @@ class _ListenWatch:
     """LISTEN on the queue's channel, on one connection of the engine held while watching.
 
     A notification sets an event the next ``wait`` returns on. The connection is
-    opened on the first ``wait`` and again after it drops (a notification sent
-    meanwhile is lost: the caller's timeout bounds the delay), and given back on
-    ``close``.
+    opened on the first ``wait`` and again after it drops, and given back on
+    ``close``; a ``wait`` that (re)opened it returns True at once, since a
+    notification sent before it listened is lost (the caller claims again).
     """
 
     def __init__(self, engine: AsyncEngine, channel: str) -> None:
@@ -148,6 +148,9 @@ class _ListenWatch:
             except (OSError, SQLAlchemyError, asyncpg.PostgresError):
                 await asyncio.sleep(max(0.0, deadline - loop.time()))
                 return False
+            # Listening only from now: what was sent before (while the caller claimed for
+            # the first time, or while the connection was down) may be waiting.
+            return True
         if self._arrived.is_set():
             self._arrived.clear()
             return True
