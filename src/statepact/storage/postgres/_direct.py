@@ -408,6 +408,13 @@ class DirectExecutor:
         self._hand_over(None)
         connection.invalidate(exc)
 
+    def _ended(self) -> None:
+        """A call ended: once none runs, what is held between calls goes back to the pool
+        at the loop's next step (a call starting before then takes it instead)."""
+        self._running -= 1
+        if not self._running and self._free and self._check_in_soon is None:
+            self._check_in_soon = asyncio.get_running_loop().call_soon(self._check_in_idle)
+
     def _check_in_idle(self) -> None:
         self._check_in_soon = None
         if not self._running and self._free:
@@ -474,10 +481,7 @@ class DirectExecutor:
                 await self._give_back(taken)
                 return result
             finally:
-                self._running -= 1
-                if not self._running and self._free and self._check_in_soon is None:
-                    loop = asyncio.get_running_loop()
-                    self._check_in_soon = loop.call_soon(self._check_in_idle)
+                self._ended()
 
         async def read() -> T:
             # An abandonable call's attempt, in the caller's task: a cancellation may cut
@@ -500,10 +504,7 @@ class DirectExecutor:
                 await self._give_back_to_end(taken)
                 return result
             finally:
-                self._running -= 1
-                if not self._running and self._free and self._check_in_soon is None:
-                    loop = asyncio.get_running_loop()
-                    self._check_in_soon = loop.call_soon(self._check_in_idle)
+                self._ended()
 
         return await self._failures.call(
             read if abandonable else attempt,
