@@ -39,7 +39,7 @@ from statepact._cancel import finish
 from statepact._codec import plain_json, require_id
 from statepact.clock import Clock, SystemClock, from_micros, read_clock, to_micros
 from statepact.errors import LeaseLostError
-from statepact.models import ItemStatus, Lease, WorkItem
+from statepact.models import Lease, WorkItem
 from statepact.queue import MAX_ERROR_CHARS, MAX_PRIORITY, WorkQueue, WorkWatch
 
 __all__ = [
@@ -778,7 +778,7 @@ class Worker:
                 continue
             asked = min(free, width)
             # From here a _notify_work() counts: one made while this claim or the next_due
-            # read is on its way (a retry this worker just scheduled) ends the wait below.
+            # read is on its way (a schedule's tick, a reap) ends the wait below.
             self._wake.clear()
             try:
                 leases = await self._claim_owned(asked)
@@ -1109,10 +1109,6 @@ class Worker:
         except LeaseLostError as exc:
             self._lost(job, f"fail refused: {exc}")
             return
-        if item.status == ItemStatus.QUEUED:
-            # A retry: its due time may come before the one the claim loop sleeps toward
-            # (read before this fail landed), and a fail notifies no one else.
-            self._notify_work()
         self._hook("failed", job, item, error)
 
     async def _release(self, job: Job) -> None:

@@ -274,6 +274,44 @@ class WorkQueueConformance:
         async with work_queue.watch() as watch:
             await _woken_by(watch, lambda: work_queue.enqueue_many(batch))
 
+    async def test_watch_reports_an_enqueue_made_before_its_first_wait(
+        self, work_queue: WorkQueue
+    ) -> None:
+        """An enqueue between opening a watch and its first ``wait`` (a claimer's first
+        claim found nothing, the item came just after) is reported by that wait at once."""
+        async with work_queue.watch() as watch:
+            await work_queue.enqueue(_item("acme", "early"))
+            assert await asyncio.wait_for(watch.wait(30), 5) is True
+
+    async def test_watch_wakes_when_an_item_goes_back_to_the_queue(
+        self, work_queue: WorkQueue, clock: ManualClock
+    ) -> None:
+        """Every way an item becomes claimable again wakes a waiting watcher, as an enqueue
+        does: a release, a retry (due later: the watcher asks ``next_due``), a lapsed
+        lease reaped, a dead item requeued. A worker idle on another process learns of it
+        without waiting for its poll."""
+        await work_queue.enqueue(_item("acme", "back"))
+        async with work_queue.watch() as watch:
+            released = await work_queue.claim("w1", lease_for=30)
+            assert released is not None
+            await _woken_by(watch, lambda: work_queue.release(released))
+
+            retried = await work_queue.claim("w1", lease_for=30)
+            assert retried is not None
+            await _woken_by(watch, lambda: work_queue.fail(retried, "boom", retry_in=60))
+
+            clock.advance(61)
+            lease = await work_queue.claim("w1", lease_for=30)
+            assert lease is not None
+            clock.advance(31)
+            await _woken_by(watch, work_queue.reap)
+
+            lease = await work_queue.claim("w1", lease_for=30)
+            assert lease is not None
+            dead = await work_queue.fail(lease, "fatal", retryable=False)
+            assert dead.status is ItemStatus.DEAD
+            await _woken_by(watch, lambda: work_queue.requeue(dead))
+
     # -- enqueue_many ------------------------------------------------------------
 
     async def test_enqueue_many_stores_the_batch_in_order(

@@ -470,11 +470,13 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_error": error,
             "p_available_at": outcome.available_at,
             "p_now": now,
+            "p_channel": self._channel,
         }
         return _item_or_none(await self._settle(lease, self._sql.fail, extra))
 
     async def _release(self, lease: Lease, now: datetime) -> WorkItem | None:
-        return _item_or_none(await self._settle(lease, self._sql.release, {"p_now": now}))
+        extra = {"p_now": now, "p_channel": self._channel}
+        return _item_or_none(await self._settle(lease, self._sql.release, extra))
 
     async def _reap(self, now: datetime, outcome: LapseOutcome) -> list[WorkItem]:
         params = {
@@ -483,6 +485,7 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_batch": REAP_BATCH,
             "p_dead_at": outcome.dead_at,
             "p_error": outcome.error,
+            "p_channel": self._channel,
         }
 
         async def work(conn: _Conn) -> list[RowMapping]:
@@ -512,7 +515,7 @@ class PostgresWorkQueue(BaseWorkQueue):
     async def _requeue(
         self, tenant: str, item_id: str, now: datetime
     ) -> WorkItem | ItemStatus | None:
-        params = {**self._key(tenant, item_id), "p_now": now}
+        params = {**self._key(tenant, item_id), "p_now": now, "p_channel": self._channel}
 
         async def work(conn: _Conn) -> WorkItem | ItemStatus | None:
             row = (await conn.execute(self._sql.requeue, params)).mappings().first()

@@ -726,11 +726,23 @@ def ack_many(work: Table) -> Update:
     )
 
 
+def _notified_if_queued(rows: Any) -> Any:
+    """A column that sends the queue's ``NOTIFY`` for a row put back in the queue (due now
+    or later: a watcher asks ``next_due`` and sleeps until then), and is NULL. It sits in
+    the outer select: a CTE that no one reads is never run."""
+    return case(
+        (rows.c.status == QUEUED, func.pg_notify(param("channel"), literal_column("''")))
+    ).label("notified")
+
+
 def _settled(tables: Tables, settle: Update) -> Select[Any]:
-    """Run a fenced settle that may put the item back in the queue, and wake its tenant."""
+    """Run a fenced settle that may put the item back in the queue, wake its tenant, and
+    wake the queue's watchers if it did."""
     settled = settle.returning(*_item_columns(tables.work)).cte("settled")
     woken = _turn_added(tables.queue_turns, settled, grouped=False).cte("woken")
-    return select(*(settled.c[c.name] for c in _item_columns(tables.work))).add_cte(woken)
+    return select(
+        *(settled.c[c.name] for c in _item_columns(tables.work)), _notified_if_queued(settled)
+    ).add_cte(woken)
 
 
 def fail(tables: Tables) -> Select[Any]:
@@ -816,7 +828,7 @@ def reap(tables: Tables) -> Select[Any]:
     )
     woken = _turn_added(tables.queue_turns, moved, grouped=True).cte("woken")
     names = [c.name for c in _item_columns(work)] + ["lapsed_at", "lapsed_token"]
-    return select(*(moved.c[name] for name in names)).add_cte(woken)
+    return select(*(moved.c[name] for name in names), _notified_if_queued(moved)).add_cte(woken)
 
 
 def dead_letters(work: Table) -> Select[Any]:
