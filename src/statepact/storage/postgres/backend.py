@@ -643,9 +643,11 @@ class PostgresBackend:
         if self._closed:
             return False
         # Twice: a pooled connection the server dropped fails the first ping, and
-        # that failure makes the pool replace every connection older than it.
+        # that failure makes the pool replace every connection older than it. Each runs
+        # to its end even if the caller is cancelled meanwhile: the checkout may be
+        # opening a connection, which asyncpg must not have torn down mid-handshake.
         for _ in range(2):
-            if await self._ping():
+            if await finish(self._ping()):
                 return True
         return False
 

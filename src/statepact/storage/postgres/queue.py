@@ -144,7 +144,7 @@ class _ListenWatch:
         if self._driver is None or self._driver.is_closed():
             await finish(self.close())
             try:
-                await self._listen()
+                await finish(self._listen())  # a connect cut short would tear asyncpg's handshake
             except (OSError, SQLAlchemyError, asyncpg.PostgresError):
                 await asyncio.sleep(max(0.0, deadline - loop.time()))
                 return False
