@@ -17,7 +17,7 @@ import asyncio
 import logging
 import random
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -26,7 +26,6 @@ from typing import Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from statepact import _observe
-from statepact._cancel import finish
 from statepact._codec import (
     check_size,
     plain_int,
@@ -42,6 +41,7 @@ from statepact._limits import (
     MAX_BATCH_BYTES,
     MAX_ENQUEUE_BATCH,
 )
+from statepact._shared import SharedRoundTrips
 from statepact.clock import Clock, SystemClock, read_clock
 from statepact.errors import LeaseLostError, StatePersistenceError
 from statepact.models import ItemStatus, Lease, QueueStats, WorkItem, stored
@@ -325,124 +325,15 @@ class SleepWatch:
         return False
 
 
-# The most single enqueues one shared round trip carries (see _EnqueueBatches).
+# The most single enqueues one shared round trip carries (see statepact._shared).
 MAX_SHARED_ENQUEUES = 500
-
-
-@dataclass(slots=True)
-class _Waiting:
-    """One ``enqueue`` waiting for the next shared round trip, and where its answer goes."""
-
-    item: WorkItem
-    payload: bytes
-    answer: asyncio.Future[WorkItem]
-
-
-class _EnqueueBatches:
-    """Concurrent single enqueues of one queue share round trips: group commit, no timer.
-
-    An ``enqueue`` made while none is on its way is sent at once, on its own, as
-    before. Those made while one is on its way wait for it, then go together in one
-    ``_enqueue_many`` (one script on Redis, one statement and one commit on
-    PostgreSQL), sent by a task of their own, in the order they were made; each
-    caller gets its own item back, stored exactly as its own call would have stored
-    it. An item whose ``(tenant, item_id)`` is already in a batch waits for the next
-    one (a batch never names an item twice). A caller cancelled while its item
-    still waits is taken out (nothing was sent); once its batch is sent it waits
-    for the answer, then gets its ``CancelledError`` (as ``finish`` does).
-    """
-
-    __slots__ = ("_busy", "_flusher", "_many", "_one", "_waiting")
-
-    def __init__(
-        self,
-        one: Callable[[WorkItem, bytes], Awaitable[WorkItem]],
-        many: Callable[[list[tuple[WorkItem, bytes]]], Awaitable[list[WorkItem]]],
-    ) -> None:
-        self._one = one
-        self._many = many
-        self._waiting: list[_Waiting] = []
-        self._busy = False  # an enqueue (alone, or a batch) is on its way
-        self._flusher: asyncio.Task[None] | None = None
-
-    async def enqueue(self, item: WorkItem, payload: bytes) -> WorkItem:
-        if not self._busy:
-            self._busy = True
-            try:
-                return await self._one(item, payload)
-            finally:
-                self._busy = False
-                self._start()
-        waiting = _Waiting(item, payload, asyncio.get_running_loop().create_future())
-        self._waiting.append(waiting)
-        try:
-            return await asyncio.shield(waiting.answer)
-        except asyncio.CancelledError:
-            if waiting in self._waiting:
-                self._waiting.remove(waiting)  # not sent: nothing to wait for
-                raise
-            if waiting.answer.done():
-                raise
-            await finish(waiting.answer)  # sent: wait for its answer, then be cancelled
-            raise
-
-    def _start(self) -> None:
-        if self._waiting and not self._busy:
-            self._busy = True
-            self._flusher = asyncio.get_running_loop().create_task(
-                self._flush(), name="statepact-enqueues"
-            )
-
-    def _next_batch(self) -> list[_Waiting]:
-        batch: list[_Waiting] = []
-        keys: set[tuple[str, str]] = set()
-        later: list[_Waiting] = []
-        size = 0
-        for waiting in self._waiting:
-            key = (waiting.item.tenant, waiting.item.item_id)
-            full = (
-                len(batch) >= MAX_SHARED_ENQUEUES or size + len(waiting.payload) > MAX_BATCH_BYTES
-            )
-            if full or key in keys:
-                later.append(waiting)
-                continue
-            keys.add(key)
-            size += len(waiting.payload)
-            batch.append(waiting)
-        self._waiting = later
-        return batch
-
-    async def _flush(self) -> None:
-        batch: list[_Waiting] = []
-        try:
-            while self._waiting:
-                batch = self._next_batch()
-                try:
-                    if len(batch) == 1:
-                        stored = [await self._one(batch[0].item, batch[0].payload)]
-                    else:
-                        stored = await self._many([(w.item, w.payload) for w in batch])
-                except Exception as exc:
-                    for waiting in batch:
-                        waiting.answer.set_exception(exc)
-                else:
-                    for waiting, item in zip(batch, stored, strict=True):
-                        waiting.answer.set_result(item)
-                batch = []
-        finally:
-            self._busy = False
-            self._flusher = None
-            # Only a BaseException (the loop going away) leaves a caller unanswered.
-            for waiting in batch:
-                if not waiting.answer.done():
-                    waiting.answer.cancel()
 
 
 class BaseWorkQueue(ABC):
     """Validation, encoding, time and policy for every ``WorkQueue`` backing."""
 
     # A backing that owns its connections turns this on: concurrent single enqueues then
-    # share round trips (_EnqueueBatches). Never inside a caller's transaction.
+    # share round trips (statepact._shared). Never inside a caller's transaction.
     _shares_enqueues = False
 
     def __init__(
@@ -459,7 +350,17 @@ class BaseWorkQueue(ABC):
         if max_value_bytes <= 0:
             raise ValueError("max_value_bytes: must be positive")
         self._max_value_bytes = max_value_bytes
-        self._enqueue_batches = _EnqueueBatches(self._enqueue, self._enqueue_many)
+        self._enqueue_batches: SharedRoundTrips[tuple[WorkItem, bytes], WorkItem] = (
+            SharedRoundTrips(
+                lambda entry: self._enqueue(*entry),
+                self._enqueue_many,
+                key=lambda entry: (entry[0].tenant, entry[0].item_id),
+                size=lambda entry: len(entry[1]),
+                max_items=MAX_SHARED_ENQUEUES,
+                max_bytes=MAX_BATCH_BYTES,
+                name="statepact-enqueues",
+            )
+        )
 
     @property
     def name(self) -> str:
@@ -521,7 +422,7 @@ class BaseWorkQueue(ABC):
         fresh, payload = self._prepare("", item, now, now + timedelta(seconds=wait))
         if not self._shares_enqueues:
             return await self._enqueue(fresh, payload)
-        return await self._enqueue_batches.enqueue(fresh, payload)
+        return await self._enqueue_batches.send((fresh, payload))
 
     async def enqueue_many(
         self, items: Sequence[WorkItem], *, delay: float | timedelta | None = None

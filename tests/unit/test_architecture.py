@@ -24,6 +24,7 @@ FOUNDATION = frozenset(
         "statepact._codec",
         "statepact._retry",
         "statepact._cancel",
+        "statepact._shared",
         "statepact._observe",
     }
 )
