@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from statepact.errors import OutOfTurnError, StatePersistenceError
 from statepact.models import RunRecord, WorkItem
 from statepact.settings import PostgresStoreSettings
-from statepact.storage.postgres import PostgresStateStore, PostgresWorkQueue, _direct
+from statepact.storage.postgres import PostgresStateStore, PostgresWorkQueue
 from statepact.storage.postgres._client import sqlstate_of
 from tests.faults._proxied import RESENDING, ProxiedPostgres
 from tests.faults.conftest import FaultFigures
@@ -59,7 +59,7 @@ async def test_a_resend_racing_its_running_first_attempt_applies_once(
     write: str,
     proxied_postgres: ProxiedPostgres,
     fault_figures: FaultFigures,
-    monkeypatch: pytest.MonkeyPatch,
+    failed_sqlstates: list[str | None],
 ) -> None:
     """The first attempt is held on the server (another session holds the run's row lock), the
     client's connection is cut, and the resend arrives while the first attempt still runs. When
@@ -75,17 +75,6 @@ async def test_a_resend_racing_its_running_first_attempt_applies_once(
     def seen(context: Any) -> None:
         unique_violations.append(sqlstate_of(context.original_exception))
 
-    direct = _direct.Statements.execute
-
-    async def execute(self: _direct.Statements, statement: Any, parameters: Any = None) -> Any:
-        # On an engine the store's statements run on the driver (DirectExecutor).
-        try:
-            return await direct(self, statement, parameters)
-        except Exception as exc:
-            unique_violations.append(sqlstate_of(exc))
-            raise
-
-    monkeypatch.setattr(_direct.Statements, "execute", execute)
     event.listen(proxied_engine.sync_engine, "handle_error", seen)
     async with direct_engine.connect() as locker:
         await locker.execute(text("SELECT 1 FROM adk_runs WHERE run_id = 'r1' FOR UPDATE"))
@@ -106,7 +95,8 @@ async def test_a_resend_racing_its_running_first_attempt_applies_once(
     assert found.version == result.version == 2
     if write == "patch":
         assert found.input_tokens == result.input_tokens == 7
-        assert "23505" in unique_violations
+        # On an engine the store's statements run on the driver (DirectExecutor).
+        assert "23505" in unique_violations + failed_sqlstates
     else:
         assert found.data == result.data == {"n": 1}
     await proxied_postgres.check_write_rows("r1", 2)
@@ -115,6 +105,65 @@ async def test_a_resend_racing_its_running_first_attempt_applies_once(
         "postgres",
         acknowledged=1,
         found=found.version - run.version,
+        faults=1,
+    )
+
+
+@pytest.mark.parametrize("write", ["patch", "put"])
+async def test_a_shared_statement_resent_while_its_first_attempt_runs_applies_each_once(
+    write: str,
+    proxied_postgres: ProxiedPostgres,
+    fault_figures: FaultFigures,
+    failed_sqlstates: list[str | None],
+) -> None:
+    """Four writes of four runs share one statement (a fifth, alone, was on its way when they
+    were made); that statement is held on the server (another session holds r3's row lock),
+    the client's connection is cut, and the failover's resend arrives while the first attempt
+    still runs. When the lock is released the first attempt applies all four; the patches'
+    resend hits their call rows (23505) and is sent once more, the puts' finds the versions
+    moved; either applies nothing, and each caller then finds its own write applied (its
+    resend alone answers it). Every run moves exactly one version."""
+    direct_engine = proxied_postgres.direct_engine
+    store = proxied_postgres.state(RESENDING)
+    runs = {n: await store.put_run(RunRecord(tenant="acme", run_id=f"r{n}")) for n in range(5)}
+
+    def call(n: int) -> Any:
+        if write == "patch":
+            return store.patch_run("acme", f"r{n}", input_tokens=n + 1)
+        return store.put_run(runs[n].model_copy(update={"data": {"n": n}}))
+
+    async with direct_engine.connect() as alone, direct_engine.connect() as shared:
+        await alone.execute(text("SELECT 1 FROM adk_runs WHERE run_id = 'r0' FOR UPDATE"))
+        await shared.execute(text("SELECT 1 FROM adk_runs WHERE run_id = 'r3' FOR UPDATE"))
+        first = asyncio.create_task(call(0))
+        await _waiting_on_locks(direct_engine, 1)  # r0's write, alone
+        others = [asyncio.create_task(call(n)) for n in range(1, 5)]
+        await asyncio.sleep(0.05)
+        await alone.commit()  # r0's write lands; the four go together and wait on r3
+        await asyncio.wait_for(first, 10.0)
+        await _waiting_on_locks(direct_engine, 1)
+        assert proxied_postgres.proxy.cut() >= 1
+        # The resend reaches the server and waits on r1, locked by the first attempt.
+        await _waiting_on_locks(direct_engine, 2)
+        assert not any(task.done() for task in others)
+        await shared.commit()
+    results = await asyncio.wait_for(asyncio.gather(*others), 10.0)
+    assert ("23505" in failed_sqlstates) is (write == "patch"), failed_sqlstates
+    reader = proxied_postgres.state()
+    for n, result in enumerate(results, start=1):
+        found = await reader.get_run("acme", f"r{n}")
+        assert found is not None
+        assert (result.run_id, result.version, found.version) == (f"r{n}", 2, 2)
+        if write == "patch":
+            assert found.input_tokens == result.input_tokens == n + 1
+        else:
+            assert found.data == result.data == {"n": n}
+        await proxied_postgres.check_write_rows(f"r{n}", 2)
+    fault_figures.outcome(
+        f"shared statement resent racing its first attempt ({write})",
+        "postgres",
+        acknowledged=4,
+        found=sum(result.version - 1 for result in results),
         faults=1,
     )
 

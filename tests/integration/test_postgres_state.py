@@ -47,6 +47,12 @@ LIMIT = DEFAULT_MAX_VALUE_BYTES
 FAST_FAILOVER = {"failover_attempts": 3, "failover_base_delay": 0.01, "failover_max_delay": 0.02}
 
 
+_LOCK_WAITERS = (
+    "SELECT count(*) FROM pg_stat_activity "
+    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+)
+
+
 def _run(run_id: str, **fields: Any) -> RunRecord:
     return RunRecord(tenant="acme", run_id=run_id, **fields)
 
@@ -99,6 +105,69 @@ async def test_each_call_is_one_statement(
     before = len(statements)
     assert await store.delete_run("acme", "r1") is True
     assert len(statements) - before == 1
+
+
+@pytest.mark.parametrize("write", ["patch", "put"])
+async def test_concurrent_run_writes_share_one_statement(
+    write: str, postgres_state_store: PostgresStateStore, statements: list[str]
+) -> None:
+    """Twenty writes of twenty runs made at once: the first goes alone, the other nineteen
+    wait for it and go together in one statement; each caller gets its own run back."""
+    store = postgres_state_store
+    created = [await store.put_run(_run(f"r{n}")) for n in range(20)]
+    before = len(statements)
+    if write == "patch":
+        results = await asyncio.gather(
+            *(store.patch_run("acme", f"r{n}", input_tokens=n) for n in range(20))
+        )
+    else:
+        results = await asyncio.gather(
+            *(
+                store.put_run(run.model_copy(update={"data": {"n": n}}))
+                for n, run in enumerate(created)
+            )
+        )
+    sent = statements[before:]
+    assert len(sent) == 2, sent
+    assert "unnest" not in sent[0] and "unnest" in sent[1]
+    for n, result in enumerate(results):
+        assert (result.run_id, result.version) == (f"r{n}", 2)
+        if write == "patch":
+            assert result.input_tokens == n
+        else:
+            assert result.data == {"n": n}
+
+
+async def test_shared_statements_of_two_stores_never_deadlock(
+    pg_engine: AsyncEngine, clock: ManualClock, failed_sqlstates: list[str | None]
+) -> None:
+    """Two stores (two processes, as far as the server knows) patch the same twenty runs at
+    once, one naming them in ascending order and one in descending, while an outside session
+    holds r5's row, so both shared statements are held midway. They lock the runs in one
+    order, so neither waits on the other in a cycle: no deadlock (40P01) is ever reported
+    by the server, and every counter is the exact sum."""
+    stores = [PostgresStateStore(pg_engine, clock=clock) for _ in range(2)]
+    names = [f"r{n:02d}" for n in range(20)]
+    for run_id in names:
+        await stores[0].put_run(_run(run_id))
+    async with pg_engine.connect() as locker:
+        await locker.execute(text("SELECT 1 FROM adk_runs WHERE run_id = 'r05' FOR UPDATE"))
+        calls = asyncio.gather(
+            *(stores[0].patch_run("acme", run_id, iterations=1) for run_id in names),
+            *(stores[1].patch_run("acme", run_id, input_tokens=1) for run_id in reversed(names)),
+        )
+        deadline = time.monotonic() + 5
+        while await _scalar(pg_engine, _LOCK_WAITERS) < 2:
+            assert time.monotonic() < deadline, "the shared statements never reached r05"
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)
+        await locker.commit()
+    await asyncio.wait_for(calls, 10)
+    assert "40P01" not in failed_sqlstates, failed_sqlstates
+    for run_id in names:
+        stored = await stores[1].get_run("acme", run_id)
+        assert stored is not None
+        assert (stored.iterations, stored.input_tokens, stored.version) == (1, 1, 3)
 
 
 async def test_only_a_refused_write_reads_again(

@@ -54,7 +54,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from statepact._limits import DEFAULT_MAX_VALUE_BYTES
+from statepact._limits import DEFAULT_MAX_VALUE_BYTES, MAX_COUNTER
 from statepact.clock import ManualClock
 from statepact.errors import RunNotFoundError, StateConflictError, StatePersistenceError
 from statepact.models import RunRecord, RunStatus, SessionRecord
@@ -392,6 +392,103 @@ class StateStoreConformance:
         assert stored.iterations == 50
         assert stored.cursor == sum(i % 3 for i in range(50))
         assert stored.version == 51
+
+    async def test_concurrent_patches_of_many_runs_each_land_once(
+        self, state_store: StateStore
+    ) -> None:
+        """Thirty workers patching their own runs at once, three rounds, and a run patched
+        twice in one round: each call answers its own run as it left it, and every counter
+        is the exact sum (a backing may send concurrent writes together, never mixed up)."""
+        runs = [f"run_{n}" for n in range(30)]
+        for run_id in runs:
+            await _create(state_store, run_id)
+        for round_ in range(3):
+            calls = [(run_id, n + 1) for n, run_id in enumerate(runs)] + [("run_0", 100)]
+            results = await asyncio.gather(
+                *(
+                    state_store.patch_run(
+                        "acme", run_id, input_tokens=amount, cost=Decimal(amount) / 1000
+                    )
+                    for run_id, amount in calls
+                )
+            )
+            for (run_id, _amount), result in zip(calls, results, strict=True):
+                assert (result.tenant, result.run_id) == ("acme", run_id)
+            for n, result in enumerate(results[1:30], start=1):
+                assert result.version == round_ + 2
+                assert result.input_tokens == (n + 1) * (round_ + 1)
+        for n, run_id in enumerate(runs):
+            stored = await state_store.get_run("acme", run_id)
+            assert stored is not None
+            extra = 300 if n == 0 else 0
+            assert stored.input_tokens == 3 * (n + 1) + extra
+            assert stored.cost == Decimal(3 * (n + 1) + extra) / 1000
+            assert stored.version == (7 if n == 0 else 4)
+
+    async def test_concurrent_puts_of_many_runs_each_land_once(
+        self, state_store: StateStore
+    ) -> None:
+        """Thirty workers putting their own runs at once, three rounds: each call answers its
+        own run with its own blob and the next version, and each run keeps its last blob."""
+        records = {run_id: await _create(state_store, run_id) for run_id in ("a", "b", "c")}
+        records.update({f"run_{n}": await _create(state_store, f"run_{n}") for n in range(27)})
+        for round_ in range(3):
+            results = await asyncio.gather(
+                *(
+                    state_store.put_run(
+                        record.model_copy(
+                            update={"data": {"run": run_id, "round": round_}, "session_id": run_id}
+                        )
+                    )
+                    for run_id, record in records.items()
+                )
+            )
+            for (run_id, record), result in zip(records.items(), results, strict=True):
+                assert (result.run_id, result.version) == (run_id, record.version + 1)
+                assert (result.data, result.session_id) == (
+                    {"run": run_id, "round": round_},
+                    run_id,
+                )
+                records[run_id] = result
+        for run_id in records:
+            stored = await state_store.get_run("acme", run_id)
+            assert stored is not None
+            assert (stored.version, stored.data) == (4, {"run": run_id, "round": 2})
+
+    async def test_concurrent_writes_refused_alone_while_the_others_land(
+        self, state_store: StateStore
+    ) -> None:
+        """Among concurrent writes of many runs, a patch of a missing run, a patch past a
+        counter's limit and a put of a stale version are refused, each with its own error,
+        and change nothing; every other write lands."""
+        for n in range(10):
+            await _create(state_store, f"run_{n}")
+        stale = await _create(state_store, "stale")
+        await state_store.patch_run("acme", "stale", iterations=1)
+        await _create(state_store, "full")
+        for _ in range(2):  # a delta is below 2**62: two come to MAX_COUNTER - 1
+            await state_store.patch_run("acme", "full", iterations=2**62 - 1)
+        calls = [state_store.patch_run("acme", f"run_{n}", iterations=n + 1) for n in range(5)]
+        calls += [
+            state_store.patch_run("acme", "missing", iterations=1),
+            state_store.patch_run("acme", "full", iterations=2),
+            state_store.put_run(stale.model_copy(update={"data": {"lost": True}})),
+        ]
+        calls += [state_store.patch_run("acme", f"run_{n}", iterations=n + 1) for n in range(5, 10)]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        assert isinstance(results[5], RunNotFoundError)
+        assert isinstance(results[6], ValueError) and "iterations" in str(results[6])
+        assert isinstance(results[7], StateConflictError)
+        assert (results[7].expected, results[7].actual) == (stale.version, stale.version + 1)
+        landed = results[:5] + results[8:]
+        for n, result in enumerate(landed):
+            assert isinstance(result, RunRecord)
+            assert (result.run_id, result.iterations, result.version) == (f"run_{n}", n + 1, 2)
+        assert await state_store.get_run("acme", "missing") is None
+        for run_id, version, iterations in (("stale", 2, 1), ("full", 3, MAX_COUNTER - 1)):
+            stored = await state_store.get_run("acme", run_id)
+            assert stored is not None
+            assert (stored.version, stored.iterations, stored.data) == (version, iterations, {})
 
     async def test_a_thousand_nano_costs_sum_exactly(self, state_store: StateStore) -> None:
         """Cost is exact to 1e-9: 1,000 patches of 0.000000001 sum to exactly 0.000001."""

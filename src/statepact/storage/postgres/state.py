@@ -3,8 +3,11 @@
 It implements the ``_``-methods of :class:`~statepact.state.BaseStateStore`
 (the front has validated, encoded and size-checked everything and read the
 clock) by running the statements of ``_sql/state.py``, one per call; a run
-write carries a call id so the failover may send it again. Round trips and
-resends: docs/backings.md#run-writes-sent-again.
+write carries a call id so the failover may send it again. On an engine,
+concurrent ``patch_run`` calls, and concurrent ``put_run`` calls of existing
+runs, share round trips (``statepact._shared``): while one is on its way, the
+next ones go together in one statement. Round trips and resends:
+docs/backings.md#run-writes-sent-again.
 
 This module must never create or alter a table, never read the server's clock,
 and never retry inside a caller's transaction (``bound``).
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from datetime import datetime
 from decimal import Decimal
 from functools import cache
@@ -25,11 +28,12 @@ from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from statepact._codec import decimal_to_nanos, decode_json, nanos_to_decimal
-from statepact._limits import MAX_COUNTER
+from statepact._limits import MAX_BATCH_BYTES, MAX_COUNTER
 from statepact._retry import new_op_id
+from statepact._shared import SharedRoundTrips
 from statepact.clock import Clock
 from statepact.errors import RunNotFoundError, StateConflictError, StatePersistenceError
-from statepact.models import RunRecord, RunStatus, SessionRecord
+from statepact.models import RunRecord, RunStatus, SessionRecord, stored
 from statepact.settings import PostgresStoreSettings
 from statepact.state import (
     BaseStateStore,
@@ -55,24 +59,72 @@ from statepact.storage.postgres.schema import WRITE_RETENTION, StateTables, Tabl
 
 __all__ = ["PostgresStateStore"]
 
+# The most run writes one shared round trip carries: a statement's arrays, a lock each.
+MAX_SHARED_WRITES = 200
+
+# A batch's arrays (``p_each_<name>``), each from the same parameter of every call.
+_EACH = {
+    "tenant": "p_tenant",
+    "run_id": "p_record_id",
+    "op_id": "p_op_id",
+    "at": "p_now",
+    "cutoff": "p_cutoff",
+}
+_EACH_PATCH = {
+    **_EACH,
+    **{name: f"p_{name}" for name in COUNTERS},
+    **{f"max_{name}": f"p_max_{name}" for name in COUNTERS},
+}
+_EACH_UPDATE = {
+    **_EACH,
+    "session_id": "p_session_id",
+    "status": "p_status",
+    "data": "p_data",
+    "expected": "p_expected",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Patch:
+    """One ``patch_run`` call: its statement's parameters and the deltas it adds."""
+
+    params: dict[str, Any]
+    deltas: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Put:
+    """One ``put_run`` call: the front's write and its statement's parameters."""
+
+    write: RunWrite
+    params: dict[str, Any]
+
+
+def _each(calls: list[dict[str, Any]], names: Mapping[str, str]) -> dict[str, list[Any]]:
+    """The parameters of a batch statement: one array per name, a call's value each."""
+    return {f"p_each_{name}": [call[key] for call in calls] for name, key in names.items()}
+
 
 def _run_record(row: RowMapping, data: Any) -> RunRecord:
     # Read from this store's own table: every field is of its type already, no validation.
-    return RunRecord.model_construct(
-        tenant=row["tenant"],
-        run_id=row["run_id"],
-        session_id=row["session_id"],
-        status=RunStatus(row["status"]),
-        data=data,
-        version=row["version"],
-        input_tokens=row["input_tokens"],
-        output_tokens=row["output_tokens"],
-        cost=_cost(row["cost"]),
-        iterations=row["iterations"],
-        cursor=row["cursor"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        seq=row["seq"],
+    return stored(
+        RunRecord,
+        {
+            "tenant": row["tenant"],
+            "run_id": row["run_id"],
+            "session_id": row["session_id"],
+            "status": RunStatus(row["status"]),
+            "data": data,
+            "version": row["version"],
+            "input_tokens": row["input_tokens"],
+            "output_tokens": row["output_tokens"],
+            "cost": _cost(row["cost"]),
+            "iterations": row["iterations"],
+            "cursor": row["cursor"],
+            "created_at": row["created_at"],
+            "updated_at": row["updated_at"],
+            "seq": row["seq"],
+        },
     )
 
 
@@ -141,6 +193,9 @@ class PostgresStateStore(BaseStateStore):
         # SQLAlchemy's cost per statement); Core on one AsyncConnection and when bound.
         self._sql: Any
         self._executor: Executor
+        # Concurrent run writes sharing round trips: on an engine only (see the module).
+        self._patches: SharedRoundTrips[_Patch, RunRecord | CounterOverflow | None] | None = None
+        self._puts: SharedRoundTrips[_Put, RunRecord | None] | None = None
         if isinstance(engine, AsyncEngine):
             self._sql = _prepared(self._tables)
             self._executor = DirectExecutor(
@@ -148,6 +203,24 @@ class PostgresStateStore(BaseStateStore):
                 policy=self._settings.retry_policy,
                 unavailable=_unavailable,
                 what="state store",
+            )
+            self._patches = SharedRoundTrips(
+                lambda call: self._patch_alone(call, resent=False),
+                self._patch_many,
+                key=lambda call: (call.params["p_tenant"], call.params["p_record_id"]),
+                size=lambda _call: 0,  # a handful of numbers: MAX_SHARED_WRITES bounds it
+                max_items=MAX_SHARED_WRITES,
+                max_bytes=MAX_BATCH_BYTES,
+                name="statepact-run-patches",
+            )
+            self._puts = SharedRoundTrips(
+                lambda call: self._put_alone(call, resent=False),
+                self._put_many,
+                key=lambda call: (call.write.tenant, call.write.run_id),
+                size=lambda call: len(call.write.data),
+                max_items=MAX_SHARED_WRITES,
+                max_bytes=MAX_BATCH_BYTES,
+                name="statepact-run-puts",
             )
         else:
             self._sql = _statements(self._tables)
@@ -183,6 +256,7 @@ class PostgresStateStore(BaseStateStore):
         clone = copy.copy(self)
         clone._executor = BoundExecutor(session, unavailable=_unavailable, what="state store")
         clone._sql = _statements(self._tables)
+        clone._patches = clone._puts = None  # each write a statement of the caller's transaction
         return clone
 
     @property
@@ -200,17 +274,38 @@ class PostgresStateStore(BaseStateStore):
         """A run write's call id (the same in every resend) and its sweep cutoff."""
         return {"p_op_id": new_op_id(), "p_cutoff": now - WRITE_RETENTION}
 
-    async def _write(self, conn: Runner, statement: Any, params: Mapping[str, Any]) -> Any:
-        """Run one write statement; its row, or None when it applied nothing."""
+    async def _written(self, conn: Runner, statement: Any, params: Mapping[str, Any]) -> Any:
+        """Run one write statement; its result."""
         try:
-            result = await conn.execute(statement, params)
+            return await conn.execute(statement, params)
         except Exception as exc:
             if sqlstate_of(exc) == "23505" and constraint_of(exc) == self._writes_key:
                 raise FirstAttemptCommitted(
-                    "this call's first attempt committed while its resend waited"
+                    "a call's first attempt committed while its resend waited"
                 ) from exc
             raise
-        return result.mappings().first()
+
+    async def _write(self, conn: Runner, statement: Any, params: Mapping[str, Any]) -> Any:
+        """Run one write statement; its row, or None when it applied nothing."""
+        return (await self._written(conn, statement, params)).mappings().first()
+
+    async def _many(
+        self, statement: Any, params: dict[str, list[Any]], count: int
+    ) -> list[RowMapping | None]:
+        """Run one batch statement of ``count`` calls' writes (``patch_runs``,
+        ``update_runs``); each call's row, or None where its write applied nothing.
+
+        Each write carries its call id and the statement skips those already applied,
+        so the failover may send the batch again, as it does one write.
+        """
+
+        async def work(conn: Runner) -> list[RowMapping | None]:
+            rows: list[RowMapping | None] = [None] * count
+            for row in (await self._written(conn, statement, params)).mappings().all():
+                rows[row["ord"] - 1] = row
+            return rows
+
+        return await self._executor.run(work, idempotent=False, resend_safe=True)
 
     async def _get_run(self, tenant: str, run_id: str) -> RunRecord | None:
         async def work(conn: Runner) -> RunRecord | None:
@@ -233,16 +328,35 @@ class PostgresStateStore(BaseStateStore):
             "p_expected": write.expected_version,
             **self._call_params(write.now),
         }
+        call = _Put(write, params)
+        if write.expected_version == 0 or self._puts is None:
+            return await self._put_alone(call, resent=False)
+        answer = await self._puts.send(call)
+        # Not applied with the others (a version conflict, the run gone): on its own,
+        # as a resend, since an earlier attempt of the batch may have applied it.
+        return answer if answer is not None else await self._put_alone(call, resent=True)
+
+    async def _put_many(self, calls: list[_Put]) -> list[RunRecord | None]:
+        params = _each([call.params for call in calls], _EACH_UPDATE)
+        rows = await self._many(self._sql.update_runs, params, len(calls))
+        # A write's row leaves the blob out: it is the one the call sent.
+        return [
+            None if row is None else _run_record(row, call.write.value)
+            for call, row in zip(calls, rows, strict=True)
+        ]
+
+    async def _put_alone(self, call: _Put, *, resent: bool) -> RunRecord:
+        write, params = call.write, call.params
         creating = write.expected_version == 0
         first = self._sql.create_run if creating else self._sql.update_run
-        resent = self._sql.create_run_resent if creating else self._sql.update_run_resent
-        attempts = 0
+        again = self._sql.create_run_resent if creating else self._sql.update_run_resent
+        attempts = 1 if resent else 0
 
         async def work(conn: Runner) -> RunRecord:
             nonlocal attempts
             attempts += 1
             # Only an attempt after the first can meet an earlier one applied.
-            statement = first if attempts == 1 else resent
+            statement = first if attempts == 1 else again
             # A create can find the run there, then gone before the follow-up
             # read: try again rather than report "expected 0, found 0".
             for _ in range(3):
@@ -255,14 +369,14 @@ class PostgresStateStore(BaseStateStore):
                 if found is not None and found["replayed"]:
                     # The first attempt applied, then the resend lost a race to it.
                     return _run_record(found, decode_json(found["data"]))
-                stored = None if found is None else found["version"]
-                if stored is not None or not creating:
+                version = None if found is None else found["version"]
+                if version is not None or not creating:
                     break
             raise StateConflictError(
                 tenant=write.tenant,
                 record_id=write.run_id,
                 expected=write.expected_version,
-                actual=0 if stored is None else int(stored),
+                actual=0 if version is None else int(version),
                 kind="run",
             )
 
@@ -293,7 +407,23 @@ class PostgresStateStore(BaseStateStore):
                 params[f"p_{name}"] = amount
                 params[f"p_max_{name}"] = room
 
-        attempts = 0
+        call = _Patch(params, deltas)
+        if self._patches is None:
+            return await self._patch_alone(call, resent=False)
+        answer = await self._patches.send(call)
+        # Not applied with the others (the run gone, a counter at its limit): on its own,
+        # as a resend, since an earlier attempt of the batch may have applied it.
+        return answer if answer is not None else await self._patch_alone(call, resent=True)
+
+    async def _patch_many(self, calls: list[_Patch]) -> list[RunRecord | CounterOverflow | None]:
+        params = _each([call.params for call in calls], _EACH_PATCH)
+        rows = await self._many(self._sql.patch_runs, params, len(calls))
+        return [None if row is None else _run_record(row, decode_json(row["data"])) for row in rows]
+
+    async def _patch_alone(self, call: _Patch, *, resent: bool) -> RunRecord | CounterOverflow:
+        params, deltas = call.params, call.deltas
+        tenant, run_id = params["p_tenant"], params["p_record_id"]
+        attempts = 1 if resent else 0
 
         async def work(conn: Runner) -> RunRecord | CounterOverflow:
             nonlocal attempts
@@ -312,8 +442,8 @@ class PostgresStateStore(BaseStateStore):
                 if found["replayed"]:
                     return _run_record(found, decode_json(found["data"]))
                 for name in COUNTERS:
-                    stored = found[name]
-                    stored_units = decimal_to_nanos(stored) if name == "cost" else stored
+                    count = found[name]
+                    stored_units = decimal_to_nanos(count) if name == "cost" else count
                     if stored_units + deltas[name] > MAX_COUNTER:
                         return CounterOverflow(name)
                 # Neither: the run changed between the two statements; apply again.
