@@ -511,7 +511,11 @@ def create_engine(settings: PostgresStoreSettings, **engine_kwargs: Any) -> Asyn
     bench measured 4 round trips per call with it, 1 without). It stays off
     unless you pass ``pool_pre_ping=True``; a connection whose peer vanished
     without closing it is then found by its first statement, and the failover
-    takes over. Extra keyword arguments go to ``create_async_engine``.
+    takes over. The pool hands out the connection checked in last
+    (``pool_use_lifo``): the few a steady load needs stay warm, with their
+    prepared statements and the server's plans for them, and the rest sit idle
+    (and may be closed by a server or pooler timeout) instead of taking turns.
+    Extra keyword arguments go to ``create_async_engine``.
 
     ``settings.statement_timeout`` (30 s by default) is set on each new
     connection whose effective ``statement_timeout`` is 0: one statement when
@@ -531,6 +535,7 @@ def create_engine(settings: PostgresStoreSettings, **engine_kwargs: Any) -> Asyn
         "max_overflow": settings.max_overflow,
         "pool_timeout": settings.pool_timeout,
         "pool_pre_ping": False,
+        "pool_use_lifo": True,
     }
     options.update(engine_kwargs)
     engine = create_async_engine(url, **options)
