@@ -4,12 +4,21 @@ A call made while none of its kind is on its way is sent at once, on its own,
 exactly as without this module. Calls made while one is on its way wait for it,
 then go together in one batch (one script on Redis, one statement and one
 commit on PostgreSQL), sent by a task of their own in the order they were made;
-each caller gets its own answer back. Two calls with the same key never share
-a batch (the second waits for the next one), and a batch holds at most
+each caller gets its own answer back. Two calls sharing a key never share a
+batch (the second waits for the next one), and a batch holds at most
 ``max_items`` calls and ``max_bytes`` of payload. So under load the round trips
 are shared, and a lone caller pays nothing: nothing ever waits on a timer (after a
 batch, the sending task lets the event loop run a few steps, no more, so that its
 callers' next calls join the next batch).
+
+A call in flight never holds the others back for long: when the one they wait
+for has been on its way for ``PATIENCE`` (a lock wait on the server, a slow
+network), the waiting calls are sent without it, and the late one answers its
+own caller whenever it ends. So a write stalled on a row lock that another
+session holds delays the others of its process by ``PATIENCE`` at most, once,
+not until the lock is released. (A batch already sent is one statement: the
+PostgreSQL backings give it a ``lock_timeout`` and send its calls again one by
+one if it runs out.)
 
 A caller cancelled while its call still waits is taken out (nothing was sent);
 once its batch is sent it waits for the answer, then gets its
@@ -24,17 +33,20 @@ call back when nothing of its kind is on its way.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Collection, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from statepact._cancel import finish
 
-__all__ = ["SharedRoundTrips"]
+__all__ = ["PATIENCE", "SharedRoundTrips"]
 
 # Event loop steps the sender waits, after a batch, for its callers' next calls: an answer
 # reaches its caller two steps after it is set (the future, then the shield around it).
 _SETTLE_STEPS = 3
+
+#: Seconds waiting calls wait for the send on its way before they are sent without it.
+PATIENCE = 0.05
 
 W = TypeVar("W")
 R = TypeVar("R")
@@ -45,7 +57,7 @@ class _Waiting(Generic[W, R]):
     """One call waiting for the next shared round trip, and where its answer goes."""
 
     work: W
-    key: Hashable
+    keys: Collection[Hashable]
     size: int
     answer: asyncio.Future[R]
 
@@ -54,19 +66,22 @@ class SharedRoundTrips(Generic[W, R]):
     """Calls of one kind (``work``, each a ``W``) sent alone or together, see the module.
 
     ``one(work)`` sends one call; ``many(works)`` sends several in one round trip and
-    answers each, in order. ``key(work)`` is what two calls of one batch must not
-    share; ``size(work)`` counts toward ``max_bytes``. ``name`` names the sending task.
+    answers each, in order. ``keys(work)`` are what two calls of one batch must not
+    share (none: any calls may go together); ``size(work)`` counts toward
+    ``max_bytes``. ``name`` names the sending task.
     """
 
     __slots__ = (
-        "_busy",
-        "_flusher",
-        "_key",
+        "_flushers",
+        "_keys",
         "_many",
         "_max_bytes",
         "_max_items",
         "_name",
         "_one",
+        "_overdue",
+        "_patience",
+        "_sender",
         "_size",
         "_waiting",
     )
@@ -76,35 +91,41 @@ class SharedRoundTrips(Generic[W, R]):
         one: Callable[[W], Awaitable[R]],
         many: Callable[[list[W]], Awaitable[list[R]]],
         *,
-        key: Callable[[W], Hashable],
+        keys: Callable[[W], Collection[Hashable]],
         size: Callable[[W], int],
         max_items: int,
         max_bytes: int,
         name: str,
+        patience: float = PATIENCE,
     ) -> None:
         self._one = one
         self._many = many
-        self._key = key
+        self._keys = keys
         self._size = size
         self._max_items = max_items
         self._max_bytes = max_bytes
         self._name = name
+        self._patience = patience
         self._waiting: list[_Waiting[W, R]] = []
-        self._busy = False  # a call (alone, or a batch) is on its way
-        self._flusher: asyncio.Task[None] | None = None
+        # The send the waiting calls wait for (a call alone, or the task sending batches),
+        # None when none is on its way; the timer that stops them waiting for it.
+        self._sender: object | None = None
+        self._overdue: asyncio.TimerHandle | None = None
+        self._flushers: set[asyncio.Task[None]] = set()
 
     async def send(self, work: W) -> R:
         """Send ``work`` now if nothing of its kind is on its way, else with the next batch."""
-        if not self._busy:
-            self._busy = True
+        if self._sender is None:
+            sender = self._sender = object()
             try:
                 return await self._one(work)
             finally:
-                self._busy = False
-                self._start()
+                self._done(sender)
         loop = asyncio.get_running_loop()
-        waiting = _Waiting(work, self._key(work), self._size(work), loop.create_future())
+        waiting = _Waiting(work, self._keys(work), self._size(work), loop.create_future())
         self._waiting.append(waiting)
+        if self._overdue is None:
+            self._overdue = loop.call_later(self._patience, self._take_over, self._sender)
         try:
             return await asyncio.shield(waiting.answer)
         except asyncio.CancelledError:
@@ -116,22 +137,49 @@ class SharedRoundTrips(Generic[W, R]):
             await finish(waiting.answer)  # sent: wait for its answer, then be cancelled
             raise
 
+    def _done(self, sender: object) -> None:
+        """``sender`` ended: if the waiting calls were waiting for it, send them."""
+        if self._sender is sender:
+            self._sender = None
+            self._rearm(None)
+            self._start()
+
+    def _rearm(self, sender: object | None) -> None:
+        """Stop the patience timer; with ``sender``, start it again for the calls that wait
+        for that sender's next send."""
+        if self._overdue is not None:
+            self._overdue.cancel()
+            self._overdue = None
+        if sender is not None and self._waiting:
+            self._overdue = asyncio.get_running_loop().call_later(
+                self._patience, self._take_over, sender
+            )
+
+    def _take_over(self, sender: object | None) -> None:
+        """The send the waiting calls wait for is overdue: send them without it."""
+        self._overdue = None
+        if self._sender is sender and self._waiting:
+            self._sender = None
+            self._start()
+
     def _start(self) -> None:
-        if self._waiting and not self._busy:
-            self._busy = True
-            self._flusher = asyncio.get_running_loop().create_task(self._flush(), name=self._name)
+        if self._waiting and self._sender is None:
+            sender = self._sender = object()
+            task = asyncio.get_running_loop().create_task(self._flush(sender), name=self._name)
+            self._flushers.add(task)
+            task.add_done_callback(self._flushers.discard)
 
     def _next_batch(self) -> list[_Waiting[W, R]]:
         batch: list[_Waiting[W, R]] = []
-        keys: set[Hashable] = set()
+        taken: set[Hashable] = set()
         later: list[_Waiting[W, R]] = []
         size = 0
         for waiting in self._waiting:
             full = len(batch) >= self._max_items or size + waiting.size > self._max_bytes
-            if full or waiting.key in keys:
+            if full or not taken.isdisjoint(waiting.keys):
                 later.append(waiting)
                 continue
-            keys.add(waiting.key)
+            taken.update(waiting.keys)
             size += waiting.size
             batch.append(waiting)
         self._waiting = later
@@ -148,11 +196,13 @@ class SharedRoundTrips(Generic[W, R]):
             await asyncio.sleep(0)
         return bool(self._waiting)
 
-    async def _flush(self) -> None:
+    async def _flush(self, sender: object) -> None:
         batch: list[_Waiting[W, R]] = []
         try:
-            while await self._more():
+            # Until the calls stop coming, or another sender took over (this one overdue).
+            while await self._more() and self._sender is sender:
                 batch = self._next_batch()
+                self._rearm(sender)
                 try:
                     if len(batch) == 1:
                         answers = [await self._one(batch[0].work)]
@@ -166,8 +216,7 @@ class SharedRoundTrips(Generic[W, R]):
                         waiting.answer.set_result(answer)
                 batch = []
         finally:
-            self._busy = False
-            self._flusher = None
+            self._done(sender)
             # Only a BaseException (the loop going away) leaves a caller unanswered.
             for waiting in batch:
                 if not waiting.answer.done():

@@ -354,7 +354,7 @@ class BaseWorkQueue(ABC):
             SharedRoundTrips(
                 lambda entry: self._enqueue(*entry),
                 self._enqueue_many,
-                key=lambda entry: (entry[0].tenant, entry[0].item_id),
+                keys=lambda entry: ((entry[0].tenant, entry[0].item_id),),
                 size=lambda entry: len(entry[1]),
                 max_items=MAX_SHARED_ENQUEUES,
                 max_bytes=MAX_BATCH_BYTES,
