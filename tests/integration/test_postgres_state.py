@@ -138,36 +138,78 @@ async def test_concurrent_run_writes_share_one_statement(
             assert result.data == {"n": n}
 
 
+async def test_a_stalled_run_write_holds_back_no_write_of_its_own_process(
+    postgres_state_store: PostgresStateStore,
+    pg_engine: AsyncEngine,
+    failed_sqlstates: list[str | None],
+) -> None:
+    """A patch alone stalled on a run row another session holds (a caller's transaction
+    through ``bound``), then one inside a shared statement: the writes of other runs made
+    meanwhile land while the stalled one still waits, and the stalled ones land, once each,
+    when the row is released."""
+    store = postgres_state_store
+    for n in range(6):
+        await store.put_run(_run(f"r{n}"))
+    held = "SELECT 1 FROM adk_runs WHERE run_id = :run_id FOR UPDATE"
+    async with pg_engine.connect() as holder:
+        await holder.execute(text(held), {"run_id": "r0"})
+        stalled = asyncio.create_task(store.patch_run("acme", "r0", iterations=1))
+        deadline = time.monotonic() + 5
+        while await _scalar(pg_engine, _LOCK_WAITERS) < 1:
+            assert time.monotonic() < deadline, "the patch of r0 never waited on its row"
+            await asyncio.sleep(0.02)
+        others = [store.patch_run("acme", f"r{n}", iterations=1) for n in range(1, 4)]
+        await asyncio.wait_for(asyncio.gather(*others), 5.0)
+        assert not stalled.done()
+        await holder.rollback()
+        assert (await asyncio.wait_for(stalled, 5.0)).iterations == 1
+    async with pg_engine.connect() as holder:
+        await holder.execute(text(held), {"run_id": "r4"})
+        first = asyncio.create_task(store.patch_run("acme", "r1", iterations=1))
+        shared = {
+            n: asyncio.create_task(store.patch_run("acme", f"r{n}", iterations=1))
+            for n in (2, 3, 4, 5)
+        }
+        await asyncio.wait_for(first, 5.0)
+        await asyncio.wait_for(asyncio.gather(*(shared[n] for n in (2, 3, 5))), 5.0)
+        assert "55P03" in failed_sqlstates
+        assert not shared[4].done()
+        await holder.rollback()
+        await asyncio.wait_for(shared[4], 5.0)
+    for n, iterations in enumerate((1, 2, 2, 2, 1, 1)):
+        stored = await store.get_run("acme", f"r{n}")
+        assert stored is not None
+        assert stored.iterations == iterations, n
+
+
 async def test_shared_statements_of_two_stores_never_deadlock(
     pg_engine: AsyncEngine, clock: ManualClock, failed_sqlstates: list[str | None]
 ) -> None:
     """Two stores (two processes, as far as the server knows) patch the same twenty runs at
-    once, one naming them in ascending order and one in descending, while an outside session
-    holds r5's row, so both shared statements are held midway. They lock the runs in one
-    order, so neither waits on the other in a cycle: no deadlock (40P01) is ever reported
-    by the server, and every counter is the exact sum."""
+    once, ten rounds, one naming them in ascending order and one in descending: their shared
+    statements lock the runs in one order, and under a lock_timeout far below the server's
+    deadlock_timeout, so no deadlock (40P01) is ever reported, and every counter is the
+    exact sum."""
     stores = [PostgresStateStore(pg_engine, clock=clock) for _ in range(2)]
     names = [f"r{n:02d}" for n in range(20)]
     for run_id in names:
         await stores[0].put_run(_run(run_id))
-    async with pg_engine.connect() as locker:
-        await locker.execute(text("SELECT 1 FROM adk_runs WHERE run_id = 'r05' FOR UPDATE"))
-        calls = asyncio.gather(
-            *(stores[0].patch_run("acme", run_id, iterations=1) for run_id in names),
-            *(stores[1].patch_run("acme", run_id, input_tokens=1) for run_id in reversed(names)),
+    for _ in range(10):
+        await asyncio.wait_for(
+            asyncio.gather(
+                *(stores[0].patch_run("acme", run_id, iterations=1) for run_id in names),
+                *(
+                    stores[1].patch_run("acme", run_id, input_tokens=1)
+                    for run_id in reversed(names)
+                ),
+            ),
+            10,
         )
-        deadline = time.monotonic() + 5
-        while await _scalar(pg_engine, _LOCK_WAITERS) < 2:
-            assert time.monotonic() < deadline, "the shared statements never reached r05"
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(0.2)
-        await locker.commit()
-    await asyncio.wait_for(calls, 10)
     assert "40P01" not in failed_sqlstates, failed_sqlstates
     for run_id in names:
         stored = await stores[1].get_run("acme", run_id)
         assert stored is not None
-        assert (stored.iterations, stored.input_tokens, stored.version) == (1, 1, 3)
+        assert (stored.iterations, stored.input_tokens, stored.version) == (10, 10, 21)
 
 
 async def test_only_a_refused_write_reads_again(

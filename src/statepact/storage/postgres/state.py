@@ -53,6 +53,7 @@ from statepact.storage.postgres._client import (
     sqlstate_of,
 )
 from statepact.storage.postgres._direct import DirectExecutor, Prepared
+from statepact.storage.postgres._sql import LOCK_NOT_AVAILABLE
 from statepact.storage.postgres._sql.state import COUNTERS, StateStatements
 from statepact.storage.postgres._sql.state import statements as _statements
 from statepact.storage.postgres.schema import WRITE_RETENTION, StateTables, Tables, tables_for
@@ -207,7 +208,7 @@ class PostgresStateStore(BaseStateStore):
             self._patches = SharedRoundTrips(
                 lambda call: self._patch_alone(call, resent=False),
                 self._patch_many,
-                key=lambda call: (call.params["p_tenant"], call.params["p_record_id"]),
+                keys=lambda call: ((call.params["p_tenant"], call.params["p_record_id"]),),
                 size=lambda _call: 0,  # a handful of numbers: MAX_SHARED_WRITES bounds it
                 max_items=MAX_SHARED_WRITES,
                 max_bytes=MAX_BATCH_BYTES,
@@ -216,7 +217,7 @@ class PostgresStateStore(BaseStateStore):
             self._puts = SharedRoundTrips(
                 lambda call: self._put_alone(call, resent=False),
                 self._put_many,
-                key=lambda call: (call.write.tenant, call.write.run_id),
+                keys=lambda call: ((call.write.tenant, call.write.run_id),),
                 size=lambda call: len(call.write.data),
                 max_items=MAX_SHARED_WRITES,
                 max_bytes=MAX_BATCH_BYTES,
@@ -296,12 +297,20 @@ class PostgresStateStore(BaseStateStore):
         ``update_runs``); each call's row, or None where its write applied nothing.
 
         Each write carries its call id and the statement skips those already applied,
-        so the failover may send the batch again, as it does one write.
+        so the failover may send the batch again, as it does one write. A run row another
+        session holds fails the statement at once (``shared_lock_timeout``): then no
+        write applied, and each is sent again alone, where it may wait for its row.
         """
 
         async def work(conn: Runner) -> list[RowMapping | None]:
             rows: list[RowMapping | None] = [None] * count
-            for row in (await self._written(conn, statement, params)).mappings().all():
+            try:
+                result = await self._written(conn, statement, params)
+            except Exception as exc:
+                if sqlstate_of(exc) == LOCK_NOT_AVAILABLE:
+                    return rows  # a run another session holds: each write alone, to wait
+                raise
+            for row in result.mappings().all():
                 rows[row["ord"] - 1] = row
             return rows
 

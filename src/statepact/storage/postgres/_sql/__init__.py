@@ -14,9 +14,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import DateTime, bindparam
+from sqlalchemy import DateTime, Subquery, bindparam, func, literal, select, true
 
-__all__ = ["TZ", "param"]
+from statepact._shared import PATIENCE
+
+__all__ = ["LOCK_NOT_AVAILABLE", "TZ", "param", "shared_lock_timeout"]
+
+#: SQLSTATE of a lock wait past ``lock_timeout``: a shared statement then applied nothing.
+LOCK_NOT_AVAILABLE = "55P03"
 
 #: The type of every timestamp parameter: ``timestamptz``, the injected clock's reading.
 TZ = DateTime(timezone=True)
@@ -25,3 +30,19 @@ TZ = DateTime(timezone=True)
 def param(name: str, type_: Any = None) -> Any:
     """A named bound parameter; every name starts with ``p_`` so none shadows a column."""
     return bindparam(f"p_{name}", type_=type_)
+
+
+def shared_lock_timeout() -> Subquery:
+    """A one-row FROM item that sets ``lock_timeout`` to ``statepact._shared.PATIENCE`` for
+    the rest of its statement (``set_config(..., is_local => true)``: an autocommit
+    statement is its own transaction). A statement sharing several callers' writes joins
+    it before it locks anything, so that one caller's row held by another session makes
+    it fail at once (``LOCK_NOT_AVAILABLE``, nothing applied) rather than hold every
+    caller of the batch; the store then sends each write alone, where it may wait.
+    """
+    milliseconds = f"{round(PATIENCE * 1000)}ms"
+    return select(
+        func.set_config(literal("lock_timeout"), literal(milliseconds), true()).label(
+            "lock_timeout"
+        )
+    ).subquery("shared")

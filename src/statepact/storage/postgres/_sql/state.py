@@ -41,7 +41,7 @@ from sqlalchemy.sql.dml import ReturningDelete, ReturningInsert, ReturningUpdate
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import CTE
 
-from statepact.storage.postgres._sql import TZ, param
+from statepact.storage.postgres._sql import TZ, param, shared_lock_timeout
 from statepact.storage.postgres.schema import Tables
 
 __all__ = ["COUNTERS", "StateStatements", "statements"]
@@ -252,8 +252,10 @@ def _many(
 
     The rows are locked in ``(tenant, run_id)`` byte order (``FOR NO KEY UPDATE`` above
     a sort), so two batches sharing runs wait on each other in one order, never in a
-    cycle, and a single write holds one row only. A write whose call id's row is there
-    (a resend whose first attempt applied) is left out, as a resend's ``_done`` does.
+    cycle, and a single write holds one row only; under ``shared_lock_timeout``, so a
+    row another session holds fails the batch at once instead of holding it. A write
+    whose call id's row is there (a resend whose first attempt applied) is left out, as
+    a resend's ``_done`` does.
     """
     arrays: dict[str, Any] = {
         "tenant": Text(),
@@ -276,6 +278,7 @@ def _many(
     )
     locked = (
         select(*batch.c)
+        .select_from(shared_lock_timeout())
         .join_from(
             batch, runs, (runs.c.tenant == batch.c.tenant) & (runs.c.run_id == batch.c.run_id)
         )
