@@ -110,61 +110,77 @@ async def test_a_resend_racing_its_running_first_attempt_applies_once(
 
 
 @pytest.mark.parametrize("write", ["patch", "put"])
-async def test_a_shared_statement_resent_while_its_first_attempt_runs_applies_each_once(
-    write: str,
-    proxied_postgres: ProxiedPostgres,
-    fault_figures: FaultFigures,
-    failed_sqlstates: list[str | None],
+async def test_a_shared_run_write_statement_whose_reply_is_lost_applies_each_once(
+    write: str, proxied_postgres: ProxiedPostgres, fault_figures: FaultFigures
 ) -> None:
-    """Four writes of four runs share one statement (a fifth, alone, was on its way when they
-    were made); that statement is held on the server (another session holds r3's row lock),
-    the client's connection is cut, and the failover's resend arrives while the first attempt
-    still runs. When the lock is released the first attempt applies all four; the patches'
-    resend hits their call rows (23505) and is sent once more, the puts' finds the versions
-    moved; either applies nothing, and each caller then finds its own write applied (its
-    resend alone answers it). Every run moves exactly one version."""
-    direct_engine = proxied_postgres.direct_engine
+    """Five writes of five runs made at once: the first goes alone, the other four share one
+    statement, and that statement's reply is lost (the proxy forwards it, swallows the answer
+    and cuts the connection). The failover sends it again: it finds every call's row and
+    applies nothing, and each caller reads its own write back, once (its run one version up,
+    one call row)."""
+    proxy = proxied_postgres.proxy
     store = proxied_postgres.state(RESENDING)
-    runs = {n: await store.put_run(RunRecord(tenant="acme", run_id=f"r{n}")) for n in range(5)}
+    names = [f"shared-{n}" for n in range(5)]
+    runs = [await store.put_run(RunRecord(tenant="acme", run_id=name)) for name in names]
+    armed = proxy.cut_after_reply(b"shared-3")
 
-    def call(n: int) -> Any:
+    async def call(n: int) -> RunRecord:
         if write == "patch":
-            return store.patch_run("acme", f"r{n}", input_tokens=n + 1)
-        return store.put_run(runs[n].model_copy(update={"data": {"n": n}}))
+            return await store.patch_run("acme", names[n], input_tokens=n + 1)
+        return await store.put_run(runs[n].model_copy(update={"data": {"n": n}}))
 
-    async with direct_engine.connect() as alone, direct_engine.connect() as shared:
-        await alone.execute(text("SELECT 1 FROM adk_runs WHERE run_id = 'r0' FOR UPDATE"))
-        await shared.execute(text("SELECT 1 FROM adk_runs WHERE run_id = 'r3' FOR UPDATE"))
-        first = asyncio.create_task(call(0))
-        await _waiting_on_locks(direct_engine, 1)  # r0's write, alone
-        others = [asyncio.create_task(call(n)) for n in range(1, 5)]
-        await asyncio.sleep(0.05)
-        await alone.commit()  # r0's write lands; the four go together and wait on r3
-        await asyncio.wait_for(first, 10.0)
-        await _waiting_on_locks(direct_engine, 1)
-        assert proxied_postgres.proxy.cut() >= 1
-        # The resend reaches the server and waits on r1, locked by the first attempt.
-        await _waiting_on_locks(direct_engine, 2)
-        assert not any(task.done() for task in others)
-        await shared.commit()
-    results = await asyncio.wait_for(asyncio.gather(*others), 10.0)
-    assert ("23505" in failed_sqlstates) is (write == "patch"), failed_sqlstates
+    results = await asyncio.wait_for(asyncio.gather(*(call(n) for n in range(5))), 10.0)
+    await armed.wait(1.0)
+    assert armed.swallowed, "the server did not answer the shared statement"
     reader = proxied_postgres.state()
-    for n, result in enumerate(results, start=1):
-        found = await reader.get_run("acme", f"r{n}")
+    for n, result in enumerate(results):
+        found = await reader.get_run("acme", names[n])
         assert found is not None
-        assert (result.run_id, result.version, found.version) == (f"r{n}", 2, 2)
+        assert (result.run_id, result.version, found.version) == (names[n], 2, 2)
         if write == "patch":
             assert found.input_tokens == result.input_tokens == n + 1
         else:
             assert found.data == result.data == {"n": n}
-        await proxied_postgres.check_write_rows(f"r{n}", 2)
+        await proxied_postgres.check_write_rows(names[n], 2)
     fault_figures.outcome(
-        f"shared statement resent racing its first attempt ({write})",
+        f"shared run writes, reply lost ({write})",
         "postgres",
-        acknowledged=4,
+        acknowledged=5,
         found=sum(result.version - 1 for result in results),
         faults=1,
+    )
+
+
+async def test_shared_commits_whose_reply_is_lost_apply_each_once(
+    proxied_postgres: ProxiedPostgres, fault_figures: FaultFigures
+) -> None:
+    """Six transactions of six keys commit at once: the first goes alone, the other five
+    share one statement, and its reply is lost (forwarded, the answer swallowed, the
+    connection cut). The failover sends it again marked as a resend: each commit finds its
+    own version in the history and applies nothing more; every caller gets that version,
+    and each key holds one version written by it."""
+    proxy = proxied_postgres.proxy
+    manager = await proxied_postgres.manager(RESENDING)
+    keys = [f"shared-{n}" for n in range(6)]
+    armed = proxy.cut_after_reply(b"shared-4")
+
+    async def commit(n: int) -> int:
+        async with manager.transaction() as tx:
+            tx.write("orders", keys[n], {"n": n})
+        return tx.result.version
+
+    versions = await asyncio.wait_for(asyncio.gather(*(commit(n) for n in range(6))), 10.0)
+    await armed.wait(1.0)
+    assert armed.swallowed, "the server did not answer the shared commits"
+    checker = proxied_postgres.direct_manager()
+    found = 0
+    for n, key in enumerate(keys):
+        history = await checker.history("orders", key)
+        assert [(v.version, v.value) for v in history] == [(versions[n], {"n": n})]
+        found += len(history)
+    assert len(set(versions)) == 6
+    fault_figures.outcome(
+        "shared commits, reply lost", "postgres", acknowledged=6, found=found, faults=1
     )
 
 

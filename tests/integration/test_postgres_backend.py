@@ -505,6 +505,52 @@ async def test_snapshots_stay_consistent_under_concurrent_commits(
     assert len(versions) - 5 == 2 * (len(set(versions)) - 1)
 
 
+async def test_a_stalled_commit_holds_back_no_commit_of_its_own_process(
+    pg_database_url: str, backends: Callable[..., Any], failed_sqlstates: list[str | None]
+) -> None:
+    """One backend, as every agent of a process shares it. A commit alone stalled on a row an
+    outside session holds, then one inside a shared statement: the commits to other keys
+    made meanwhile land while the stalled one still waits (the waiting calls stop waiting
+    for it, and the shared statement gives up on the held row at once and sends each of its
+    commits alone); the stalled commits land once the row is released."""
+    manager = TransactionManager(await backends(pg_database_url))
+    outsider = create_async_engine(pg_database_url, poolclass=pool.NullPool)
+    try:
+        for key in ("k0", "k1", "k2", "k3", "k4", "k5"):
+            await _write(manager, key, f"{key}-before")
+        async with outsider.connect() as conn:
+            # (1) The stalled commit went alone; the next ones must not wait for it.
+            await conn.execute(text(_LOCK_ROW), {"r": R, "k": "k0"})
+            stalled = asyncio.create_task(_write(manager, "k0", "k0-after"))
+            await _wait_for_lock_wait(pg_database_url, "statepact_commit")
+            others = [_write(manager, key, f"{key}-after") for key in ("k1", "k2", "k3")]
+            await asyncio.wait_for(asyncio.gather(*others), 5.0)
+            assert not stalled.done()
+            await conn.rollback()
+            await asyncio.wait_for(stalled, 5.0)
+        async with outsider.connect() as conn:
+            # (2) The held row is inside a shared statement: it fails at once (lock_timeout),
+            # and its commits are sent again one by one; only the held key's waits.
+            await conn.execute(text(_LOCK_ROW), {"r": R, "k": "k4"})
+            first = asyncio.create_task(_write(manager, "k1", "k1-again"))
+            shared = {
+                key: asyncio.create_task(_write(manager, key, f"{key}-again"))
+                for key in ("k2", "k3", "k4", "k5")
+            }
+            await asyncio.wait_for(first, 5.0)
+            landed = [shared[key] for key in ("k2", "k3", "k5")]
+            await asyncio.wait_for(asyncio.gather(*landed), 5.0)
+            assert "55P03" in failed_sqlstates
+            assert not shared["k4"].done()
+            await conn.rollback()
+            await asyncio.wait_for(shared["k4"], 5.0)
+        async with manager.transaction() as tx:
+            found = [await tx.read(R, key) for key in ("k0", "k1", "k2", "k3", "k4", "k5")]
+        assert found == ["k0-after", "k1-again", "k2-again", "k3-again", "k4-again", "k5-again"]
+    finally:
+        await outsider.dispose()
+
+
 async def test_commits_to_different_keys_do_not_wait_on_each_other(
     pg_database_url: str, backends: Callable[..., Any]
 ) -> None:

@@ -4,8 +4,12 @@ Keyed JSON values with their full MVCC history, leases with fencing tokens,
 lock rows and durable idempotency records in the ``statepact_*`` tables; every
 call is one autocommit statement of ``_sql/tx.py`` (a commit is one call of the
 ``statepact_commit`` function; a snapshot is taken by the first read's
-statement), run on the driver by ``_direct.DirectExecutor``. How snapshots see
-exactly the commits before them, resends and locks:
+statement), run on the driver by ``_direct.DirectExecutor``. Transactions'
+first reads, and their commits, made while another of their kind is on its way
+go together in one statement (``statepact._shared``): the reads share one
+snapshot, and commits that touch no common key run the function once each in
+one server transaction (any refusal there sends each again alone). How
+snapshots see exactly the commits before them, resends and locks:
 docs/backings.md#the-commit-function.
 
 This module must never create or alter a table except through the packaged
@@ -16,7 +20,8 @@ never print a DSN, and never let an SQLAlchemy or asyncpg exception out.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Self, TypeVar
 
@@ -26,7 +31,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
 from statepact._cancel import finish
+from statepact._limits import MAX_BATCH_BYTES
 from statepact._retry import RetryPolicy
+from statepact._shared import SharedRoundTrips
 from statepact.clock import Clock
 from statepact.errors import (
     ConflictError,
@@ -38,8 +45,9 @@ from statepact.errors import (
     StatePersistenceError,
 )
 from statepact.settings import PostgresStoreSettings
-from statepact.storage.postgres._client import create_engine, sqlstate_of
+from statepact.storage.postgres._client import create_engine, is_rolled_back, sqlstate_of
 from statepact.storage.postgres._direct import DirectExecutor, Prepared, Statements
+from statepact.storage.postgres._sql import LOCK_NOT_AVAILABLE
 from statepact.storage.postgres._sql import tx as sql
 from statepact.tx import (
     CommitRequest,
@@ -60,7 +68,9 @@ __all__ = ["PostgresBackend"]
 ACQUIRE_LEASE = Prepared(sql.ACQUIRE_LEASE)
 BEGIN = Prepared(sql.BEGIN)
 BEGIN_READ = Prepared(sql.BEGIN_READ)
+BEGIN_READ_MANY = Prepared(sql.BEGIN_READ_MANY)
 COMMIT = Prepared(sql.COMMIT)
+COMMIT_MANY = Prepared(sql.COMMIT_MANY)
 HISTORY = Prepared(sql.HISTORY)
 READ_AT = Prepared(sql.READ_AT)
 READ_LATEST = Prepared(sql.READ_LATEST)
@@ -76,6 +86,10 @@ _SCHEMA_PRESENT = Prepared(sql.SCHEMA_PRESENT)
 _ABSENT = StoredValue(None, 0)
 
 T = TypeVar("T")
+
+# The most first reads, and the most commits, one shared statement carries.
+MAX_SHARED_READS = 200
+MAX_SHARED_COMMITS = 100
 
 # Seconds to open a connection before calling the attempt failed (asyncpg waits 60).
 _CONNECT_TIMEOUT = 10.0
@@ -171,6 +185,37 @@ def _request_json(request: CommitRequest) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class _FirstRead:
+    """A transaction's first read, waiting to be sent (alone or with others)."""
+
+    resource: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Commit:
+    """A commit waiting to be sent: its request as the function reads it (JSON text), and
+    every key it touches (two commits of one statement share none)."""
+
+    payload: dict[str, Any]
+    text: str
+    keys: tuple[Hashable, ...]
+
+
+def _commit_of(request: CommitRequest) -> _Commit:
+    payload = _request_json(request)
+    keys: list[Hashable] = [(w.resource, w.key) for w in request.writes]
+    keys += [(r.resource, r.key) for r in request.reads]
+    if request.idempotency_key is not None:
+        keys.append(("idempotency", request.idempotency_key))
+    return _Commit(payload, json.dumps(payload), tuple(keys))
+
+
+def _commit_result(reply: Any) -> CommitResult:
+    return CommitResult(int(reply["version"]), replayed=bool(reply["replayed"]))
+
+
 class PostgresBackend:
     """Transactions' storage on PostgreSQL; see the module docstring for the commit path.
 
@@ -239,6 +284,26 @@ class PostgresBackend:
         # Transactions of this process that asked for a lock; end() releases theirs.
         self._locking: set[str] = set()
         self._closed = False
+        self._first_reads: SharedRoundTrips[_FirstRead, tuple[Snapshot, StoredValue]] = (
+            SharedRoundTrips(
+                self._first_read,
+                self._first_reads_together,
+                keys=lambda _read: (),
+                size=lambda read: len(read.resource) + len(read.key),
+                max_items=MAX_SHARED_READS,
+                max_bytes=MAX_BATCH_BYTES,
+                name="statepact-first-reads",
+            )
+        )
+        self._commits: SharedRoundTrips[_Commit, CommitResult | None] = SharedRoundTrips(
+            lambda commit: self._commit(commit, resend=False),
+            self._commits_together,
+            keys=lambda commit: commit.keys,
+            size=lambda commit: len(commit.text),
+            max_items=MAX_SHARED_COMMITS,
+            max_bytes=MAX_BATCH_BYTES,
+            name="statepact-commits",
+        )
 
     @classmethod
     async def open(
@@ -443,7 +508,12 @@ class PostgresBackend:
     async def begin_read(
         self, txn_id: str, resource: str, key: str
     ) -> tuple[Snapshot, StoredValue]:
-        params = {"resource": resource, "key": key}
+        if self._closed:
+            raise RuntimeError("PostgresBackend: closed")
+        return await self._first_reads.send(_FirstRead(resource, key))
+
+    async def _first_read(self, read: _FirstRead) -> tuple[Snapshot, StoredValue]:
+        params = {"resource": read.resource, "key": read.key}
 
         async def work(conn: Statements) -> tuple[Snapshot, StoredValue]:
             token, sequence, data, version = (await conn.execute(BEGIN_READ, params)).one()
@@ -452,6 +522,31 @@ class PostgresBackend:
             return Snapshot(int(sequence), token), found
 
         return await self._read(work)
+
+    async def _first_reads_together(
+        self, reads: list[_FirstRead]
+    ) -> list[tuple[Snapshot, StoredValue]]:
+        """Several transactions' first reads in one statement: one snapshot for all of them
+        (taken while each of their calls was on its way), each key as it sees it."""
+        params = {
+            "resources": [read.resource for read in reads],
+            "keys": [read.key for read in reads],
+        }
+
+        async def work(conn: Statements) -> list[tuple[Snapshot, StoredValue]]:
+            answers: list[tuple[Snapshot, StoredValue]] = []
+            snapshot: Snapshot | None = None
+            for _ord, token, sequence, data, version in (
+                await conn.execute(BEGIN_READ_MANY, params)
+            ).all():
+                if snapshot is None:
+                    snapshot = Snapshot(int(sequence), token)
+                answers.append(
+                    (snapshot, StoredValue(data, 0 if version is None else int(version)))
+                )
+            return answers
+
+        return await self._run(work, idempotent=True)
 
     async def end(self, txn_id: str) -> None:
         if txn_id not in self._locking:
@@ -495,23 +590,69 @@ class PostgresBackend:
     # -- commit -----------------------------------------------------------------------------
 
     async def commit(self, request: CommitRequest) -> CommitResult:
-        payload = _request_json(request)
+        if self._closed:
+            raise RuntimeError("PostgresBackend: closed")
+        commit = _commit_of(request)
+        result = await self._commits.send(commit)
+        # Not applied with the others (one of them was refused): alone, as a resend, since
+        # an earlier attempt of the shared statement may have applied it.
+        return result if result is not None else await self._commit(commit, resend=True)
+
+    async def _commits_together(self, commits: list[_Commit]) -> list[CommitResult | None]:
+        """Several commits in one statement (one server transaction; no key in common), in
+        the order of their first key, so that two such statements of two processes lock
+        single-key commits in one order. A refusal of any of them (a conflict, a stale
+        fence, a deadlock, a row another session holds) applies none: each caller then
+        sends its own alone (None), where it may wait for its locks."""
+        order = sorted(range(len(commits)), key=lambda n: commits[n].keys[:1])
         attempts = 0
+
+        async def work(conn: Statements) -> list[CommitResult | None]:
+            nonlocal attempts
+            attempts += 1
+            requests = [
+                commits[n].text
+                if attempts == 1
+                else json.dumps({**commits[n].payload, "resend": True})
+                for n in order
+            ]
+            try:
+                rows = (await conn.execute(COMMIT_MANY, {"requests": requests})).all()
+            except Exception as exc:
+                if (
+                    _refusal(exc) is not None
+                    or is_rolled_back(exc)
+                    or sqlstate_of(exc) == LOCK_NOT_AVAILABLE
+                ):
+                    return [None] * len(commits)
+                raise
+            answers: list[CommitResult | None] = [None] * len(commits)
+            for place, reply in rows:
+                answers[order[place - 1]] = _commit_result(reply)
+            return answers
+
+        return await self._run(work, idempotent=True)
+
+    async def _commit(self, commit: _Commit, *, resend: bool) -> CommitResult:
+        """One commit alone, one call of the function. ``resend``: it may have been applied
+        already (an earlier attempt, or a shared statement): the function looks for it."""
+        payload = commit.payload
+        attempts = 1 if resend else 0
 
         async def work(conn: Statements) -> CommitResult:
             nonlocal attempts
             attempts += 1
             # A second attempt may meet its first one applied (docs/backings.md, "Lost
             # replies"): it says so, and the function looks for it.
-            sent = payload if attempts == 1 else {**payload, "resend": True}
+            sent = commit.text if attempts == 1 else json.dumps({**payload, "resend": True})
             try:
-                reply = (await conn.execute(COMMIT, {"request": json.dumps(sent)})).scalar_one()
+                reply = (await conn.execute(COMMIT, {"request": sent})).scalar_one()
             except Exception as exc:
                 public = _refusal(exc)
                 if public is None:
                     raise
                 raise public from exc
-            return CommitResult(int(reply["version"]), replayed=bool(reply["replayed"]))
+            return _commit_result(reply)
 
         try:
             # Safe to send again (see "Lost replies" in the module docstring).

@@ -29,11 +29,13 @@ from sqlalchemy import (
     select,
     table,
     text,
+    true,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 from sqlalchemy.types import JSON, UserDefinedType
 
+from statepact.storage.postgres._sql import shared_lock_timeout
 from statepact.storage.postgres.schema import metadata
 
 __all__ = [
@@ -41,7 +43,9 @@ __all__ = [
     "BACKEND_TABLES",
     "BEGIN",
     "BEGIN_READ",
+    "BEGIN_READ_MANY",
     "COMMIT",
+    "COMMIT_MANY",
     "HISTORY",
     "PING",
     "READ_AT",
@@ -143,6 +147,34 @@ def _stmt_begin_read() -> Any:
     )
 
 
+def _stmt_begin_read_many() -> Any:
+    # Several transactions' first reads in one statement, sharing its snapshot: the snapshot
+    # and the sequence read once (a CTE), then each key's row as that snapshot sees it, a
+    # probe of the primary key each (a LATERAL with LIMIT 1 never becomes a hash join).
+    snapshot = (
+        select(
+            cast(func.pg_current_snapshot(), Text).label("token"),
+            _sequence_now().label("sequence"),
+        )
+        .cte("snapshot")
+        .prefix_with("MATERIALIZED")
+    )
+    batch = (
+        func.unnest(cast(bindparam("resources"), ARRAY(Text)), cast(bindparam("keys"), ARRAY(Text)))
+        .table_valued("resource", "key", with_ordinality="ord")
+        .render_derived(name="batch")
+    )
+    found = (
+        select(cast(_values.c.data, Text).label("data"), _values.c.version)
+        .where(_values.c.resource == batch.c.resource, _values.c.key == batch.c.key)
+        .limit(1)
+        .lateral("found")
+    )
+    return select(
+        batch.c.ord, snapshot.c.token, snapshot.c.sequence, found.c.data, found.c.version
+    ).select_from(snapshot.join(batch, true()).outerjoin(found, true()))
+
+
 def _stmt_read_latest() -> Any:
     return select(cast(_values.c.data, Text), _values.c.version).where(
         _values.c.resource == bindparam("resource"), _values.c.key == bindparam("key")
@@ -174,6 +206,22 @@ def _stmt_history() -> Any:
 
 def _stmt_commit() -> Any:
     return select(func.statepact_commit(bindparam("request", type_=JSONB), type_=JSONB))
+
+
+def _stmt_commit_many() -> Any:
+    # Several transactions' commits in one statement (one server transaction): the function
+    # once per request, in order, under shared_lock_timeout. Any refusal or lock wait past
+    # it aborts all of them (the caller then sends each alone); no two touch one key.
+    requests = (
+        func.unnest(cast(bindparam("requests"), ARRAY(Text)))
+        .table_valued("request", with_ordinality="ord")
+        .render_derived(name="batch")
+    )
+    return (
+        select(requests.c.ord, func.statepact_commit(cast(requests.c.request, JSONB), type_=JSONB))
+        .select_from(shared_lock_timeout(), requests)
+        .order_by(requests.c.ord)
+    )
 
 
 def _stmt_try_lock() -> Any:
@@ -302,10 +350,12 @@ def _stmt_schema_present() -> Any:
 
 BEGIN = _stmt_begin()
 BEGIN_READ = _stmt_begin_read()
+BEGIN_READ_MANY = _stmt_begin_read_many()
 READ_LATEST = _stmt_read_latest()
 READ_AT = _stmt_read_at()
 HISTORY = _stmt_history()
 COMMIT = _stmt_commit()
+COMMIT_MANY = _stmt_commit_many()
 TRY_LOCK = _stmt_try_lock()
 UNLOCK = _stmt_unlock()
 ACQUIRE_LEASE = _stmt_acquire_lease()
