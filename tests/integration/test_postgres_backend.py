@@ -505,6 +505,57 @@ async def test_snapshots_stay_consistent_under_concurrent_commits(
     assert len(versions) - 5 == 2 * (len(set(versions)) - 1)
 
 
+async def test_a_commit_doomed_by_one_of_its_process_is_refused_without_a_round_trip(
+    pg_database_url: str, backends: Callable[..., Any], statements: list[str]
+) -> None:
+    """Two transactions read one key at one snapshot; the first commits a write of it. The
+    second's write of it is refused with the ConflictError the server would give (first
+    committer wins), and no commit statement is sent for it. A transaction that read after
+    that commit landed, one whose key no commit moved and one under read_committed are
+    sent to the server and land; one with an idempotency key (it could be a replay) is
+    sent too, and the server refuses it."""
+    manager = TransactionManager(await backends(pg_database_url))
+    await _write(manager, "k1", 0)
+    await _write(manager, "k2", 0)
+    first, second = manager.transaction(), manager.transaction()
+    async with first, second:
+        values = await asyncio.gather(first.read(R, "k1"), second.read(R, "k1"))
+        assert values == [0, 0]
+        assert first.taken_at == second.taken_at
+        first.write(R, "k1", 1)
+        await first.commit()
+        second.write(R, "k1", 2)
+        sent = len(statements)
+        with pytest.raises(ConflictError) as caught:
+            await second.commit()
+        assert not [sql for sql in statements[sent:] if "statepact_commit" in sql]
+    assert (caught.value.resource, caught.value.key) == (R, "k1")
+    assert f"version {first.result.version}" in str(caught.value)
+    assert await _read(manager, "k1") == 1
+
+    async def increment(key: str, **options: Any) -> None:
+        async with manager.transaction(**options) as tx:
+            tx.write(R, key, await tx.read(R, key) + 1)
+
+    sent = len(statements)
+    await increment("k1")  # read after the commit landed
+    await increment("k2")  # no commit of this process moved it
+    stale = manager.transaction("read_committed")
+    async with stale:
+        await stale.read(R, "k1")
+        await increment("k1")
+        stale.write(R, "k1", 10)  # read_committed: no first-committer check
+    keyed = manager.transaction(idempotency_key=f"once-{uuid.uuid4().hex}")
+    with pytest.raises(ConflictError):
+        async with keyed:
+            await keyed.read(R, "k2")
+            await increment("k2")
+            keyed.write(R, "k2", 20)  # it might be a replay: the server refuses it
+    assert [await _read(manager, key) for key in ("k1", "k2")] == [10, 2]
+    commits = [sql for sql in statements[sent:] if "statepact_commit" in sql]
+    assert len(commits) == 6
+
+
 async def test_a_stalled_commit_holds_back_no_commit_of_its_own_process(
     pg_database_url: str, backends: Callable[..., Any], failed_sqlstates: list[str | None]
 ) -> None:

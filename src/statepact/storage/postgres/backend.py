@@ -20,6 +20,7 @@ never print a DSN, and never let an SQLAlchemy or asyncpg exception out.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -195,21 +196,98 @@ class _FirstRead:
 
 @dataclass(frozen=True, slots=True)
 class _Commit:
-    """A commit waiting to be sent: its request as the function reads it (JSON text), and
-    every key it touches (two commits of one statement share none)."""
+    """A commit waiting to be sent: its request, as the function reads it (JSON text), every
+    key it touches (two commits of one statement share none), and the event it was handed
+    over at (``_LocalOrder``)."""
 
+    request: CommitRequest
     payload: dict[str, Any]
     text: str
     keys: tuple[Hashable, ...]
+    event: int
 
 
-def _commit_of(request: CommitRequest) -> _Commit:
+def _commit_of(request: CommitRequest, event: int) -> _Commit:
     payload = _request_json(request)
     keys: list[Hashable] = [(w.resource, w.key) for w in request.writes]
     keys += [(r.resource, r.key) for r in request.reads]
     if request.idempotency_key is not None:
         keys.append(("idempotency", request.idempotency_key))
-    return _Commit(payload, json.dumps(payload), tuple(keys))
+    return _Commit(request, payload, json.dumps(payload), tuple(keys), event)
+
+
+class _LocalOrder:
+    """The order, as this process saw it, of its own snapshots and commits: enough to know,
+    without asking the server, that some commits are bound to be refused.
+
+    A commit sent after a snapshot's reply arrived committed after that snapshot was taken,
+    so the snapshot does not see it. A later commit that writes one of its keys from that
+    snapshot, under ``snapshot`` or ``serializable`` isolation, is one the server refuses
+    (first committer wins): this refuses it first, with the same ``ConflictError``, and
+    saves the round trip. That is most attempts on a hot key, where the agents read one
+    snapshot together and then only one of their commits can land. Events are numbered
+    by one counter: a snapshot when its reply arrived, a commit when it was handed over to
+    be sent (no later than it was sent). Only the ``remember`` newest snapshots and keys
+    are kept; one forgotten is left to the server, as is everything other processes do.
+    """
+
+    __slots__ = ("_event", "_remember", "_taken", "_written")
+
+    def __init__(self, remember: int = 4096) -> None:
+        self._event = 0
+        self._remember = remember
+        self._taken: OrderedDict[str, int] = OrderedDict()  # snapshot token: its event
+        # (resource, key): the event of the newest commit known to have written it, and its
+        # version.
+        self._written: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()
+
+    def next_event(self) -> int:
+        self._event += 1
+        return self._event
+
+    def taken(self, snapshot: Snapshot) -> None:
+        """``snapshot``'s reply has arrived. A token seen before keeps its first event: a
+        snapshot is its token (PostgreSQL's own, ``xmin:xmax:xip``), and none taken after
+        a commit that started after the token's first reply can have that token (that
+        commit's transaction id is past its ``xmax``)."""
+        if snapshot.token is not None and snapshot.token not in self._taken:
+            self._keep(self._taken, snapshot.token, self.next_event())
+
+    def committed(self, event: int, request: CommitRequest, version: int) -> None:
+        """The commit handed over at ``event`` landed at ``version``."""
+        for write in request.writes:
+            slot = (write.resource, write.key)
+            known = self._written.get(slot)
+            if known is None or known[0] < event:
+                self._keep(self._written, slot, (event, version))
+
+    def refusal(self, request: CommitRequest) -> ConflictError | None:
+        """The server's refusal of ``request``, if it is certain; else None."""
+        snapshot = request.snapshot
+        if (
+            snapshot is None
+            or snapshot.token is None
+            or request.isolation is Isolation.READ_COMMITTED
+            or request.idempotency_key is not None  # it may be a replay instead
+            or request.fencing is not None  # a stale token is refused first
+        ):
+            return None
+        taken = self._taken.get(snapshot.token)
+        if taken is None:
+            return None
+        for write in request.writes:
+            known = self._written.get((write.resource, write.key))
+            if known is not None and known[0] > taken:
+                return ConflictError.write_conflict(
+                    write.resource, write.key, latest=known[1], taken_at=snapshot.sequence
+                )
+        return None
+
+    def _keep(self, kept: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+        kept[key] = value
+        kept.move_to_end(key)
+        if len(kept) > self._remember:
+            kept.popitem(last=False)
 
 
 def _commit_result(reply: Any) -> CommitResult:
@@ -284,6 +362,7 @@ class PostgresBackend:
         # Transactions of this process that asked for a lock; end() releases theirs.
         self._locking: set[str] = set()
         self._closed = False
+        self._order = _LocalOrder()
         self._first_reads: SharedRoundTrips[_FirstRead, tuple[Snapshot, StoredValue]] = (
             SharedRoundTrips(
                 self._first_read,
@@ -295,14 +374,16 @@ class PostgresBackend:
                 name="statepact-first-reads",
             )
         )
-        self._commits: SharedRoundTrips[_Commit, CommitResult | None] = SharedRoundTrips(
-            lambda commit: self._commit(commit, resend=False),
-            self._commits_together,
-            keys=lambda commit: commit.keys,
-            size=lambda commit: len(commit.text),
-            max_items=MAX_SHARED_COMMITS,
-            max_bytes=MAX_BATCH_BYTES,
-            name="statepact-commits",
+        self._commits: SharedRoundTrips[_Commit, CommitResult | ConflictError | None] = (
+            SharedRoundTrips(
+                lambda commit: self._commit(commit, resend=False),
+                self._commits_together,
+                keys=lambda commit: commit.keys,
+                size=lambda commit: len(commit.text),
+                max_items=MAX_SHARED_COMMITS,
+                max_bytes=MAX_BATCH_BYTES,
+                name="statepact-commits",
+            )
         )
 
     @classmethod
@@ -503,14 +584,18 @@ class PostgresBackend:
             token, sequence = (await conn.execute(BEGIN)).one()
             return Snapshot(int(sequence), token)
 
-        return await self._read(work)
+        snapshot = await self._read(work)
+        self._order.taken(snapshot)
+        return snapshot
 
     async def begin_read(
         self, txn_id: str, resource: str, key: str
     ) -> tuple[Snapshot, StoredValue]:
         if self._closed:
             raise RuntimeError("PostgresBackend: closed")
-        return await self._first_reads.send(_FirstRead(resource, key))
+        taken = await self._first_reads.send(_FirstRead(resource, key))
+        self._order.taken(taken[0])
+        return taken
 
     async def _first_read(self, read: _FirstRead) -> tuple[Snapshot, StoredValue]:
         params = {"resource": read.resource, "key": read.key}
@@ -592,22 +677,47 @@ class PostgresBackend:
     async def commit(self, request: CommitRequest) -> CommitResult:
         if self._closed:
             raise RuntimeError("PostgresBackend: closed")
-        commit = _commit_of(request)
+        refusal = self._order.refusal(request)
+        if refusal is not None:
+            raise refusal  # what the server would answer (_LocalOrder)
+        commit = _commit_of(request, self._order.next_event())
         result = await self._commits.send(commit)
-        # Not applied with the others (one of them was refused): alone, as a resend, since
-        # an earlier attempt of the shared statement may have applied it.
-        return result if result is not None else await self._commit(commit, resend=True)
+        if isinstance(result, ConflictError):
+            raise result  # refused before it was sent (_LocalOrder)
+        if result is None:
+            # Not applied with the others (one of them was refused): alone, as a resend,
+            # since an earlier attempt of the shared statement may have applied it.
+            result = await self._commit(commit, resend=True)
+        return result
 
-    async def _commits_together(self, commits: list[_Commit]) -> list[CommitResult | None]:
+    def _landed(self, commit: _Commit, result: CommitResult) -> CommitResult:
+        """Note a commit's result for ``_LocalOrder`` (by its sender, before the next commit
+        of its keys is sent); a replay wrote nothing now, its writes are older."""
+        if not result.replayed:
+            self._order.committed(commit.event, commit.request, result.version)
+        return result
+
+    async def _commits_together(
+        self, commits: list[_Commit]
+    ) -> list[CommitResult | ConflictError | None]:
         """Several commits in one statement (one server transaction; no key in common), in
         the order of their first key, so that two such statements of two processes lock
         single-key commits in one order. A refusal of any of them (a conflict, a stale
         fence, a deadlock, a row another session holds) applies none: each caller then
         sends its own alone (None), where it may wait for its locks."""
-        order = sorted(range(len(commits)), key=lambda n: commits[n].keys[:1])
+        # Those that commits landed since their snapshot doom are answered without a trip.
+        answers: list[CommitResult | ConflictError | None] = [
+            self._order.refusal(commit.request) for commit in commits
+        ]
+        order = sorted(
+            (n for n in range(len(commits)) if answers[n] is None),
+            key=lambda n: commits[n].keys[:1],
+        )
+        if not order:
+            return answers
         attempts = 0
 
-        async def work(conn: Statements) -> list[CommitResult | None]:
+        async def work(conn: Statements) -> list[CommitResult | ConflictError | None]:
             nonlocal attempts
             attempts += 1
             requests = [
@@ -624,18 +734,23 @@ class PostgresBackend:
                     or is_rolled_back(exc)
                     or sqlstate_of(exc) == LOCK_NOT_AVAILABLE
                 ):
-                    return [None] * len(commits)
+                    return answers  # the others None: each sent alone
                 raise
-            answers: list[CommitResult | None] = [None] * len(commits)
+            landed = list(answers)
             for place, reply in rows:
-                answers[order[place - 1]] = _commit_result(reply)
-            return answers
+                n = order[place - 1]
+                landed[n] = self._landed(commits[n], _commit_result(reply))
+            return landed
 
         return await self._run(work, idempotent=True)
 
     async def _commit(self, commit: _Commit, *, resend: bool) -> CommitResult:
         """One commit alone, one call of the function. ``resend``: it may have been applied
         already (an earlier attempt, or a shared statement): the function looks for it."""
+        if not resend:
+            refusal = self._order.refusal(commit.request)
+            if refusal is not None:
+                raise refusal  # a commit landed since it was handed over dooms it
         payload = commit.payload
         attempts = 1 if resend else 0
 
@@ -652,7 +767,7 @@ class PostgresBackend:
                 if public is None:
                     raise
                 raise public from exc
-            return _commit_result(reply)
+            return self._landed(commit, _commit_result(reply))
 
         try:
             # Safe to send again (see "Lost replies" in the module docstring).
