@@ -12,11 +12,15 @@ deterministic:
 - PostgreSQL: the same shapes counted in statements (AUTOCOMMIT: no ``BEGIN``
   or ``COMMIT``), and nothing else: ``create_engine`` does not pre-ping (on
   asyncpg a pre-ping is ``BEGIN``, ``;`` and ``ROLLBACK`` in front of every
-  call; it refuses connections the server closed without a round trip).
+  call; it refuses connections the server closed without a round trip). Calls
+  made at once share statements there (transactions' first reads and commits,
+  run puts and patches: ``statepact._shared``), so with two callers those
+  counts are at most the shapes' and at least half of them.
 - The hot key re-runs conflicting transactions: on Redis every attempt costs
   exactly the three round trips, so the count follows from the retries; on
-  PostgreSQL a commit may also be resent after a serialization failure, so
-  only the floor (no retries) is asserted.
+  PostgreSQL a commit may also be resent after a serialization failure, a
+  commit another one of the process doomed is refused unsent, and reads are
+  shared, so only "each landed commit was sent, and reads besides" is asserted.
 - The floors: a raw call is one round trip; a minimal transaction design's
   attempt is its read and its commit (Redis: ``HMGET``, ``EVALSHA``; PostgreSQL:
   ``SELECT``, then ``BEGIN``, ``SELECT ... FOR UPDATE``, ``UPDATE``, ``COMMIT``, with
@@ -105,10 +109,19 @@ def _by_scenario(payload: dict[str, Any], backing: str) -> dict[str, dict[str, A
     return {r["scenario"]: r for r in payload["results"] if r["backing"] == backing}
 
 
-def _check_deterministic(results: dict[str, dict[str, Any]], backing: str, call: float) -> None:
-    """Every scenario whose count does not depend on timing, exactly."""
+def _check_deterministic(
+    results: dict[str, dict[str, Any]], backing: str, call: float, shared: frozenset[str]
+) -> None:
+    """Every scenario whose count does not depend on timing, exactly; those in ``shared``
+    (calls of the bench's callers may go together) between the share of one caller in
+    ``CONCURRENCY`` and the whole count."""
     for scenario, (total, in_commit) in PER_OP.items():
         got = results[scenario]
+        if scenario in shared:
+            assert total * call / CONCURRENCY <= got["round_trips_per_op"] <= total * call
+            if in_commit is not None:
+                assert got["commit_round_trips_per_op"] <= in_commit * call, scenario
+            continue
         assert got["round_trips_per_op"] == total * call, scenario
         assert got["commit_round_trips_per_op"] == (
             None if in_commit is None else in_commit * call
@@ -161,7 +174,7 @@ async def test_round_trips_on_redis_and_none_on_memory(statepact_redis_url: str)
     assert all(r["commit_round_trips_per_op"] is None for r in memory.values())
 
     redis = _by_scenario(payload, "redis")
-    _check_deterministic(redis, "redis", 1.0)
+    _check_deterministic(redis, "redis", 1.0, frozenset())
     _check_floors(payload, "redis")
     assert (redis["state.patch_own"]["floor"], redis["state.patch_own"]["target"]) == (
         "redis.hincrby_own",
@@ -184,16 +197,19 @@ async def test_round_trips_on_postgres(pg_database_url: str) -> None:
     call = 1.0
 
     results = _by_scenario(payload, "postgres")
-    _check_deterministic(results, "postgres", call)
+    shared = frozenset({"tx.independent", "tx.read_only", "state.put", "state.patch_own"})
+    _check_deterministic(results, "postgres", call, shared)
     independent = results["tx.independent"]
     assert (independent["floor"], independent["target"]) == ("seed.pg.txn.independent", 1.0)
     assert [(a["floor"], a["target"]) for a in independent["also"]] == [
         ("seed.pg.seedlock.independent", 2.5)
     ]
     assert results["state.get"]["floor"] == "pg.sqla.autocommit.select1"
+    # Every commit that landed was sent; one doomed by another is refused unsent, and the
+    # reads may be shared: more than the commits, no fixed count.
     hot = results["tx.hot_key"]
-    assert hot["round_trips_per_op"] >= 2 * call
     assert hot["commit_round_trips_per_op"] >= 1 * call
+    assert hot["round_trips_per_op"] > hot["commit_round_trips_per_op"]
 
 
 def test_the_table_has_a_round_trip_column() -> None:
