@@ -25,9 +25,10 @@ once its batch is sent it waits for the answer, then gets its
 ``CancelledError`` (as :func:`statepact._cancel.finish` does). An error of the
 batch as a whole is every caller's error.
 
-Used by the queues' single enqueues (``statepact.queue``) and PostgreSQL's run
-writes (``statepact.storage.postgres.state``). This module must never hold a
-call back when nothing of its kind is on its way.
+Used by the queues' single enqueues (``statepact.queue``), PostgreSQL's run
+writes (``statepact.storage.postgres.state``) and ``PostgresBackend``'s
+transactions' first reads and commits. This module must never hold a call back
+when nothing of its kind is on its way.
 """
 
 from __future__ import annotations
