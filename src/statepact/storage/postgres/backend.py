@@ -227,11 +227,14 @@ class _LocalOrder:
     saves the round trip. That is most attempts on a hot key, where the agents read one
     snapshot together and then only one of their commits can land. Events are numbered
     by one counter: a snapshot when its reply arrived, a commit when it was handed over to
-    be sent (no later than it was sent). Only the ``remember`` newest snapshots and keys
-    are kept; one forgotten is left to the server, as is everything other processes do.
+    be sent (no later than it was sent). A transaction handed over before (the same
+    request sent again) is never refused here: it may have landed, and then the server
+    answers with its version. Only the ``remember`` newest snapshots, keys and
+    transactions are kept; a transaction forgotten takes its snapshot with it, and what
+    is forgotten is left to the server, as is everything other processes do.
     """
 
-    __slots__ = ("_event", "_remember", "_taken", "_written")
+    __slots__ = ("_event", "_handed", "_remember", "_taken", "_written")
 
     def __init__(self, remember: int = 4096) -> None:
         self._event = 0
@@ -240,6 +243,8 @@ class _LocalOrder:
         # (resource, key): the event of the newest commit known to have written it, and its
         # version.
         self._written: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()
+        # Each transaction handed over: the event of its first hand-over, its snapshot token.
+        self._handed: OrderedDict[str, tuple[int, str | None]] = OrderedDict()
 
     def next_event(self) -> int:
         self._event += 1
@@ -253,16 +258,36 @@ class _LocalOrder:
         if snapshot.token is not None and snapshot.token not in self._taken:
             self._keep(self._taken, snapshot.token, self.next_event())
 
+    def hand_over(self, request: CommitRequest) -> int:
+        """``request`` is handed over to be sent: its event; 0 if the same transaction was
+        handed over before (never refused, and its landing, whenever that was, not noted)."""
+        if request.txn_id in self._handed:
+            return 0
+        event = self.next_event()
+        token = None if request.snapshot is None else request.snapshot.token
+        self._handed[request.txn_id] = (event, token)
+        if len(self._handed) > self._remember:
+            _txn, (_event, forgotten) = self._handed.popitem(last=False)
+            if forgotten is not None:
+                self._taken.pop(forgotten, None)  # no refusal without its transaction
+        return event
+
     def committed(self, event: int, request: CommitRequest, version: int) -> None:
         """The commit handed over at ``event`` landed at ``version``."""
+        if not event:
+            return
         for write in request.writes:
             slot = (write.resource, write.key)
             known = self._written.get(slot)
             if known is None or known[0] < event:
                 self._keep(self._written, slot, (event, version))
 
-    def refusal(self, request: CommitRequest) -> ConflictError | None:
-        """The server's refusal of ``request``, if it is certain; else None."""
+    def refusal(self, request: CommitRequest, event: int | None = None) -> ConflictError | None:
+        """The server's refusal of ``request``, if it is certain; else None. ``event``: the
+        request's hand-over (None: not handed over yet)."""
+        handed = self._handed.get(request.txn_id)
+        if handed is not None and handed[0] != event:
+            return None  # handed over by an earlier call: it may have landed
         snapshot = request.snapshot
         if (
             snapshot is None
@@ -680,7 +705,7 @@ class PostgresBackend:
         refusal = self._order.refusal(request)
         if refusal is not None:
             raise refusal  # what the server would answer (_LocalOrder)
-        commit = _commit_of(request, self._order.next_event())
+        commit = _commit_of(request, self._order.hand_over(request))
         result = await self._commits.send(commit)
         if isinstance(result, ConflictError):
             raise result  # refused before it was sent (_LocalOrder)
@@ -707,7 +732,7 @@ class PostgresBackend:
         sends its own alone (None), where it may wait for its locks."""
         # Those that commits landed since their snapshot doom are answered without a trip.
         answers: list[CommitResult | ConflictError | None] = [
-            self._order.refusal(commit.request) for commit in commits
+            self._order.refusal(commit.request, commit.event) for commit in commits
         ]
         order = sorted(
             (n for n in range(len(commits)) if answers[n] is None),
@@ -748,7 +773,7 @@ class PostgresBackend:
         """One commit alone, one call of the function. ``resend``: it may have been applied
         already (an earlier attempt, or a shared statement): the function looks for it."""
         if not resend:
-            refusal = self._order.refusal(commit.request)
+            refusal = self._order.refusal(commit.request, commit.event)
             if refusal is not None:
                 raise refusal  # a commit landed since it was handed over dooms it
         payload = commit.payload
