@@ -14,6 +14,10 @@ __all__ = [
     "MAX_ENQUEUE_BATCH",
     "MAX_HISTORY",
     "MAX_PAGE",
+    "MAX_SHARED_COMMITS",
+    "MAX_SHARED_ENQUEUES",
+    "MAX_SHARED_READS",
+    "MAX_SHARED_WRITES",
 ]
 
 #: The largest serialized blob, payload or value accepted unless settings say otherwise.
@@ -28,5 +32,11 @@ MAX_PAGE = 1000
 MAX_HISTORY = 1000
 #: The largest value a run counter holds (cost in nano-units): a signed 64-bit integer.
 MAX_COUNTER = 2**63 - 1
+#: The most calls one shared round trip carries (``statepact._shared``): single enqueues
+#: of a queue, PostgreSQL run writes, a ``PostgresBackend``'s first reads and commits.
+MAX_SHARED_ENQUEUES = 500
+MAX_SHARED_WRITES = 200
+MAX_SHARED_READS = 200
+MAX_SHARED_COMMITS = 100
 #: ``last_error`` of an item whose lease lapsed and was reaped.
 LEASE_EXPIRED = "lease expired"

@@ -40,6 +40,7 @@ from statepact._limits import (
     LEASE_EXPIRED,
     MAX_BATCH_BYTES,
     MAX_ENQUEUE_BATCH,
+    MAX_SHARED_ENQUEUES,
 )
 from statepact._shared import SharedRoundTrips
 from statepact.clock import Clock, SystemClock, read_clock
@@ -323,10 +324,6 @@ class SleepWatch:
     async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - the fallback poll
         await asyncio.sleep(timeout)
         return False
-
-
-# The most single enqueues one shared round trip carries (see statepact._shared).
-MAX_SHARED_ENQUEUES = 500
 
 
 class BaseWorkQueue(ABC):

@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
 from statepact._cancel import finish
-from statepact._limits import MAX_BATCH_BYTES
+from statepact._limits import MAX_BATCH_BYTES, MAX_SHARED_COMMITS, MAX_SHARED_READS
 from statepact._retry import RetryPolicy
 from statepact._shared import SharedRoundTrips
 from statepact.clock import Clock
@@ -87,10 +87,6 @@ _SCHEMA_PRESENT = Prepared(sql.SCHEMA_PRESENT)
 _ABSENT = StoredValue(None, 0)
 
 T = TypeVar("T")
-
-# The most first reads, and the most commits, one shared statement carries.
-MAX_SHARED_READS = 200
-MAX_SHARED_COMMITS = 100
 
 # Seconds to open a connection before calling the attempt failed (asyncpg waits 60).
 _CONNECT_TIMEOUT = 10.0

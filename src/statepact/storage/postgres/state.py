@@ -28,7 +28,7 @@ from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from statepact._codec import decimal_to_nanos, decode_json, nanos_to_decimal
-from statepact._limits import MAX_BATCH_BYTES, MAX_COUNTER
+from statepact._limits import MAX_BATCH_BYTES, MAX_COUNTER, MAX_SHARED_WRITES
 from statepact._retry import new_op_id
 from statepact._shared import SharedRoundTrips
 from statepact.clock import Clock
@@ -59,9 +59,6 @@ from statepact.storage.postgres._sql.state import statements as _statements
 from statepact.storage.postgres.schema import WRITE_RETENTION, StateTables, Tables, tables_for
 
 __all__ = ["PostgresStateStore"]
-
-# The most run writes one shared round trip carries: a statement's arrays, a lock each.
-MAX_SHARED_WRITES = 200
 
 # A batch's arrays (``p_each_<name>``), each from the same parameter of every call.
 _EACH = {
