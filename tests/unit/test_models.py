@@ -19,6 +19,7 @@ from statepact.models import (
     TenantQueueStats,
     WorkItem,
     stored,
+    stored_lease,
 )
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -153,3 +154,30 @@ def test_a_stored_record_is_the_validated_one() -> None:
     session = {"tenant": "t", "session_id": "s", "data": {}, "version": 1}
     session |= {"created_at": NOW, "updated_at": NOW, "seq": 2}
     assert stored(SessionRecord, dict(session)) == SessionRecord(**session)  # type: ignore[arg-type]
+
+
+def test_a_stored_lease_is_the_validated_one() -> None:
+    """``stored_lease`` (a queue's lease from its own reply) equals, dumps and prints as the
+    validated lease of the same values, its item built by ``stored`` as the queues build it."""
+    item = {
+        "tenant": "t",
+        "item_id": "i",
+        "payload": {"n": [1, "x"]},
+        "queue": "default",
+        "priority": 2,
+        "available_at": NOW,
+        "attempts": 1,
+        "status": ItemStatus.LEASED,
+        "last_error": None,
+        "created_at": NOW,
+        "updated_at": NOW,
+    }
+    fast_item, checked_item = stored(WorkItem, dict(item)), WorkItem(**item)  # type: ignore[arg-type]
+    assert fast_item == checked_item and repr(fast_item) == repr(checked_item)
+    fast = stored_lease(fast_item, "w1", 7, NOW, 30.0)
+    checked = Lease(item=checked_item, worker_id="w1", token=7, expires_at=NOW, lease_seconds=30.0)
+    assert type(fast) is Lease
+    assert fast == checked
+    assert repr(fast) == repr(checked)
+    assert fast.model_dump_json() == checked.model_dump_json()
+    assert fast.model_fields_set == checked.model_fields_set

@@ -23,7 +23,15 @@ from typing import Self
 
 from statepact._codec import decode_json
 from statepact.clock import Clock
-from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem
+from statepact.models import (
+    ItemStatus,
+    Lease,
+    QueueStats,
+    TenantQueueStats,
+    WorkItem,
+    stored,
+    stored_lease,
+)
 from statepact.queue import BaseWorkQueue, FailOutcome, LapseOutcome, QueuePolicy, WorkWatch
 from statepact.settings import MemoryStoreSettings
 
@@ -293,18 +301,23 @@ class MemoryWorkQueue(BaseWorkQueue):
     # -- helpers ------------------------------------------------------------
 
     def _record(self, entry: _Item) -> WorkItem:
-        return WorkItem(
-            queue=self.name,
-            tenant=entry.tenant,
-            item_id=entry.item_id,
-            payload=decode_json(entry.payload),
-            priority=entry.priority,
-            available_at=entry.available_at,
-            attempts=entry.attempts,
-            status=entry.status,
-            last_error=entry.last_error,
-            created_at=entry.created_at,
-            updated_at=entry.updated_at,
+        # The queue's own entry: every field is of its type already, built in the model's
+        # order without validating it again.
+        return stored(
+            WorkItem,
+            {
+                "tenant": entry.tenant,
+                "item_id": entry.item_id,
+                "payload": decode_json(entry.payload),
+                "queue": self.name,
+                "priority": entry.priority,
+                "available_at": entry.available_at,
+                "attempts": entry.attempts,
+                "status": entry.status,
+                "last_error": entry.last_error,
+                "created_at": entry.created_at,
+                "updated_at": entry.updated_at,
+            },
         )
 
     def _count(self, tenant: str, status: ItemStatus, change: int) -> None:
@@ -366,13 +379,7 @@ class MemoryWorkQueue(BaseWorkQueue):
         entry.token = self._token_counter
         expires_at = now + timedelta(seconds=seconds)
         heapq.heappush(self._expiry, (expires_at, entry.token, entry.tenant, entry.item_id))
-        return Lease(
-            item=self._record(entry),
-            worker_id=worker_id,
-            token=entry.token,
-            expires_at=expires_at,
-            lease_seconds=seconds,
-        )
+        return stored_lease(self._record(entry), worker_id, entry.token, expires_at, seconds)
 
     def _held(self, lease: Lease) -> _Item | None:
         """The leased item if ``lease`` still holds it, else ``None``."""

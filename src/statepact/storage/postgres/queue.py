@@ -33,7 +33,15 @@ from statepact._cancel import finish
 from statepact._codec import decode_json
 from statepact.clock import Clock
 from statepact.errors import QueueUnavailableError
-from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem
+from statepact.models import (
+    ItemStatus,
+    Lease,
+    QueueStats,
+    TenantQueueStats,
+    WorkItem,
+    stored,
+    stored_lease,
+)
 from statepact.queue import (
     BaseWorkQueue,
     FailOutcome,
@@ -182,19 +190,23 @@ def _item_or_none(row: RowMapping | None) -> WorkItem | None:
 
 
 def _item(row: RowMapping) -> WorkItem:
-    # Read from this queue's own table: every field is of its type already, no validation.
-    return WorkItem.model_construct(
-        queue=row["queue"],
-        tenant=row["tenant"],
-        item_id=row["item_id"],
-        payload=decode_json(row["payload"]),
-        priority=row["priority"],
-        available_at=row["available_at"],
-        attempts=row["attempts"],
-        status=ItemStatus(row["status"]),
-        last_error=row["last_error"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
+    # Read from this queue's own table: every field is of its type already, built in the
+    # model's order without validating it again.
+    return stored(
+        WorkItem,
+        {
+            "tenant": row["tenant"],
+            "item_id": row["item_id"],
+            "payload": decode_json(row["payload"]),
+            "queue": row["queue"],
+            "priority": row["priority"],
+            "available_at": row["available_at"],
+            "attempts": row["attempts"],
+            "status": ItemStatus(row["status"]),
+            "last_error": row["last_error"],
+            "created_at": row["created_at"],
+            "updated_at": row["updated_at"],
+        },
     )
 
 
@@ -386,13 +398,7 @@ class PostgresWorkQueue(BaseWorkQueue):
                     break
                 rows.append(row)
             return [
-                Lease.model_construct(
-                    item=_item(row),
-                    worker_id=worker_id,
-                    token=row["token"],
-                    expires_at=expires_at,
-                    lease_seconds=seconds,
-                )
+                stored_lease(_item(row), worker_id, row["token"], expires_at, seconds)
                 for row in rows
             ]
 
@@ -425,12 +431,8 @@ class PostgresWorkQueue(BaseWorkQueue):
         row = await self._settle(lease, self._sql.heartbeat, {"p_expires_at": expires_at})
         if row is None:
             return None
-        return Lease.model_construct(
-            item=_item(row),
-            worker_id=lease.worker_id,
-            token=row["token"],
-            expires_at=expires_at,
-            lease_seconds=lease.lease_seconds,
+        return stored_lease(
+            _item(row), lease.worker_id, row["token"], expires_at, lease.lease_seconds
         )
 
     async def _ack(self, lease: Lease, now: datetime) -> WorkItem | None:

@@ -24,7 +24,15 @@ from statepact._codec import decode_json
 from statepact._retry import new_op_id
 from statepact.clock import Clock, from_micros, to_micros
 from statepact.errors import QueueUnavailableError
-from statepact.models import ItemStatus, Lease, QueueStats, TenantQueueStats, WorkItem, stored
+from statepact.models import (
+    ItemStatus,
+    Lease,
+    QueueStats,
+    TenantQueueStats,
+    WorkItem,
+    stored,
+    stored_lease,
+)
 from statepact.queue import BaseWorkQueue, FailOutcome, LapseOutcome, QueuePolicy, WorkWatch
 from statepact.settings import RedisStoreSettings
 from statepact.storage.redis._client import Failover, as_text, gate_of
@@ -176,7 +184,9 @@ class RedisWorkQueue(BaseWorkQueue):
             if int(reply[0]) == 0:
                 break
         return [
-            _lease(self._item(reply[i + 2]), worker_id, int(reply[i + 1]), expires_at, seconds)
+            stored_lease(
+                self._item(reply[i + 2]), worker_id, int(reply[i + 1]), expires_at, seconds
+            )
             for i in range(1, len(reply), 3)
         ]
 
@@ -197,7 +207,7 @@ class RedisWorkQueue(BaseWorkQueue):
         )
         if int(reply[0]) == 0:
             return None
-        return _lease(
+        return stored_lease(
             self._item(reply[2]), lease.worker_id, int(reply[1]), expires_at, lease.lease_seconds
         )
 
@@ -376,23 +386,6 @@ class RedisWorkQueue(BaseWorkQueue):
                 "updated_at": from_micros(int(record["updated"])),
             },
         )
-
-
-def _lease(
-    item: WorkItem, worker_id: str, token: int, expires_at: datetime, seconds: float
-) -> Lease:
-    """A lease of this queue's own reply (``worker_id`` checked by the front): built as
-    :func:`~statepact.models.stored` builds a record, without validating it again."""
-    return stored(
-        Lease,
-        {
-            "item": item,
-            "worker_id": worker_id,
-            "token": token,
-            "expires_at": expires_at,
-            "lease_seconds": seconds,
-        },
-    )
 
 
 def _as_dict(fields: Any) -> dict[str, str]:
