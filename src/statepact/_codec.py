@@ -54,6 +54,7 @@ __all__ = [
     "require_limit",
     "require_seconds",
     "to_nanos",
+    "utf8_size",
 ]
 
 MAX_ID_BYTES = 1024
@@ -321,12 +322,16 @@ def _c_encoder(encoder: json.JSONEncoder) -> Callable[[Any, int], Any] | None:
 _C_ENCODERS = {sort_keys: _c_encoder(encoder) for sort_keys, encoder in _ENCODERS.items()}
 
 
-def _dumps(value: Any, sort_keys: bool) -> bytes:
+def _dumps_text(value: Any, sort_keys: bool) -> str:
     # The value is a fresh tree of plain types (_plain): no cycle to look for.
     encode = _C_ENCODERS[sort_keys]
     if encode is None:
-        return _ENCODERS[sort_keys].encode(value).encode("utf-8")
-    return "".join(encode(value, 0)).encode("utf-8")
+        return _ENCODERS[sort_keys].encode(value)
+    return "".join(encode(value, 0))
+
+
+def _dumps(value: Any, sort_keys: bool) -> bytes:
+    return _dumps_text(value, sort_keys).encode("utf-8")
 
 
 def encode_json(field: str, value: object, *, sort_keys: bool = False) -> bytes:
@@ -367,9 +372,15 @@ def _flat(value: dict[Any, Any]) -> dict[str, Any] | None:
     return copy
 
 
-def encode_json_value(field: str, value: object, *, sort_keys: bool = False) -> bytes:
-    """Validate any JSON value (not only objects) and return its compact encoding."""
-    return _dumps(_plain(field, value), sort_keys)
+def encode_json_value(field: str, value: object, *, sort_keys: bool = False) -> str:
+    """Validate any JSON value (not only objects) and return its compact encoding, as text
+    (what a transaction buffers; :func:`utf8_size` is its size in bytes)."""
+    return _dumps_text(_plain(field, value), sort_keys)
+
+
+def utf8_size(text: str) -> int:
+    """``len(text.encode("utf-8"))``, without encoding an ASCII text (most JSON)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
 # json's own scanner: ``json.loads`` minus its whitespace and encoding detection, which a

@@ -35,6 +35,7 @@ from statepact._codec import (
     require_id,
     require_limit,
     require_seconds,
+    utf8_size,
 )
 from statepact._limits import DEFAULT_MAX_VALUE_BYTES, MAX_HISTORY
 from statepact._retry import RetryPolicy, UniqueIds
@@ -868,11 +869,12 @@ class Transaction:
             )
         data = encode_json_value("value", value, sort_keys=True)
         limit = self._manager.max_value_bytes
-        if len(data) > limit:  # the place is named only when it is refused
-            check_size("value", len(data), limit, where=f"{slot[0]!r}/{slot[1]!r}")
+        size = utf8_size(data)
+        if size > limit:  # the place is named only when it is refused
+            check_size("value", size, limit, where=f"{slot[0]!r}/{slot[1]!r}")
         if self._state != "active":
             self._require_active()
-        self._writes[slot] = WriteRecord(slot[0], slot[1], data.decode("utf-8"))
+        self._writes[slot] = WriteRecord(slot[0], slot[1], data)
 
     def delete(self, resource: str, key: str) -> None:
         """Buffer a delete; the key reads as ``None`` afterwards."""

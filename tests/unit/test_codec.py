@@ -28,6 +28,7 @@ from statepact._codec import (
     require_id,
     require_seconds,
     to_nanos,
+    utf8_size,
 )
 from statepact.errors import StatePersistenceError
 from statepact.models import RunRecord
@@ -185,8 +186,8 @@ def test_a_mapping_keeps_its_order_unless_keys_are_sorted() -> None:
 
 
 def test_encode_json_value_takes_any_json_value() -> None:
-    assert encode_json_value("value", [1, "ü"]) == '[1,"ü"]'.encode()
-    assert encode_json_value("value", {"b": 1, "a": 2}, sort_keys=True) == b'{"a":2,"b":1}'
+    assert encode_json_value("value", [1, "ü"]) == '[1,"ü"]'
+    assert encode_json_value("value", {"b": 1, "a": 2}, sort_keys=True) == '{"a":2,"b":1}'
     with pytest.raises(ValueError, match=r"^value"):
         encode_json_value("value", float("nan"))
 
@@ -216,6 +217,11 @@ def test_json_round_trips_exactly(value: dict[str, Any]) -> None:
 
 
 # -- size ----------------------------------------------------------------------
+
+
+def test_utf8_size_is_the_encoded_length() -> None:
+    for text in ["", '{"v":1}', '"ü"', '"\u20ac\U0001f600"']:
+        assert utf8_size(text) == len(text.encode("utf-8"))
 
 
 def test_check_size_allows_the_limit_itself() -> None:
