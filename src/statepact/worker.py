@@ -804,7 +804,9 @@ class Worker:
         steps of the loop, no timer."""
         free = self._concurrency - self._busy()
         for _ in range(_GATHER_STEPS):
-            if free >= self._concurrency or self._stopping.is_set():
+            # No item in flight: nothing is left to end (an ack in flight frees its slot
+            # when it lands, which the claim loop does not wait for).
+            if not self._running or self._stopping.is_set():
                 break
             await asyncio.sleep(0)
             free = self._concurrency - self._busy()
