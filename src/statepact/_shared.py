@@ -20,6 +20,12 @@ not until the lock is released. (A batch already sent is one statement: the
 PostgreSQL backings give it a ``lock_timeout`` and send its calls again one by
 one if it runs out.)
 
+A call may be answered without being sent at all: ``refused(work)``, when given, is
+asked for each waiting call as a batch is formed, and an error it returns is that
+call's answer at once (``PostgresBackend`` refuses there the commits that a commit
+of its own, just landed, dooms: on a hot key, all but one of the commits waiting
+behind it, answered together instead of one per batch).
+
 A caller cancelled while its call still waits is taken out (nothing was sent);
 once its batch is sent it waits for the answer, then gets its
 ``CancelledError`` (as :func:`statepact._cancel.finish` does). An error of the
@@ -59,7 +65,6 @@ class _Waiting(Generic[W, R]):
 
     work: W
     keys: Collection[Hashable]
-    size: int
     answer: asyncio.Future[R]
 
 
@@ -69,7 +74,9 @@ class SharedRoundTrips(Generic[W, R]):
     ``one(work)`` sends one call; ``many(works)`` sends several in one round trip and
     answers each, in order. ``keys(work)`` are what two calls of one batch must not
     share (none: any calls may go together); ``size(work)`` counts toward
-    ``max_bytes``. ``name`` names the sending task.
+    ``max_bytes`` (asked only of a call about to join a batch). ``refused(work)``, if
+    given, answers a waiting call without sending it: the error it returns (``None``:
+    send it). ``name`` names the sending task.
     """
 
     __slots__ = (
@@ -82,6 +89,7 @@ class SharedRoundTrips(Generic[W, R]):
         "_one",
         "_overdue",
         "_patience",
+        "_refused",
         "_sender",
         "_size",
         "_waiting",
@@ -98,6 +106,7 @@ class SharedRoundTrips(Generic[W, R]):
         max_bytes: int,
         name: str,
         patience: float = PATIENCE,
+        refused: Callable[[W], BaseException | None] | None = None,
     ) -> None:
         self._one = one
         self._many = many
@@ -107,6 +116,7 @@ class SharedRoundTrips(Generic[W, R]):
         self._max_bytes = max_bytes
         self._name = name
         self._patience = patience
+        self._refused = refused
         self._waiting: list[_Waiting[W, R]] = []
         # The send the waiting calls wait for (a call alone, or the task sending batches),
         # None when none is on its way; the timer that stops them waiting for it.
@@ -123,7 +133,7 @@ class SharedRoundTrips(Generic[W, R]):
             finally:
                 self._done(sender)
         loop = asyncio.get_running_loop()
-        waiting = _Waiting(work, self._keys(work), self._size(work), loop.create_future())
+        waiting = _Waiting(work, self._keys(work), loop.create_future())
         self._waiting.append(waiting)
         if self._overdue is None:
             self._overdue = loop.call_later(self._patience, self._take_over, self._sender)
@@ -175,13 +185,23 @@ class SharedRoundTrips(Generic[W, R]):
         taken: set[Hashable] = set()
         later: list[_Waiting[W, R]] = []
         size = 0
+        refused = self._refused
         for waiting in self._waiting:
-            full = len(batch) >= self._max_items or size + waiting.size > self._max_bytes
-            if full or not taken.isdisjoint(waiting.keys):
+            if refused is not None:
+                error = refused(waiting.work)
+                if error is not None:
+                    if not waiting.answer.done():
+                        waiting.answer.set_exception(error)  # answered here, never sent
+                    continue
+            if len(batch) >= self._max_items or not taken.isdisjoint(waiting.keys):
+                later.append(waiting)
+                continue
+            grown = size + self._size(waiting.work)
+            if grown > self._max_bytes and batch:
                 later.append(waiting)
                 continue
             taken.update(waiting.keys)
-            size += waiting.size
+            size = grown
             batch.append(waiting)
         self._waiting = later
         return batch
@@ -203,6 +223,8 @@ class SharedRoundTrips(Generic[W, R]):
             # Until the calls stop coming, or another sender took over (this one overdue).
             while await self._more() and self._sender is sender:
                 batch = self._next_batch()
+                if not batch:
+                    continue  # every waiting call was refused without a send
                 self._rearm(sender)
                 try:
                     if len(batch) == 1:

@@ -33,10 +33,20 @@ class Sender:
         return await self._send(calls)
 
     def shared(
-        self, *, patience: float = 10.0, max_items: int = 100, keys: int = 1000
+        self,
+        *,
+        patience: float = 10.0,
+        max_items: int = 100,
+        keys: int = 1000,
+        refused: set[int] | None = None,
     ) -> SharedRoundTrips[int, int]:
         """Two calls share a key when they are equal modulo ``keys``; the patience is long
-        enough by default that no send is overdue on a loaded machine."""
+        enough by default that no send is overdue on a loaded machine. A call in ``refused``
+        (as it is when its batch is formed) is answered ``ValueError`` without a send."""
+
+        def refusal(call: int) -> BaseException | None:
+            return ValueError(f"refused {call}") if refused and call in refused else None
+
         return SharedRoundTrips(
             self.one,
             self.many,
@@ -46,6 +56,7 @@ class Sender:
             max_bytes=1000,
             name="test-shared",
             patience=patience,
+            refused=refusal if refused is not None else None,
         )
 
 
@@ -67,6 +78,37 @@ async def test_calls_sharing_a_key_or_past_the_limit_wait_for_the_next_batch() -
         assert len(batch) <= 3
         assert len({call % 5 for call in batch}) == len(batch)
     assert sorted(call for batch in sender.sends for call in batch) == list(range(9))
+
+
+async def test_waiting_calls_refused_before_their_turn_are_answered_without_a_send() -> None:
+    """The calls behind the first, sharing its key, are refused once it is answered (as
+    PostgresBackend refuses the commits a landed commit dooms): all of them at the next
+    batch, none sent; the call of another key goes on."""
+    sender = Sender()
+    refused: set[int] = set()
+    shared = sender.shared(keys=5, refused=refused)
+    first = asyncio.ensure_future(shared.send(0))
+    behind = [asyncio.ensure_future(shared.send(n)) for n in (5, 10, 15, 1)]
+    await asyncio.sleep(0)  # all five made; the first is on its way alone
+    refused.update({5, 10, 15})  # what its landing dooms
+    assert await first == 0
+    outcomes = await asyncio.gather(*behind, return_exceptions=True)
+    assert [str(o) for o in outcomes[:3]] == ["refused 5", "refused 10", "refused 15"]
+    assert outcomes[3] == 10
+    assert sender.sends == [[0], [1]]
+
+
+async def test_a_batch_of_refusals_alone_sends_nothing() -> None:
+    sender = Sender()
+    shared = sender.shared(refused={1, 2})
+    first = asyncio.ensure_future(shared.send(0))
+    others = [asyncio.ensure_future(shared.send(n)) for n in (1, 2)]
+    assert await first == 0
+    outcomes = await asyncio.gather(*others, return_exceptions=True)
+    assert all(isinstance(o, ValueError) for o in outcomes)
+    assert sender.sends == [[0]]
+    assert await shared.send(3) == 30  # nothing on its way: sent at once
+    assert sender.sends == [[0], [3]]
 
 
 async def test_callers_in_a_loop_keep_joining_one_batch() -> None:

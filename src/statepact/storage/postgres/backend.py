@@ -190,26 +190,31 @@ class _FirstRead:
     key: str
 
 
-@dataclass(frozen=True, slots=True)
 class _Commit:
-    """A commit waiting to be sent: its request, as the function reads it (JSON text), every
-    key it touches (two commits of one statement share none), and the event it was handed
-    over at (``_LocalOrder``)."""
+    """A commit waiting to be sent: its request, every key it touches (two commits of one
+    statement share none), and the event it was handed over at (``_LocalOrder``). Its
+    text, the request as the function reads it, is made when it is first needed: most
+    commits on a hot key are refused before they are sent (``_LocalOrder``)."""
 
-    request: CommitRequest
-    payload: dict[str, Any]
-    text: str
-    keys: tuple[Hashable, ...]
-    event: int
+    __slots__ = ("_text", "event", "keys", "request")
 
+    def __init__(self, request: CommitRequest, event: int) -> None:
+        keys: list[Hashable] = [(w.resource, w.key) for w in request.writes]
+        keys += [(r.resource, r.key) for r in request.reads]
+        if request.idempotency_key is not None:
+            keys.append(("idempotency", request.idempotency_key))
+        self.request = request
+        self.keys = tuple(keys)
+        self.event = event
+        self._text: str | None = None
 
-def _commit_of(request: CommitRequest, event: int) -> _Commit:
-    payload = _request_json(request)
-    keys: list[Hashable] = [(w.resource, w.key) for w in request.writes]
-    keys += [(r.resource, r.key) for r in request.reads]
-    if request.idempotency_key is not None:
-        keys.append(("idempotency", request.idempotency_key))
-    return _Commit(request, payload, json.dumps(payload), tuple(keys), event)
+    def text(self, *, resend: bool = False) -> str:
+        """The request as JSON text; ``resend``: marked as one that may have been applied."""
+        if resend:
+            return json.dumps({**_request_json(self.request), "resend": True})
+        if self._text is None:
+            self._text = json.dumps(_request_json(self.request))
+        return self._text
 
 
 class _LocalOrder:
@@ -400,10 +405,12 @@ class PostgresBackend:
                 lambda commit: self._commit(commit, resend=False),
                 self._commits_together,
                 keys=lambda commit: commit.keys,
-                size=lambda commit: len(commit.text),
+                size=lambda commit: len(commit.text()),
                 max_items=MAX_SHARED_COMMITS,
                 max_bytes=MAX_BATCH_BYTES,
                 name="statepact-commits",
+                # A commit that one of this process's, landed while it waited, dooms.
+                refused=lambda commit: self._order.refusal(commit.request, commit.event),
             )
         )
 
@@ -701,7 +708,7 @@ class PostgresBackend:
         refusal = self._order.refusal(request)
         if refusal is not None:
             raise refusal  # what the server would answer (_LocalOrder)
-        commit = _commit_of(request, self._order.hand_over(request))
+        commit = _Commit(request, self._order.hand_over(request))
         result = await self._commits.send(commit)
         if isinstance(result, ConflictError):
             raise result  # refused before it was sent (_LocalOrder)
@@ -741,12 +748,7 @@ class PostgresBackend:
         async def work(conn: Statements) -> list[CommitResult | ConflictError | None]:
             nonlocal attempts
             attempts += 1
-            requests = [
-                commits[n].text
-                if attempts == 1
-                else json.dumps({**commits[n].payload, "resend": True})
-                for n in order
-            ]
+            requests = [commits[n].text(resend=attempts > 1) for n in order]
             try:
                 rows = (await conn.execute(COMMIT_MANY, {"requests": requests})).all()
             except Exception as exc:
@@ -772,7 +774,6 @@ class PostgresBackend:
             refusal = self._order.refusal(commit.request, commit.event)
             if refusal is not None:
                 raise refusal  # a commit landed since it was handed over dooms it
-        payload = commit.payload
         attempts = 1 if resend else 0
 
         async def work(conn: Statements) -> CommitResult:
@@ -780,7 +781,7 @@ class PostgresBackend:
             attempts += 1
             # A second attempt may meet its first one applied (docs/backings.md, "Lost
             # replies"): it says so, and the function looks for it.
-            sent = commit.text if attempts == 1 else json.dumps({**payload, "resend": True})
+            sent = commit.text(resend=attempts > 1)
             try:
                 reply = (await conn.execute(COMMIT, {"request": sent})).scalar_one()
             except Exception as exc:
