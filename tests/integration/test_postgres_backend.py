@@ -33,7 +33,6 @@ from statepact.errors import (
     StatePersistenceError,
 )
 from statepact.storage.postgres import PostgresBackend, migrate
-from statepact.storage.postgres._direct import _IDLE_STEPS
 from statepact.testing.faults import FaultProxy
 from statepact.tx import (
     CommitRequest,
@@ -962,13 +961,6 @@ async def test_clear_empties_only_the_statepact_tables(
     assert await _write(manager, "o1", 1) == 1
 
 
-async def _steps_idle() -> None:
-    """The steps of the event loop after which an idle executor has checked its connections
-    in (``_IDLE_STEPS``), and two for the check-in's own task: no timer involved."""
-    for _ in range(_IDLE_STEPS + 2):
-        await asyncio.sleep(0)
-
-
 async def test_the_backend_holds_no_connection_once_idle(
     pg_database_url: str, clock: ManualClock
 ) -> None:
@@ -980,13 +972,13 @@ async def test_the_backend_holds_no_connection_once_idle(
     manager = TransactionManager(backend)
     try:
         await asyncio.gather(*(_write(manager, f"k{n}", n) for n in range(20)))
-        await _steps_idle()
+        await asyncio.sleep(0)  # the check-in runs as soon as no call is running
         first = engine.sync_engine.pool
         assert first.checkedout() == 0  # type: ignore[attr-defined]
         assert first.checkedin() > 0  # type: ignore[attr-defined]
         await engine.dispose()
         await asyncio.gather(*(_write(manager, f"k{n}", -n) for n in range(20)))
-        await _steps_idle()
+        await asyncio.sleep(0)
         second = engine.sync_engine.pool
         assert second is not first
         assert first.checkedin() == 0  # type: ignore[attr-defined]

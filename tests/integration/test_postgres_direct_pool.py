@@ -54,7 +54,7 @@ def _waiting(executor: DirectExecutor) -> int:
 
 
 async def _idle(engine: AsyncEngine) -> None:
-    """Until the executor's idle check-in ran (a few steps of the loop after its last call)."""
+    """Until the executor's idle check-in ran (it runs at the loop's next step)."""
     for _ in range(100):
         if engine.sync_engine.pool.checkedout() == 0:  # type: ignore[attr-defined]
             return
@@ -287,8 +287,8 @@ async def test_a_cancelled_read_is_abandoned_only_when_it_may_be(
 async def test_disposing_of_the_engine_closes_what_an_executor_holds_between_calls(
     pg_database_url: str,
 ) -> None:
-    """A read gives its connection back to the executor for its next call (checked in a
-    few steps of the loop later); disposing of the engine right after closes that connection
+    """A read gives its connection back to the executor for its next call (checked in at
+    the loop's next step); disposing of the engine right after closes that connection
     with the pool, instead of leaving it checked out of a pool nobody uses any more."""
     engine = create_async_engine(pg_database_url, pool_size=2, max_overflow=0)
     executor = _executor(engine)

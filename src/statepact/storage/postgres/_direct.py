@@ -4,10 +4,9 @@ Each call takes a connection checked out of the backing's SQLAlchemy
 ``AsyncEngine`` pool, runs its statement (a Core expression compiled once to its
 SQL text, see :class:`Prepared`) on the asyncpg connection underneath, and puts
 it back. While calls keep coming, connections go from one call to the next
-without a trip through the pool; once no call has run for a few steps of the
-event loop (no timer: microseconds on an idle loop) they are checked back in, at
-once if a caller waits on the pool, and such a caller gets the next one given
-back. When the pool is full (or calls of this executor
+without a trip through the pool; as soon as no call is running they are checked
+back in (at the next step of the event loop), and a caller waiting on the pool
+gets the next one given back. When the pool is full (or calls of this executor
 already wait in it) and this executor holds connections, its next caller waits
 for one of them to be handed over directly
 (first come, first served, within the pool's timeout) instead of waiting in the
@@ -73,12 +72,6 @@ _DIALECT: Dialect = asyncpg_dialect()  # type: ignore[no-untyped-call]
 _WAITING: weakref.WeakKeyDictionary[Pool, int] = weakref.WeakKeyDictionary()
 
 _Taken = tuple[Pool, PoolProxiedConnection]
-
-# Steps of the event loop with no call running after which the connections held between
-# calls go back to the pool: a few, so that a caller whose next call follows its last by a
-# few steps (a worker's ack after its claim) keeps its connection; no timer, so an idle
-# backing gives them back at once (within microseconds, not milliseconds).
-_IDLE_STEPS = 8
 
 # The executors on each engine, for its dispose: the connections they hold between calls
 # belong to the pool the engine is dropping, and are closed with it.
@@ -217,7 +210,6 @@ class DirectExecutor:
         self._in_pool = 0  # this executor's calls among _WAITING
         self._running = 0
         self._check_in_soon: asyncio.Handle | None = None
-        self._idle_steps = 0
         self._closing: set[asyncio.Task[None]] = set()
         _register(self, engine.sync_engine)
 
@@ -418,27 +410,17 @@ class DirectExecutor:
 
     def _ended(self) -> None:
         """A call ended: once none runs, what is held between calls goes back to the pool
-        after ``_IDLE_STEPS`` steps of the loop with no call running (a call starting before
-        then takes it instead), or at the next step if a call waits in the pool."""
+        at the loop's next step (a call starting before then takes it instead)."""
         self._running -= 1
-        if not self._running and self._free:
-            self._idle_steps = 0
-            if self._check_in_soon is None:
-                self._check_in_soon = asyncio.get_running_loop().call_soon(self._check_in_idle)
+        if not self._running and self._free and self._check_in_soon is None:
+            self._check_in_soon = asyncio.get_running_loop().call_soon(self._check_in_idle)
 
     def _check_in_idle(self) -> None:
         self._check_in_soon = None
-        if self._running or not self._free:
-            return
-        if self._idle_steps < _IDLE_STEPS and not _WAITING.get(self._free[-1][0], 0):
-            # Still this step's caller's next call, perhaps: a worker's ack follows its
-            # claim's answer by a few steps, and a checkout costs more than the statement.
-            self._idle_steps += 1
-            self._check_in_soon = asyncio.get_running_loop().call_soon(self._check_in_idle)
-            return
-        # In a greenlet: a pool already full closes what comes back past its size (the
-        # overflow connections of a busy moment), and closing an asyncpg connection is I/O.
-        self._in_background(self.check_in)
+        if not self._running and self._free:
+            # In a greenlet: a pool already full closes what comes back past its size (the
+            # overflow connections of a busy moment), and closing an asyncpg connection is I/O.
+            self._in_background(self.check_in)
 
     def drop_free(self) -> None:
         """Close every connection held between calls (the engine disposed of their pool);
