@@ -313,3 +313,44 @@ async def test_disposing_of_the_engine_closes_what_an_executor_holds_between_cal
                 raise AssertionError("the held connection's session outlived the dispose")
     finally:
         await probe.dispose()
+
+
+async def _steps(count: int) -> None:
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+async def test_a_warm_executor_keeps_its_connection_for_a_few_idle_steps(
+    small_engine: AsyncEngine,
+) -> None:
+    """Warm (a queue being watched: a worker), a call made a few loop steps after the last
+    one ended takes its connection with no trip through the pool, as a worker's acks follow
+    its claim; idle longer, or no longer warm, the connection goes back to the pool."""
+    from statepact.storage.postgres._direct import _IDLE_STEPS
+
+    checkouts: list[int] = []
+    event.listen(small_engine.sync_engine.pool, "checkout", lambda *_args: checkouts.append(1))
+    pool: Any = small_engine.sync_engine.pool
+    executor = _executor(small_engine)
+
+    # Cold: checked in at the next step, so each call a few steps apart checks out again.
+    for _ in range(3):
+        await executor.run(_backend_pid, idempotent=True)
+        await _steps(4)
+    assert len(checkouts) == 3 and pool.checkedout() == 0
+
+    checkouts.clear()
+    with executor.warm():
+        first = await executor.run(_backend_pid, idempotent=True)
+        for _ in range(5):
+            await _steps(_IDLE_STEPS // 2)
+            assert await executor.run(_backend_pid, idempotent=True) == first
+        assert len(checkouts) == 1
+        assert pool.checkedout() == 1  # held between calls
+        await _steps(_IDLE_STEPS + 4)  # idle past the steps: back in the pool
+        assert pool.checkedout() == 0
+        await executor.run(_backend_pid, idempotent=True)
+        assert pool.checkedout() == 1
+    await _steps(4)  # no longer warm: checked in at the next step
+    assert pool.checkedout() == 0
+    assert len(checkouts) == 2

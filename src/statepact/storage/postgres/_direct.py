@@ -6,7 +6,10 @@ SQL text, see :class:`Prepared`) on the asyncpg connection underneath, and puts
 it back. While calls keep coming, connections go from one call to the next
 without a trip through the pool; as soon as no call is running they are checked
 back in (at the next step of the event loop), and a caller waiting on the pool
-gets the next one given back. When the pool is full (or calls of this executor
+gets the next one given back. While the executor is kept :meth:`warm
+<DirectExecutor.warm>` (a worker's queue, between ``watch()``'s enter and exit)
+they are checked in after a few idle steps instead, no timer either: a worker's
+acks follow its claim's answer by a few steps. When the pool is full (or calls of this executor
 already wait in it) and this executor holds connections, its next caller waits
 for one of them to be handed over directly
 (first come, first served, within the pool's timeout) instead of waiting in the
@@ -40,6 +43,7 @@ and never let an asyncpg or SQLAlchemy exception out. See docs/backings.md
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -72,6 +76,11 @@ _DIALECT: Dialect = asyncpg_dialect()  # type: ignore[no-untyped-call]
 _WAITING: weakref.WeakKeyDictionary[Pool, int] = weakref.WeakKeyDictionary()
 
 _Taken = tuple[Pool, PoolProxiedConnection]
+
+# Steps of the event loop with no call running after which a warm executor checks in what it
+# holds between calls: enough for a worker's acks to follow its claim's answer on the
+# claim's connection; no timer, so an idle loop passes them in microseconds.
+_IDLE_STEPS = 8
 
 # The executors on each engine, for its dispose: the connections they hold between calls
 # belong to the pool the engine is dropping, and are closed with it.
@@ -210,6 +219,8 @@ class DirectExecutor:
         self._in_pool = 0  # this executor's calls among _WAITING
         self._running = 0
         self._check_in_soon: asyncio.Handle | None = None
+        self._warm = 0  # callers that keep it warm (warm())
+        self._idle_steps = 0
         self._closing: set[asyncio.Task[None]] = set()
         _register(self, engine.sync_engine)
 
@@ -408,19 +419,43 @@ class DirectExecutor:
         self._hand_over(None)
         connection.invalidate(exc)
 
+    @contextlib.contextmanager
+    def warm(self) -> Iterator[None]:
+        """While held, what is held between calls goes back to the pool after
+        ``_IDLE_STEPS`` idle steps of the loop rather than at the next one (at once when a
+        caller waits in the pool): for a caller whose calls follow each other by a few
+        steps, a worker's claims and acks. Whoever holds it ends it before its loop ends
+        (a connection still held when the loop closes is left to the garbage collector)."""
+        self._warm += 1
+        try:
+            yield
+        finally:
+            self._warm -= 1
+            self._schedule_check_in()
+
     def _ended(self) -> None:
         """A call ended: once none runs, what is held between calls goes back to the pool
-        at the loop's next step (a call starting before then takes it instead)."""
+        at the loop's next step, or a few steps on while warm (a call starting before then
+        takes it instead)."""
         self._running -= 1
+        self._idle_steps = 0
+        self._schedule_check_in()
+
+    def _schedule_check_in(self) -> None:
         if not self._running and self._free and self._check_in_soon is None:
             self._check_in_soon = asyncio.get_running_loop().call_soon(self._check_in_idle)
 
     def _check_in_idle(self) -> None:
         self._check_in_soon = None
-        if not self._running and self._free:
-            # In a greenlet: a pool already full closes what comes back past its size (the
-            # overflow connections of a busy moment), and closing an asyncpg connection is I/O.
-            self._in_background(self.check_in)
+        if self._running or not self._free:
+            return
+        if self._warm and self._idle_steps < _IDLE_STEPS and not _WAITING.get(self._free[-1][0], 0):
+            self._idle_steps += 1
+            self._check_in_soon = asyncio.get_running_loop().call_soon(self._check_in_idle)
+            return
+        # In a greenlet: a pool already full closes what comes back past its size (the
+        # overflow connections of a busy moment), and closing an asyncpg connection is I/O.
+        self._in_background(self.check_in)
 
     def drop_free(self) -> None:
         """Close every connection held between calls (the engine disposed of their pool);

@@ -296,14 +296,19 @@ class PostgresWorkQueue(BaseWorkQueue):
 
     @asynccontextmanager
     async def _watch(self) -> AsyncIterator[WorkWatch]:
-        if self._listen_on is None:
-            yield SleepWatch()
-            return
-        watch = _ListenWatch(self._listen_on, self._channel)
-        try:
-            yield watch
-        finally:
-            await finish(watch.close())
+        # A watcher claims and settles in quick succession (a worker's acks follow its
+        # claim's answer by a few loop steps): the executor keeps its connections between
+        # them for a few idle steps while it watches (DirectExecutor.warm).
+        executor = self._executor
+        with executor.warm() if isinstance(executor, DirectExecutor) else contextlib.nullcontext():
+            if self._listen_on is None:
+                yield SleepWatch()
+                return
+            watch = _ListenWatch(self._listen_on, self._channel)
+            try:
+                yield watch
+            finally:
+                await finish(watch.close())
 
     # -- enqueue and claim ------------------------------------------------
 
