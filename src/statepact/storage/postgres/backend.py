@@ -400,18 +400,16 @@ class PostgresBackend:
                 name="statepact-first-reads",
             )
         )
-        self._commits: SharedRoundTrips[_Commit, CommitResult | ConflictError | None] = (
-            SharedRoundTrips(
-                lambda commit: self._commit(commit, resend=False),
-                self._commits_together,
-                keys=lambda commit: commit.keys,
-                size=lambda commit: len(commit.text()),
-                max_items=MAX_SHARED_COMMITS,
-                max_bytes=MAX_BATCH_BYTES,
-                name="statepact-commits",
-                # A commit that one of this process's, landed while it waited, dooms.
-                refused=lambda commit: self._order.refusal(commit.request, commit.event),
-            )
+        self._commits: SharedRoundTrips[_Commit, CommitResult | None] = SharedRoundTrips(
+            lambda commit: self._commit(commit, resend=False),
+            self._commits_together,
+            keys=lambda commit: commit.keys,
+            size=lambda commit: len(commit.text()),
+            max_items=MAX_SHARED_COMMITS,
+            max_bytes=MAX_BATCH_BYTES,
+            name="statepact-commits",
+            # A commit that one of this process's, landed while it waited, dooms.
+            refused=lambda commit: self._order.refusal(commit.request, commit.event),
         )
 
     @classmethod
@@ -709,9 +707,10 @@ class PostgresBackend:
         if refusal is not None:
             raise refusal  # what the server would answer (_LocalOrder)
         commit = _Commit(request, self._order.hand_over(request))
+        # A commit of this process that lands while this one waits may doom it: the shared
+        # round trips then answer it with its refusal, unsent (refused=, asked of every
+        # waiting commit as each batch is formed, just before it is sent).
         result = await self._commits.send(commit)
-        if isinstance(result, ConflictError):
-            raise result  # refused before it was sent (_LocalOrder)
         if result is None:
             # Not applied with the others (one of them was refused): alone, as a resend,
             # since an earlier attempt of the shared statement may have applied it.
@@ -725,27 +724,18 @@ class PostgresBackend:
             self._order.committed(commit.event, commit.request, result.version)
         return result
 
-    async def _commits_together(
-        self, commits: list[_Commit]
-    ) -> list[CommitResult | ConflictError | None]:
+    async def _commits_together(self, commits: list[_Commit]) -> list[CommitResult | None]:
         """Several commits in one statement (one server transaction; no key in common), in
         the order of their first key, so that two such statements of two processes lock
         single-key commits in one order. A refusal of any of them (a conflict, a stale
         fence, a deadlock, a row another session holds) applies none: each caller then
-        sends its own alone (None), where it may wait for its locks."""
-        # Those that commits landed since their snapshot doom are answered without a trip.
-        answers: list[CommitResult | ConflictError | None] = [
-            self._order.refusal(commit.request, commit.event) for commit in commits
-        ]
-        order = sorted(
-            (n for n in range(len(commits)) if answers[n] is None),
-            key=lambda n: commits[n].keys[:1],
-        )
-        if not order:
-            return answers
+        sends its own alone (None), where it may wait for its locks. (Those a landed commit
+        of this process dooms never get here: the batch was formed without them.)"""
+        answers: list[CommitResult | None] = [None] * len(commits)
+        order = sorted(range(len(commits)), key=lambda n: commits[n].keys[:1])
         attempts = 0
 
-        async def work(conn: Statements) -> list[CommitResult | ConflictError | None]:
+        async def work(conn: Statements) -> list[CommitResult | None]:
             nonlocal attempts
             attempts += 1
             requests = [commits[n].text(resend=attempts > 1) for n in order]
@@ -769,11 +759,8 @@ class PostgresBackend:
 
     async def _commit(self, commit: _Commit, *, resend: bool) -> CommitResult:
         """One commit alone, one call of the function. ``resend``: it may have been applied
-        already (an earlier attempt, or a shared statement): the function looks for it."""
-        if not resend:
-            refusal = self._order.refusal(commit.request, commit.event)
-            if refusal is not None:
-                raise refusal  # a commit landed since it was handed over dooms it
+        already (an earlier attempt, or a shared statement): the function looks for it.
+        A doomed commit never gets here: ``commit`` and the batching refuse it first."""
         attempts = 1 if resend else 0
 
         async def work(conn: Statements) -> CommitResult:
