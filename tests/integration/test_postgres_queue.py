@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from statepact.clock import ManualClock, read_clock
 from statepact.models import ItemStatus, Lease, WorkItem
 from statepact.storage.postgres import PostgresWorkQueue, _direct
-from statepact.storage.postgres.queue import _prepared
+from statepact.storage.postgres.queue import _NEW_FIRST_FROM, _prepared
 
 pytestmark = pytest.mark.integration
 
@@ -293,14 +293,63 @@ async def test_a_batch_is_one_statement_and_a_stored_item_in_it_fails_nothing(
     assert failed == []
 
 
+async def test_a_bulk_load_is_inserted_without_on_conflict_and_a_stored_item_costs_a_resend(
+    postgres_work_queue: PostgresWorkQueue, pg_engine: AsyncEngine, statements: list[str]
+) -> None:
+    """A batch of 1,000 or more goes first without ON CONFLICT (enqueue_new). All new, that
+    is its one statement. Naming a stored item, that statement fails and writes nothing,
+    and the batch goes again as enqueue_many: the stored item is answered as it is, every
+    other is inserted once, and the turns count exactly what was inserted."""
+    size = _NEW_FIRST_FROM
+
+    async def turns_queued() -> int:
+        async with pg_engine.connect() as conn:
+            return int(
+                (await conn.execute(text("SELECT sum(queued) FROM adk_queue_turns"))).scalar_one()
+            )
+
+    fresh = await postgres_work_queue.enqueue_many(
+        [WorkItem(tenant=f"t{i % 4}", item_id=f"b{i}") for i in range(size)]
+    )
+    assert len(statements) == 1
+    assert "ON CONFLICT (queue, tenant, item_id)" not in statements[0]
+    assert all(item.status is ItemStatus.QUEUED for item in fresh)
+    lease = await postgres_work_queue.claim("w1", lease_for=LEASE)
+    assert lease is not None
+
+    # The leased item sits in the middle of the next batch's insert order.
+    batch = [WorkItem(tenant=f"t{i % 4}", item_id=f"c{i}") for i in range(size - 1)]
+    batch.insert(size // 2, WorkItem(tenant=lease.item.tenant, item_id=lease.item.item_id))
+    del statements[:]
+    mixed = await postgres_work_queue.enqueue_many(batch)
+    assert len(statements) == 2
+    assert "ON CONFLICT (queue, tenant, item_id)" not in statements[0]
+    assert "ON CONFLICT (queue, tenant, item_id)" in statements[1]
+    assert mixed[size // 2] == lease.item
+    assert sum(item.status is ItemStatus.QUEUED for item in mixed) == size - 1
+    stats = await postgres_work_queue.stats()
+    assert (stats.queued, stats.leased) == (2 * size - 2, 1)
+    assert await turns_queued() == 2 * size - 2
+
+    # The same batch again: every item is stored; nothing is inserted or counted twice.
+    again = await postgres_work_queue.enqueue_many(batch)
+    assert again == mixed
+    stats = await postgres_work_queue.stats()
+    assert (stats.queued, stats.leased) == (2 * size - 2, 1)
+    assert await turns_queued() == 2 * size - 2
+
+
+@pytest.mark.parametrize("extra", [0, _NEW_FIRST_FROM], ids=["small", "bulk"])
 async def test_an_item_stored_by_a_concurrent_enqueue_meanwhile_is_answered_as_stored(
-    postgres_work_queue: PostgresWorkQueue, pg_engine: AsyncEngine
+    postgres_work_queue: PostgresWorkQueue, pg_engine: AsyncEngine, extra: int
 ) -> None:
     """A caller's transaction has enqueued an item (bound, not committed) that a batch also
     names: the batch's insert waits on that item's key, skips it once the caller commits,
     and the item, stored after the batch's snapshot, is read and answered as stored; the
-    batch's other items are stored once."""
+    batch's other items are stored once. A bulk load's first statement (no ON CONFLICT)
+    waits the same way, then fails on the key, writing nothing, and the batch goes again."""
     queue = postgres_work_queue
+    filler = [WorkItem(tenant="b", item_id=f"y{i}") for i in range(extra)]
     async with pg_engine.connect() as conn:
         caller = await conn.begin()
         await queue.bound(conn).enqueue(WorkItem(tenant="a", item_id="x1", payload={"by": "c"}))
@@ -310,6 +359,7 @@ async def test_an_item_stored_by_a_concurrent_enqueue_meanwhile_is_answered_as_s
                     WorkItem(tenant="a", item_id="x0"),
                     WorkItem(tenant="a", item_id="x1", payload={"by": "batch"}),
                     WorkItem(tenant="b", item_id="x2"),
+                    *filler,
                 ]
             )
         )
@@ -317,13 +367,14 @@ async def test_an_item_stored_by_a_concurrent_enqueue_meanwhile_is_answered_as_s
         assert not batch.done()  # waiting on the key the caller's transaction holds
         await caller.commit()
     stored = await asyncio.wait_for(batch, 5.0)
-    assert [(item.item_id, item.payload) for item in stored] == [
+    assert [(item.item_id, item.payload) for item in stored[:3]] == [
         ("x0", {}),
         ("x1", {"by": "c"}),
         ("x2", {}),
     ]
+    assert [item.item_id for item in stored[3:]] == [item.item_id for item in filler]
     stats = await queue.stats()
-    assert {t: s.queued for t, s in stats.tenants.items()} == {"a": 2, "b": 1}
+    assert {t: s.queued for t, s in stats.tenants.items()} == {"a": 2, "b": 1 + extra}
 
 
 async def test_a_resent_batch_answers_what_its_first_attempt_stored(

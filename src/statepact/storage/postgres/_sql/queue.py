@@ -203,11 +203,15 @@ def enqueue(tables: Tables) -> Select[Any]:
     )
 
 
-def _batch_insert(tables: Tables) -> tuple[CTE, CTE]:
+def _batch_insert(tables: Tables, *, skip_stored: bool) -> tuple[CTE, CTE]:
     """The batch (parallel arrays, one bind each whatever its length) and the insert of
-    its items whose ``(queue, tenant, item_id)`` is new (``ON CONFLICT DO NOTHING``), in
-    ``(tenant, item_id)`` byte order (so two batches sharing ids wait on each other in
-    one order, never in a cycle), returning what the turns upsert needs.
+    its items, in ``(tenant, item_id)`` byte order (so two batches sharing ids wait on
+    each other in one order, never in a cycle), returning what the turns upsert needs.
+
+    ``skip_stored`` inserts only the items whose ``(queue, tenant, item_id)`` is new
+    (``ON CONFLICT DO NOTHING``); without it an item already stored fails the statement
+    (a unique violation: nothing is written), and the insert skips the speculative
+    insertion ``ON CONFLICT`` makes of every row (a fifth of the statement's time).
     """
     work = tables.work
     # The batch's moments, each once (a batch's items share one or two): every item names
@@ -250,28 +254,45 @@ def _batch_insert(tables: Tables) -> tuple[CTE, CTE]:
         created,
         created,
     ).order_by(batch.c.tenant.collate("C"), batch.c.item_id.collate("C"))
-    inserted = (
-        pg_insert(work)
-        .from_select(
-            [
-                "queue",
-                "tenant",
-                "item_id",
-                "payload",
-                "priority",
-                "status",
-                "attempts",
-                "available_at",
-                "created_at",
-                "updated_at",
-            ],
-            rows,
-        )
-        .on_conflict_do_nothing(index_elements=[work.c.queue, work.c.tenant, work.c.item_id])
-        .returning(work.c.queue, work.c.tenant, work.c.item_id, work.c.available_at, work.c.status)
-        .cte("inserted")
+    insert = pg_insert(work).from_select(
+        [
+            "queue",
+            "tenant",
+            "item_id",
+            "payload",
+            "priority",
+            "status",
+            "attempts",
+            "available_at",
+            "created_at",
+            "updated_at",
+        ],
+        rows,
     )
+    if skip_stored:
+        insert = insert.on_conflict_do_nothing(
+            index_elements=[work.c.queue, work.c.tenant, work.c.item_id]
+        )
+    inserted = insert.returning(
+        work.c.queue, work.c.tenant, work.c.item_id, work.c.available_at, work.c.status
+    ).cte("inserted")
     return batch, inserted
+
+
+def enqueue_new(tables: Tables) -> Select[Any]:
+    """Insert every item of the batch, wake their tenants and the queue's watchers, in one
+    statement, or fail with a unique violation (writing nothing) if any is stored already:
+    :func:`enqueue_many` without its ``ON CONFLICT``, for a batch expected to be new, sent
+    first by a queue that can send ``enqueue_many`` after a failure (not in a caller's
+    transaction, which the failure would abort). Answers one row, the insert's count.
+    """
+    _, inserted = _batch_insert(tables, skip_stored=False)
+    woken = _turn_added(tables.queue_turns, inserted, grouped=True).cte("woken")
+    return (
+        select(func.count(), func.pg_notify(param("channel"), literal_column("''")))
+        .select_from(inserted)
+        .add_cte(woken)
+    )
 
 
 def enqueue_many(tables: Tables) -> Select[Any]:
@@ -289,7 +310,7 @@ def enqueue_many(tables: Tables) -> Select[Any]:
     second statement. Every other item was stored as sent.
     """
     work, turns = tables.work, tables.queue_turns
-    batch, inserted = _batch_insert(tables)
+    batch, inserted = _batch_insert(tables, skip_stored=True)
     woken = _turn_added(turns, inserted, grouped=True).cte("woken")
     # The items the insert skipped (usually none): an anti-join of two small sets, run only
     # when the insert stored fewer rows than the batch holds (a one-time filter).
@@ -886,6 +907,7 @@ def next_due(turns: Table) -> Select[Any]:
 class QueueStatements:
     enqueue: Select[Any]
     enqueue_many: Select[Any]
+    enqueue_new: Select[Any]
     claim: Select[Any]
     claim_many: Select[Any]
     get_item: Select[Any]
@@ -906,6 +928,7 @@ class QueueStatements:
         return cls(
             enqueue=enqueue(tables),
             enqueue_many=enqueue_many(tables),
+            enqueue_new=enqueue_new(tables),
             claim=claim(tables),
             claim_many=claim_many(tables),
             get_item=get_item(tables.work),
