@@ -46,6 +46,8 @@ __all__ = [
     "decode_json",
     "encode_json",
     "encode_json_value",
+    "json_array",
+    "json_array_of_encoded",
     "nanos_to_decimal",
     "plain_int",
     "plain_str",
@@ -376,6 +378,17 @@ def encode_json_value(field: str, value: object, *, sort_keys: bool = False) -> 
     """Validate any JSON value (not only objects) and return its compact encoding, as text
     (what a transaction buffers; :func:`utf8_size` is its size in bytes)."""
     return _dumps_text(_plain(field, value), sort_keys)
+
+
+def json_array(values: Iterable[str | int]) -> str:
+    """A JSON array of ids or ints already checked (``require_id``, ``plain_int``), as a
+    statement sends a batch's column: one text, which the driver passes as it is."""
+    return _dumps_text(list(values), False)
+
+
+def json_array_of_encoded(encoded: Iterable[bytes]) -> str:
+    """A JSON array of values each already encoded (``encode_json``), as one text."""
+    return (b"[" + b",".join(encoded) + b"]").decode("utf-8")
 
 
 def utf8_size(text: str) -> int:

@@ -23,6 +23,8 @@ from statepact._codec import (
     decode_json,
     encode_json,
     encode_json_value,
+    json_array,
+    json_array_of_encoded,
     nanos_to_decimal,
     require_count,
     require_id,
@@ -416,3 +418,15 @@ def test_a_whole_cost_is_its_nanos_and_zero_is_nine_places() -> None:
     with pytest.raises(ValueError, match="negative"):
         to_nanos("cost", -1)
     assert nanos_to_decimal(0).as_tuple() == Decimal("0.000000000").as_tuple()
+
+
+def test_a_batch_column_is_one_json_array_read_back_as_given() -> None:
+    """A statement's batch column (ids, ints, or values encoded one by one) is one JSON
+    text that reads back as the values, in order, whatever the text holds."""
+    ids = ["a", 'quote"back\\slash', "é", "\U0001f600", "line\nbreak", "\u2028"]
+    assert json.loads(json_array(ids)) == ids
+    assert json.loads(json_array([0, -1000, 1000, 2**64])) == [0, -1000, 1000, 2**64]
+    assert json_array([]) == "[]"
+    values = [{"é": [1, 2.5, None]}, {}, {"k": "\U0001f600"}]
+    encoded = [encode_json("value", value) for value in values]
+    assert json.loads(json_array_of_encoded(encoded)) == values

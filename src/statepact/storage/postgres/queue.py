@@ -30,7 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from statepact._cancel import finish
-from statepact._codec import decode_json
+from statepact._codec import decode_json, json_array, json_array_of_encoded
 from statepact.clock import Clock
 from statepact.errors import QueueUnavailableError
 from statepact.models import (
@@ -360,13 +360,14 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_channel": self._channel,
             # The latest clock reading of the batch (concurrent enqueues share one): turns.
             "p_now": max(item.created_at for item, _ in batch),  # type: ignore[type-var]
-            "p_tenants": [item.tenant for item, _ in batch],
-            "p_item_ids": [item.item_id for item, _ in batch],
-            "p_payloads": [payload.decode("utf-8") for _, payload in batch],
-            "p_priorities": [item.priority for item, _ in batch],
+            # Each column one JSON text (see _sql.queue._batch_insert).
+            "p_tenants": json_array([item.tenant for item, _ in batch]),
+            "p_item_ids": json_array([item.item_id for item, _ in batch]),
+            "p_payloads": json_array_of_encoded([payload for _, payload in batch]),
+            "p_priorities": json_array([item.priority for item, _ in batch]),
             "p_times": times,
-            "p_available": available,
-            "p_created": created,
+            "p_available": json_array(available),
+            "p_created": json_array(created),
         }
 
         new_first = self._sends_new_first and len(batch) >= _NEW_FIRST_FROM
