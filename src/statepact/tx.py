@@ -765,17 +765,19 @@ class Transaction:
         self._state = "active"
         return self
 
-    async def __aexit__(
+    def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:
-        if exc_type is None:
-            if self._state == "active":
-                await self.commit()
-        else:
-            await self.rollback()
+    ) -> Awaitable[object]:
+        # ``async with`` awaits what this returns: the commit or the rollback itself, one
+        # coroutine fewer per transaction than awaiting it here. The commit's result is
+        # not a suppression (the exit is clean); the rollback returns None, which suppresses
+        # nothing, and is a no-op once the transaction ended inside the block.
+        if exc_type is None and self._state == "active":
+            return self.commit()
+        return self.rollback()
 
     async def _take_snapshot(self) -> Snapshot:
         self._holds = self._holds or self._manager._pins_snapshots
@@ -977,7 +979,11 @@ class Transaction:
             # Whatever happened above, a cancellation included: the locks and the
             # snapshot are released before the caller goes on.
             if self._holds:
-                await self._end()
+                if manager._in_process:  # _end's, without its frame: never suspends
+                    self._holds = False
+                    await self._backend.end(self.txn_id)
+                else:
+                    await self._end()
         return result
 
     async def _commit(self, request: CommitRequest) -> CommitResult:
