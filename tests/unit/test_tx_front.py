@@ -139,6 +139,27 @@ async def test_a_finished_transaction_refuses_use(manager: TransactionManager) -
         await never.read("r", "k")
 
 
+async def test_async_with_exits_as_the_transaction_stands(manager: TransactionManager) -> None:
+    """A clean exit commits an active transaction only; an error rolls back and propagates."""
+    async with manager.transaction() as tx:
+        tx.write("r", "k", 1)
+        await tx.commit()  # committed inside the block: the exit leaves it be
+    assert tx.result.version == 1
+    with pytest.raises(KeyError):
+        async with manager.transaction() as tx:
+            tx.write("r", "k", 2)
+            await tx.commit()
+            raise KeyError("after the commit")  # not suppressed, nothing undone
+    assert tx.result.version == 2
+    with pytest.raises(KeyError):
+        async with manager.transaction() as tx:
+            tx.write("r", "k", 3)
+            raise KeyError("before the commit")
+    assert not tx.active
+    async with manager.transaction() as tx:
+        assert await tx.read("r", "k") == 2
+
+
 async def test_failed_commit_ends_the_transaction(
     manager: TransactionManager, backend: CountingBackend
 ) -> None:
