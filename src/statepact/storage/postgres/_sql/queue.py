@@ -216,8 +216,9 @@ def _batch_insert(tables: Tables, *, skip_stored: bool) -> tuple[CTE, CTE]:
 
     ``skip_stored`` inserts only the items whose ``(queue, tenant, item_id)`` is new
     (``ON CONFLICT DO NOTHING``); without it an item already stored fails the statement
-    (a unique violation: nothing is written), and the insert skips the speculative
-    insertion ``ON CONFLICT`` makes of every row (a fifth of the statement's time).
+    (a unique violation: nothing is written), and the insert skips the probe of the
+    unique index ``ON CONFLICT`` makes for every row before inserting it (a fifth to a
+    quarter of a bulk load's statement).
     """
     work = tables.work
     # The batch's moments, each once (a batch's items share one or two): every item names
@@ -225,8 +226,8 @@ def _batch_insert(tables: Tables, *, skip_stored: bool) -> tuple[CTE, CTE]:
     times = Grouping(cast(param("times"), ARRAY(TZ)))  # (CAST(...))[i]: a subscript needs it
     # Each column of the batch is one JSON array, read in step with the others (ROWS FROM
     # zips the functions' rows): asyncpg checks every element of an array parameter for
-    # nesting, in Python, which for 5,000 items cost twice what the server takes to read
-    # the arrays; a JSON text goes as it is.
+    # nesting, in Python (13 ms for the six arrays of 5,000 items, against 2.5 ms to build
+    # the six JSON texts, which it sends as they are).
     elements = ", ".join(
         f"json_array_elements{'' if name == 'payloads' else '_text'}(CAST(:p_{name} AS JSON))"
         for name in _BATCH_COLUMNS
