@@ -380,10 +380,10 @@ def encode_json_value(field: str, value: object, *, sort_keys: bool = False) -> 
     return _dumps_text(_plain(field, value), sort_keys)
 
 
-def json_array(values: Iterable[str | int]) -> str:
+def json_array(values: list[str] | list[int]) -> str:
     """A JSON array of ids or ints already checked (``require_id``, ``plain_int``), as a
     statement sends a batch's column: one text, which the driver passes as it is."""
-    return _dumps_text(list(values), False)
+    return _dumps_text(values, False)
 
 
 def json_array_of_encoded(encoded: Iterable[bytes]) -> str:

@@ -979,11 +979,7 @@ class Transaction:
             # Whatever happened above, a cancellation included: the locks and the
             # snapshot are released before the caller goes on.
             if self._holds:
-                if manager._in_process:  # _end's, without its frame: never suspends
-                    self._holds = False
-                    await self._backend.end(self.txn_id)
-                else:
-                    await self._end()
+                await self._end()
         return result
 
     async def _commit(self, request: CommitRequest) -> CommitResult:

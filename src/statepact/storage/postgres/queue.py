@@ -251,13 +251,8 @@ class PostgresWorkQueue(BaseWorkQueue):
         # DirectExecutor, a fraction of SQLAlchemy's cost per statement), Core expressions on
         # one AsyncConnection and inside a caller's transaction (bound).
         self._sql: Any
-        # Whether a batch goes first as enqueue_new, whose failure on an item stored already
-        # aborts nothing but its own statement: on the driver, in autocommit; never inside a
-        # caller's transaction (bound), nor on an AsyncConnection the caller may hold one on.
-        self._sends_new_first = False
         if isinstance(engine, AsyncEngine):
             self._shares_enqueues = True
-            self._sends_new_first = True
             self._sql = _prepared(self._tables)
             self._executor = DirectExecutor(
                 engine, policy=self._settings.retry_policy, unavailable=_unavailable, what="queue"
@@ -294,7 +289,6 @@ class PostgresWorkQueue(BaseWorkQueue):
         clone._executor = BoundExecutor(session, unavailable=_unavailable, what="queue")
         clone._sql = _statements(self._tables)
         clone._shares_enqueues = False  # each enqueue is a statement of the caller's transaction
-        clone._sends_new_first = False  # a failed statement would abort the caller's transaction
         return clone
 
     @property
@@ -370,7 +364,9 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_created": json_array(created),
         }
 
-        new_first = self._sends_new_first and len(batch) >= _NEW_FIRST_FROM
+        # Only on the driver (autocommit), where a failed statement aborts nothing else;
+        # never inside a caller's transaction (bound) or on the caller's AsyncConnection.
+        new_first = isinstance(self._executor, DirectExecutor) and len(batch) >= _NEW_FIRST_FROM
 
         async def work(conn: _Conn) -> list[WorkItem]:
             answer = [item for item, _ in batch]
