@@ -39,6 +39,7 @@ from statepact._codec import (
 )
 from statepact._limits import DEFAULT_MAX_VALUE_BYTES, MAX_HISTORY
 from statepact._retry import RetryPolicy, UniqueIds
+from statepact._turns import HOLD_FOR, KeyTurns, Turn
 from statepact.clock import Clock, SystemClock, read_clock
 from statepact.errors import (
     ConflictError,
@@ -709,6 +710,7 @@ class Transaction:
         "_result",
         "_snapshot",
         "_state",
+        "_turn",
         "_writes",
         "fencing",
         "idempotency_key",
@@ -738,6 +740,8 @@ class Transaction:
         self._reads: dict[tuple[str, str], StoredValue] = {}
         self._writes: dict[tuple[str, str], WriteRecord] = {}
         self._result: CommitResult | None = None
+        # The turn on a hot key its first read waited for (statepact._turns), until it ends.
+        self._turn: Turn | None = None
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -848,6 +852,9 @@ class Transaction:
                 return _decode(cached.data)
         snapshot = self._snapshot
         if snapshot is None:
+            turns = self._manager._turns
+            if turns:  # some key is hot: this read, which takes the snapshot, may wait
+                self._turn = await turns.take(slot)
             self._holds = self._holds or self._manager._pins_snapshots
             self._snapshot, found = await self._backend.begin_read(self.txn_id, slot[0], slot[1])
         else:
@@ -962,6 +969,12 @@ class Transaction:
                     result = await self._commit(request)
             self._result = result
             self._state = "committed"
+        except ConflictError as exc:
+            self._state = "failed"
+            turns = manager._turns
+            if turns is not None and exc.resource is not None and exc.key is not None:
+                turns.conflicted((exc.resource, exc.key))
+            raise
         except FencingError as exc:
             self._state = "failed"
             _log.warning(
@@ -978,6 +991,8 @@ class Transaction:
         finally:
             # Whatever happened above, a cancellation included: the locks and the
             # snapshot are released before the caller goes on.
+            if self._turn is not None:
+                self._give_back_turn()
             if self._holds:
                 await self._end()
         return result
@@ -1008,7 +1023,15 @@ class Transaction:
         """
         if self._state in ("active", "new"):
             self._state = "rolled back"
+            if self._turn is not None:
+                self._give_back_turn()
             await self._end()
+
+    def _give_back_turn(self) -> None:
+        turn, self._turn = self._turn, None
+        turns = self._manager._turns
+        if turn is not None and turns is not None:
+            turns.give_back(turn)
 
     def __repr__(self) -> str:
         return f"Transaction({self.txn_id}, {self.isolation.value}, {self._state})"
@@ -1022,7 +1045,9 @@ class TransactionManager:
     ``max_value_bytes`` bounds each
     serialized value (``StatePersistenceError(reason="too_large")`` above it,
     nothing sent); ``backoff`` paces ``run``'s retries (its ``attempts`` is
-    replaced by ``retries + 1``).
+    replaced by ``retries + 1``); ``hot_key_turn`` is the longest, in seconds, a
+    transaction holds its turn on a key under contention (``None``: no turns, every
+    first read is sent at once; docs/transactions.md#hot-keys).
     """
 
     def __init__(
@@ -1032,9 +1057,16 @@ class TransactionManager:
         clock: Clock | None = None,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         backoff: RetryPolicy | None = None,
+        hot_key_turn: float | timedelta | None = HOLD_FOR,
     ) -> None:
         if max_value_bytes <= 0:
             raise ValueError("max_value_bytes: must be positive")
+        # Hot keys, on which this manager's transactions take turns (statepact._turns).
+        self._turns = (
+            None
+            if hot_key_turn is None
+            else KeyTurns(hold_for=require_seconds("hot_key_turn", hot_key_turn))
+        )
         self._backend = backend
         self._clock: Clock = clock or backend.clock or SystemClock()
         # SystemClock reads datetime.now(UTC): nothing for read_clock to hold it to.

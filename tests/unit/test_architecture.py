@@ -25,6 +25,7 @@ FOUNDATION = frozenset(
         "statepact._retry",
         "statepact._cancel",
         "statepact._shared",
+        "statepact._turns",
         "statepact._observe",
     }
 )

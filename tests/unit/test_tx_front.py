@@ -191,6 +191,15 @@ def test_manager_refuses_a_bad_size_limit() -> None:
         TransactionManager(MemoryBackend(), max_value_bytes=0)
 
 
+@pytest.mark.parametrize(
+    ("turn", "error"),
+    [(0, ValueError), (-1, ValueError), (float("nan"), ValueError), ("1", TypeError)],
+)
+def test_manager_refuses_a_bad_hot_key_turn(turn: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="hot_key_turn"):
+        TransactionManager(MemoryBackend(), hot_key_turn=turn)  # type: ignore[arg-type]
+
+
 async def test_renew_refuses_something_that_is_not_a_lease(manager: TransactionManager) -> None:
     with pytest.raises(TypeError, match="lease"):
         await manager.renew_lease("job")  # type: ignore[arg-type]

@@ -1051,6 +1051,107 @@ class TransactionConformance:
         assert calls == 1
         assert await _read_value(manager, "x") is None
 
+    # -- hot keys ------------------------------------------------------------------------------
+
+    async def _heat(self, manager: TransactionManager, key: str) -> None:
+        """Make ``key`` hot in ``manager``: two transactions read it, one commit is refused."""
+        first = manager.transaction()
+        second = manager.transaction()
+        async with first, second:
+            seen = await first.read(R, key)
+            await second.read(R, key)
+            first.write(R, key, seen + 1)
+            second.write(R, key, seen + 1)
+            await first.commit()
+            with pytest.raises(ConflictError):
+                await second.commit()
+
+    async def _hold_and_follow(
+        self, manager: TransactionManager
+    ) -> tuple[asyncio.Task[None], asyncio.Event, asyncio.Task[int]]:
+        """A transaction that has read the hot key and waits to be let go (the holder), and
+        one whose first read is of the same key (the follower, answering what it read)."""
+        have_read = asyncio.Event()
+        let_go = asyncio.Event()
+
+        async def hold() -> None:
+            async with manager.transaction() as tx:
+                seen = await tx.read(R, "hot")
+                have_read.set()
+                await let_go.wait()
+                tx.write(R, "hot", seen + 1)
+
+        async def follow() -> int:
+            async with manager.transaction() as tx:
+                seen = int(await tx.read(R, "hot"))
+                tx.write(R, "hot", seen + 1)
+            return seen
+
+        holder = asyncio.create_task(hold())
+        await have_read.wait()
+        return holder, let_go, asyncio.create_task(follow())
+
+    async def test_after_a_conflict_the_keys_readers_take_turns(
+        self, tx_backend: StorageBackend
+    ) -> None:
+        """Once a key has had a conflict, a transaction whose first read is of that key
+        waits for the transaction holding the key's turn to end, then reads its commit:
+        neither is refused."""
+        manager = TransactionManager(tx_backend, hot_key_turn=30)
+        await _commit_value(manager, "hot", 0)
+        await self._heat(manager, "hot")  # hot at 1
+        holder, let_go, follower = await self._hold_and_follow(manager)
+        await asyncio.sleep(0.05)
+        assert not follower.done()  # its first read waits for the holder's turn
+        let_go.set()
+        await holder
+        assert await asyncio.wait_for(follower, 5) == 2  # it read the holder's commit
+        assert await _read_value(manager, "hot") == 3
+
+    async def test_a_turn_held_past_hot_key_turn_is_passed_on(
+        self, tx_backend: StorageBackend
+    ) -> None:
+        """A holder that keeps its turn longer than ``hot_key_turn`` no longer holds the
+        line up: the next reads, and the first to commit wins as without turns."""
+        manager = TransactionManager(tx_backend, hot_key_turn=0.05)
+        await _commit_value(manager, "hot", 0)
+        await self._heat(manager, "hot")
+        holder, let_go, follower = await self._hold_and_follow(manager)
+        assert await asyncio.wait_for(follower, 5) == 1  # went ahead while the holder held
+        assert not holder.done()
+        let_go.set()
+        with pytest.raises(ConflictError):
+            await holder
+        assert await _read_value(manager, "hot") == 2
+
+    async def test_without_turns_a_hot_keys_readers_do_not_wait(
+        self, tx_backend: StorageBackend
+    ) -> None:
+        """``hot_key_turn=None``: every first read is sent at once, conflict or not."""
+        manager = TransactionManager(tx_backend, hot_key_turn=None)
+        await _commit_value(manager, "hot", 0)
+        await self._heat(manager, "hot")
+        holder, let_go, follower = await self._hold_and_follow(manager)
+        assert await asyncio.wait_for(follower, 5) == 1
+        let_go.set()
+        with pytest.raises(ConflictError):
+            await holder
+
+    async def test_a_cancelled_holder_passes_its_turn_on(self, tx_backend: StorageBackend) -> None:
+        """A holder cancelled mid-transaction rolls back and hands the turn to the next in
+        line at once (not ``hot_key_turn`` later)."""
+        manager = TransactionManager(tx_backend, hot_key_turn=30)
+        await _commit_value(manager, "hot", 0)
+        await self._heat(manager, "hot")
+        holder, _let_go, follower = await self._hold_and_follow(manager)
+        await asyncio.sleep(0.02)
+        assert not follower.done()
+        holder.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await holder
+        assert await asyncio.wait_for(follower, 5) == 1  # the holder wrote nothing
+        assert await _read_value(manager, "hot") == 2
+
     # -- registry and operations --------------------------------------------------------------
 
     async def test_register_resource(self, manager: TransactionManager, clock: ManualClock) -> None:
