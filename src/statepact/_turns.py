@@ -63,7 +63,7 @@ class _Line:
 class KeyTurns:
     """The hot keys of one ``TransactionManager`` and their lines (module docstring)."""
 
-    __slots__ = ("_hold_for", "_hot_for", "_lines", "_remember")
+    __slots__ = ("_hold_for", "_hot_for", "_remember", "lines")
 
     def __init__(
         self, *, hot_for: float = HOT_FOR, hold_for: float = HOLD_FOR, remember: int = REMEMBER
@@ -71,23 +71,21 @@ class KeyTurns:
         self._hot_for = hot_for
         self._hold_for = hold_for
         self._remember = remember
-        self._lines: OrderedDict[Slot, _Line] = OrderedDict()
-
-    def __bool__(self) -> bool:
-        """Whether any key is (or was lately) hot: the one test every first read makes."""
-        return bool(self._lines)
+        # The hot keys' lines, the least recently heated first. Empty while no key is hot:
+        # the one test every first read makes (``if turns.lines``).
+        self.lines: OrderedDict[Slot, _Line] = OrderedDict()
 
     def conflicted(self, slot: Slot) -> None:
         """A transaction of this process lost a conflict on ``slot``: it is hot from now."""
         until = asyncio.get_running_loop().time() + self._hot_for
-        line = self._lines.get(slot)
+        line = self.lines.get(slot)
         if line is None:
-            self._lines[slot] = _Line(until)
-            if len(self._lines) > self._remember:
+            self.lines[slot] = _Line(until)
+            if len(self.lines) > self._remember:
                 self._forget_oldest()
         else:
             line.hot_until = until
-            self._lines.move_to_end(slot)
+            self.lines.move_to_end(slot)
 
     async def take(self, slot: Slot) -> Turn | None:
         """Wait for ``slot``'s turn if it is hot; None if it is not (nothing to give back).
@@ -95,14 +93,14 @@ class KeyTurns:
         Cancelled while waiting, the caller leaves the line; a turn handed to it just
         then goes on to the next in line.
         """
-        line = self._lines.get(slot)
+        line = self.lines.get(slot)
         if line is None:
             return None
         loop = asyncio.get_running_loop()
         now = loop.time()
         if line.holder is None:
             if line.hot_until < now and not line.waiting:
-                del self._lines[slot]  # cooled down
+                del self.lines[slot]  # cooled down
                 return None
             return self._grant(line, loop)
         line.hot_until = now + self._hot_for  # a wait: still contended
@@ -152,7 +150,7 @@ class KeyTurns:
     def _forget_oldest(self) -> None:
         """Forget the least recently heated key whose line is empty (a held or waited-on
         line is kept: its waiters need its hand-overs)."""
-        for slot, line in self._lines.items():
+        for slot, line in self.lines.items():
             if line.holder is None and not line.waiting:
-                del self._lines[slot]
+                del self.lines[slot]
                 return

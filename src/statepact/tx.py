@@ -853,7 +853,7 @@ class Transaction:
         snapshot = self._snapshot
         if snapshot is None:
             turns = self._manager._turns
-            if turns:  # some key is hot: this read, which takes the snapshot, may wait
+            if turns is not None and turns.lines:  # a key is hot: this read may wait its turn
                 self._turn = await turns.take(slot)
             self._holds = self._holds or self._manager._pins_snapshots
             self._snapshot, found = await self._backend.begin_read(self.txn_id, slot[0], slot[1])

@@ -15,14 +15,14 @@ OTHER = ("r", "other")
 
 async def test_a_key_without_a_conflict_is_not_hot_and_nothing_waits() -> None:
     turns = KeyTurns()
-    assert not turns
+    assert not turns.lines
     assert await turns.take(K) is None
 
 
 async def test_after_a_conflict_readers_of_the_key_line_up_and_other_keys_do_not() -> None:
     turns = KeyTurns(hold_for=10)
     turns.conflicted(K)
-    assert turns
+    assert turns.lines
     first = await turns.take(K)
     assert first is not None
     second = asyncio.ensure_future(turns.take(K))
@@ -105,7 +105,7 @@ async def test_a_key_cools_down_after_hot_for_without_conflicts_or_waits() -> No
     turns.give_back(turn)
     await asyncio.sleep(0.06)
     assert await turns.take(K) is None
-    assert not turns  # forgotten
+    assert not turns.lines  # forgotten
 
 
 async def test_only_remember_keys_are_kept_and_a_line_in_use_is_never_dropped() -> None:
@@ -121,4 +121,4 @@ async def test_only_remember_keys_are_kept_and_a_line_in_use_is_never_dropped() 
     served = await asyncio.wait_for(waiting, 1)
     assert served is not None
     turns.give_back(served)
-    assert len(turns._lines) <= 3
+    assert len(turns.lines) <= 3
