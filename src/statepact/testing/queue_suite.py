@@ -333,6 +333,18 @@ class WorkQueueConformance:
         assert [c.tenant for c in claimed] == ["A", "B"] * 6
         assert [c.item_id for c in claimed if c.tenant == "A"] == [f"b{i:03d}" for i in range(6)]
 
+    async def test_enqueue_many_keeps_the_batchs_order_within_a_tenant(
+        self, work_queue: WorkQueue
+    ) -> None:
+        """A tenant's items of one batch are claimed in the batch's order, whatever order
+        their ids sort in; a second batch's come after them."""
+        first = ["x-2", "x-10", "x-1", "b", "a", "B"]
+        second = ["a2", "a1"]
+        await work_queue.enqueue_many([_item("acme", i) for i in first])
+        await work_queue.enqueue_many([_item("zeta", "z"), *(_item("acme", i) for i in second)])
+        claimed = [(await _claim(work_queue)).item for _ in range(len(first) + 3)]
+        assert [c.item_id for c in claimed if c.tenant == "acme"] == first + second
+
     async def test_enqueue_many_is_idempotent_per_item(self, work_queue: WorkQueue) -> None:
         """An item already stored comes back as it is, in its place; the others are stored;
         the same batch again changes nothing."""
