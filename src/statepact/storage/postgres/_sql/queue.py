@@ -304,8 +304,8 @@ def _batch_insert(tables: Tables, *, skip_stored: bool) -> tuple[CTE, CTE]:
             ],
             rows,
         )
-        .add_cte(numbered)
-    )  # read only through the text above
+        .add_cte(numbered)  # the text above reads it: named here, so that WITH holds it
+    )
     if skip_stored:
         insert = insert.on_conflict_do_nothing(
             index_elements=[work.c.queue, work.c.tenant, work.c.item_id]
