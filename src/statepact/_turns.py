@@ -1,4 +1,4 @@
-"""Turns on contended keys: this process's transactions on a hot key read it one at a time.
+"""Turns on contended keys: a manager's transactions on a hot key read it one at a time.
 
 Optimistic transactions on one key, with no backoff, fail each other: all that read
 the same version race to commit it, one lands, and the rest are refused and read
@@ -7,15 +7,15 @@ on a server the client's CPU goes to the losers. A key that has just had a confl
 is *hot*; while it is, a transaction whose first read (the one that takes its
 snapshot) is of that key waits for its *turn*: the transaction that holds the turn
 ends (commits, fails or rolls back) and hands it to the next in line, which then
-reads the version just committed. Within a process, the agents on a hot key line up
-instead of failing one another; across processes, at most one agent per process
-contends.
+reads the version just committed. The agents of one ``TransactionManager`` (usually
+one per process) line up instead of failing one another; across managers, at most one
+agent of each contends.
 
 Nothing is promised by a turn: it only delays a read, which any read may be. A
 holder keeps it for at most ``hold_for`` seconds, after which the next in line goes
 ahead anyway (a transaction that holds a key's turn through a slow call does not
 stall the others for longer). A key stays hot for ``hot_for`` seconds after its last
-conflict or its last wait. Conflicts in other processes are not seen here: their
+conflict or its last wait. Conflicts of other managers are not seen here: their
 agents are not in this line, and their commits are refused or land as before.
 
 docs/transactions.md#hot-keys says the same for users.
@@ -32,7 +32,8 @@ __all__ = ["HOLD_FOR", "HOT_FOR", "KeyTurns", "Turn"]
 HOT_FOR = 1.0
 #: Seconds a transaction holds a key's turn at most before the next in line goes ahead.
 HOLD_FOR = 0.05
-#: Hot keys remembered at most (the oldest is forgotten, with its line).
+#: Hot keys remembered at most (past it, the least recently heated key nobody holds or
+#: waits for is forgotten).
 REMEMBER = 1024
 
 Slot = tuple[str, str]
