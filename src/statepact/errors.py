@@ -216,7 +216,8 @@ class DeadlockError(StatepactError):
 
 
 class PreflightError(StatepactError):
-    """The server is configured so that it could lose data; every reason is listed."""
+    """The server is configured so that it could lose data, or the role lacks a privilege a
+    call needs; every reason is listed, each with its fix."""
 
     def __init__(self, reasons: Sequence[str], *, server: str = "server") -> None:
         self.reasons = tuple(reasons)

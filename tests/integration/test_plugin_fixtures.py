@@ -246,8 +246,7 @@ async def test_the_conformance_suites_run_on_the_applications_servers(
 ) -> None:
     """The few lines of docs/testing.md run all three suites on PostgreSQL (a database
     per test, the application's hook applied) and on Redis (a namespace per test):
-    every collected test passes but the one known divergence (a strict xfail), none
-    skipped."""
+    every collected test passes, none skipped."""
     project = _project(
         tmp_path, **{"conftest.py": APP_CONFTEST, "test_statepact_conformance.py": CONFORMANCE}
     )
@@ -257,10 +256,7 @@ async def test_the_conformance_suites_run_on_the_applications_servers(
     assert all(count > 20 for count in per_class.values()), per_class
     run = _inner(project, statepact_redis_url, statepact_postgres_url, "-q", timeout=540)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    # The one known divergence the shipped classes mark: PostgreSQL claims a batch's items
-    # of one tenant in their ids' byte order (a strict xfail, docs/work-queue.md).
-    known = 1
-    assert _counts(run.stdout) == {"passed": sum(per_class.values()) - known, "xfailed": known}
+    assert _counts(run.stdout) == {"passed": sum(per_class.values())}
 
 
 async def test_a_hook_that_leaves_a_connection_open_fails_the_session_saying_so(

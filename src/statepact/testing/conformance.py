@@ -93,20 +93,6 @@ class PostgresWorkQueueConformance(WorkQueueConformance):
     def work_queue(self, statepact_postgres_work_queue: WorkQueue) -> WorkQueue:
         return statepact_postgres_work_queue
 
-    @pytest.mark.xfail(
-        strict=True,
-        raises=AssertionError,
-        reason=(
-            "known divergence: a batch is inserted in (tenant, item_id) byte order, so that "
-            "batches sharing ids never deadlock, and the insert draws the ids a tenant's "
-            "items are claimed by (docs/work-queue.md#fair-turns-between-tenants)"
-        ),
-    )
-    async def test_enqueue_many_keeps_the_batchs_order_within_a_tenant(
-        self, work_queue: WorkQueue
-    ) -> None:
-        await super().test_enqueue_many_keeps_the_batchs_order_within_a_tenant(work_queue)
-
 
 class PostgresTransactionConformance(TransactionConformance):
     """``TransactionConformance`` on ``statepact_postgres_backend`` (a database per test)."""

@@ -30,6 +30,7 @@ from statepact.errors import (
     DeadlockError,
     OutOfTurnError,
     PoolExhaustedError,
+    PreflightError,
     SchemaVersionError,
     StatepactError,
 )
@@ -254,6 +255,16 @@ class Failures:
             return SchemaVersionError(
                 f"PostgreSQL {self.what}: a table, column or function statepact reads is "
                 f"missing (SQLSTATE {state}); run `statepact db upgrade`"
+            )
+        if state == "42501":
+            # Not the server's state but the role's grants: calling again cannot help. The
+            # server's message names the object (never a value), as a DBA needs it.
+            return PreflightError(
+                [
+                    f"{self.what}: the role lacks a privilege ({_chain(exc)[-1]}, SQLSTATE "
+                    "42501); grant what docs/operations.md#the-applications-role lists"
+                ],
+                server="PostgreSQL",
             )
         if state == "57014":
             return self.unavailable(

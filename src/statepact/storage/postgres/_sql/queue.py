@@ -83,6 +83,22 @@ class _Tid(UserDefinedType[Any]):
 _PREPARER = _postgresql().identifier_preparer  # type: ignore[no-untyped-call]
 
 
+class _Regclass(UserDefinedType[Any]):
+    """PostgreSQL's ``regclass``, for a cast only (``nextval`` takes one)."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **_kw: Any) -> str:
+        return "REGCLASS"
+
+
+def _identity_sequence(work: Table) -> ColumnElement[Any]:
+    """The sequence of ``work.id``'s identity, looked up once per statement (an InitPlan)."""
+    name = _PREPARER.format_table(work).replace("'", "''")
+    lookup = func.pg_get_serial_sequence(literal_column(f"'{name}'"), literal_column("'id'"))
+    return select(cast(lookup, _Regclass())).scalar_subquery()
+
+
 def _item_columns(work: Table, source: Any = None) -> list[ColumnElement[Any]]:
     """The columns a ``WorkItem`` and a ``Lease`` need, the payload as its exact text."""
     source = work if source is None else source
@@ -252,33 +268,43 @@ def _batch_insert(tables: Tables, *, skip_stored: bool) -> tuple[CTE, CTE]:
         .prefix_with("MATERIALIZED")
     )
     created = times[cast(batch.c.created_place, Integer)]
-    rows = select(
-        # Typed as the column is, as the lookup of the skipped items compares it.
-        param("queue", work.c.queue.type),
-        batch.c.tenant,
-        batch.c.item_id,
-        batch.c.payload,
-        cast(batch.c.priority, Integer),
-        QUEUED,
-        _ZERO,
-        times[cast(batch.c.available_place, Integer)],
-        created,
-        created,
-    ).order_by(batch.c.tenant.collate("C"), batch.c.item_id.collate("C"))
-    insert = pg_insert(work).from_select(
-        [
-            "queue",
-            "tenant",
-            "item_id",
-            "payload",
-            "priority",
-            "status",
-            "attempts",
-            "available_at",
-            "created_at",
-            "updated_at",
-        ],
-        rows,
+    # Each item's id drawn in the batch's order (its enqueue order: a tenant's items are
+    # claimed by id), before the rows are inserted in key order; the ids are the column's
+    # own identity sequence's, given explicitly (OVERRIDING SYSTEM VALUE).
+    numbered = (
+        select(
+            func.nextval(_identity_sequence(work)).label("id"),
+            param("queue", work.c.queue.type).label("queue"),
+            batch.c.tenant,
+            batch.c.item_id,
+            batch.c.payload,
+            cast(batch.c.priority, Integer).label("priority"),
+            times[cast(batch.c.available_place, Integer)].label("available_at"),
+            created.label("created_at"),
+        )
+        .order_by(batch.c.ord)
+        .cte("numbered")
+        .prefix_with("MATERIALIZED")
+    )
+    names = ("id", "queue", "tenant", "item_id", "payload", "priority", "available_at")
+    rows = text(
+        f"OVERRIDING SYSTEM VALUE SELECT {', '.join(names)}, {QUEUED}, {_ZERO}, "
+        "created_at, created_at FROM numbered "
+        'ORDER BY tenant COLLATE "C", item_id COLLATE "C"'
+    ).columns(*(numbered.c[name] for name in names))
+    insert = (
+        pg_insert(work)
+        .from_select(
+            [
+                *names,
+                "status",
+                "attempts",
+                "created_at",
+                "updated_at",
+            ],
+            rows,
+        )
+        .add_cte(numbered)  # the text above reads it: named here, so that WITH holds it
     )
     if skip_stored:
         insert = insert.on_conflict_do_nothing(

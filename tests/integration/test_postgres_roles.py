@@ -1,0 +1,132 @@
+"""The application's role on PostgreSQL: the grants docs/operations.md lists are enough.
+
+The role that runs the migrations owns statepact's tables; the application may
+connect as another role, granted DML on the tables and USAGE on the sequences
+(the lease tokens, and the item ids ``enqueue_many`` draws in its batch's
+order). These tests connect as such a role and run every store, and show what a
+role without the sequences' USAGE is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from statepact import PostgresStoreSettings, QueuePolicy, RunRecord, WorkItem
+from statepact.clock import ManualClock
+from statepact.errors import PreflightError
+from statepact.storage.postgres import open_backing
+from tests.fixtures.postgres import admin_execute
+
+pytestmark = pytest.mark.integration
+
+#: What docs/operations.md ("The application's role") tells a DBA to grant.
+GRANTS = (
+    'GRANT USAGE ON SCHEMA public TO "{role}"',
+    'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "{role}"',
+    'GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO "{role}"',
+)
+
+
+async def _role_engine(
+    pg_database_url: str, statepact_postgres_url: str, grants: tuple[str, ...]
+) -> AsyncIterator[AsyncEngine]:
+    role = f"statepact_app_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    await admin_execute(statepact_postgres_url, f'CREATE ROLE "{role}" LOGIN')
+    owner = create_async_engine(pg_database_url)
+    try:
+        async with owner.begin() as conn:
+            for grant in grants:
+                await conn.execute(text(grant.format(role=role)))
+        engine = create_async_engine(make_url(pg_database_url).set(username=role))
+        try:
+            yield engine
+        finally:
+            await engine.dispose()
+    finally:
+        async with owner.begin() as conn:
+            await conn.execute(text(f'DROP OWNED BY "{role}"'))
+        await owner.dispose()
+        await admin_execute(statepact_postgres_url, f'DROP ROLE IF EXISTS "{role}"')
+
+
+@pytest.fixture
+async def app_engine(
+    pg_database_url: str, statepact_postgres_url: str
+) -> AsyncIterator[AsyncEngine]:
+    """An engine connected as a role granted exactly ``GRANTS``."""
+    async for engine in _role_engine(pg_database_url, statepact_postgres_url, GRANTS):
+        yield engine
+
+
+@pytest.fixture
+async def tables_only_engine(
+    pg_database_url: str, statepact_postgres_url: str
+) -> AsyncIterator[AsyncEngine]:
+    """An engine connected as a role granted the tables' DML but no sequence."""
+    async for engine in _role_engine(pg_database_url, statepact_postgres_url, GRANTS[:2]):
+        yield engine
+
+
+async def test_the_documented_grants_run_every_store(app_engine: AsyncEngine) -> None:
+    """As the application's role: runs, batches, claims, settles, reaps and transactions."""
+    clock = ManualClock()
+    backing = await open_backing(
+        PostgresStoreSettings(), clock=clock, policy=QueuePolicy(), client=app_engine
+    )
+    async with backing:
+        run = await backing.state.put_run(RunRecord(tenant="acme", run_id="r1"))
+        run = await backing.state.patch_run("acme", "r1", input_tokens=5)
+        assert run.input_tokens == 5
+
+        queue = backing.queue
+        ids = ["x-2", "x-10", "x-1"]
+        stored = await queue.enqueue_many([WorkItem(tenant="acme", item_id=i) for i in ids])
+        assert [item.item_id for item in stored] == ids
+        await queue.enqueue(WorkItem(tenant="beta", item_id="b1"))
+        leases = await queue.claim_batch("w1", lease_for=30, limit=4)
+        # A tenant's items in the batch's order, the tenants in turn.
+        assert [(lease.item.tenant, lease.item.item_id) for lease in leases] == [
+            ("acme", "x-2"),
+            ("beta", "b1"),
+            ("acme", "x-10"),
+            ("acme", "x-1"),
+        ]
+        settled = await queue.ack_many(leases[:3])
+        assert all(isinstance(item, WorkItem) for item in settled), settled
+        clock.advance(31)
+        assert [item.item_id for item in await queue.reap()] == ["x-1"]
+
+        async with backing.manager.transaction() as tx:
+            tx.write("agents", "a1", {"n": 1})
+        async with backing.manager.transaction() as tx:
+            assert await tx.read("agents", "a1") == {"n": 1}
+
+
+async def test_a_role_without_the_sequences_is_refused_an_enqueue_many_and_nothing_is_written(
+    tables_only_engine: AsyncEngine, pg_database_url: str
+) -> None:
+    """Without USAGE on the sequences, ``enqueue_many`` fails naming the privilege and
+    stores nothing; the single ``enqueue`` (the identity's own default) still works."""
+    backing = await open_backing(
+        PostgresStoreSettings(), policy=QueuePolicy(), client=tables_only_engine
+    )
+    async with backing:
+        with pytest.raises(PreflightError, match="permission denied for sequence adk_work_id_seq"):
+            await backing.queue.enqueue_many(
+                [WorkItem(tenant="acme", item_id=f"i{n}") for n in range(3)]
+            )
+        await backing.queue.enqueue(WorkItem(tenant="acme", item_id="one"))
+    owner = create_async_engine(pg_database_url)
+    try:
+        async with owner.connect() as conn:
+            rows = (await conn.execute(text("SELECT item_id FROM adk_work"))).scalars().all()
+    finally:
+        await owner.dispose()
+    assert rows == ["one"]
