@@ -210,6 +210,7 @@ async def test_doctor_passes_a_migrated_database_with_a_statement_timeout(
     assert "ok       schema version: adk_schema holds version" in out
     assert "ok       statement_timeout: statement_timeout is 30s" in out
     assert "ok       migrations: at the head revision" in out
+    assert "ok       privileges: the role may read and write every statepact table" in out
 
 
 async def test_doctor_refuses_a_bare_database_naming_both_fixes(bare_database: str) -> None:

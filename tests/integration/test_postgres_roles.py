@@ -3,12 +3,15 @@
 The role that runs the migrations owns statepact's tables; the application may
 connect as another role, granted DML on the tables and USAGE on the sequences
 (the lease tokens, and the item ids ``enqueue_many`` draws in its batch's
-order). These tests connect as such a role and run every store, and show what a
-role without the sequences' USAGE is refused.
+order). These tests connect as such a role and run every store, show what a
+role without the sequences' USAGE is refused, and what ``missing_privileges``
+(``statepact doctor``'s check) reports for each.
 """
 
 from __future__ import annotations
 
+import asyncio
+import io
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -21,7 +24,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from statepact import PostgresStoreSettings, QueuePolicy, RunRecord, WorkItem
 from statepact.clock import ManualClock
 from statepact.errors import PreflightError
-from statepact.storage.postgres import open_backing
+from statepact.storage.postgres import StateTables, open_backing
+from statepact.storage.postgres.schema import tables_for
+from statepact.storage.postgres.verify import missing_privileges
 from tests.fixtures.postgres import admin_execute
 
 pytestmark = pytest.mark.integration
@@ -32,6 +37,17 @@ GRANTS = (
     'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "{role}"',
     'GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO "{role}"',
 )
+
+
+#: The sequences the application's role draws from or reads, as ``missing_privileges``
+#: names them (the identities' as ``pg_get_serial_sequence`` answers).
+SEQUENCES = {
+    "sequence adk_work_token_seq",
+    "sequence statepact_version_seq",
+    "sequence public.adk_work_id_seq",
+    "sequence public.adk_runs_seq_seq",
+    "sequence public.adk_sessions_seq_seq",
+}
 
 
 async def _role_engine(
@@ -130,3 +146,76 @@ async def test_a_role_without_the_sequences_is_refused_an_enqueue_many_and_nothi
     finally:
         await owner.dispose()
     assert rows == ["one"]
+
+
+async def test_missing_privileges_finds_none_for_the_documented_grants(
+    app_engine: AsyncEngine,
+) -> None:
+    assert await missing_privileges(app_engine) == []
+
+
+async def test_missing_privileges_names_each_sequence_a_tables_only_role_lacks(
+    tables_only_engine: AsyncEngine,
+) -> None:
+    lacking = await missing_privileges(tables_only_engine)
+    assert {line.split(":")[0] for line in lacking} == SEQUENCES, lacking
+    assert all(line.endswith(": USAGE, SELECT") for line in lacking), lacking
+
+
+async def test_missing_privileges_names_every_table_of_a_role_with_no_grant(
+    pg_database_url: str, statepact_postgres_url: str
+) -> None:
+    """Only the schema's USAGE and adk_schema's SELECT (what verify() reads): every other
+    table lacks its four privileges, adk_schema nothing, every sequence both."""
+    grants = (GRANTS[0], 'GRANT SELECT ON adk_schema TO "{role}"')
+    async for engine in _role_engine(pg_database_url, statepact_postgres_url, grants):
+        lacking = await missing_privileges(engine)
+    tables = {line.split(":")[0]: line.split(": ")[1] for line in lacking}
+    assert "adk_schema" not in tables
+    assert tables["adk_work"] == "SELECT, INSERT, UPDATE, DELETE"
+    assert tables["statepact_values"] == "SELECT, INSERT, UPDATE, DELETE"
+    assert set(tables) >= SEQUENCES
+
+
+async def test_doctor_refuses_a_role_without_the_sequences_naming_them_and_the_fix(
+    pg_database_url: str, statepact_postgres_url: str
+) -> None:
+    from statepact.cli import doctor
+    from tests._cli import parse
+
+    async for engine in _role_engine(pg_database_url, statepact_postgres_url, GRANTS[:2]):
+        url = engine.url.render_as_string(hide_password=False)
+        out, err = io.StringIO(), io.StringIO()
+        code = await asyncio.to_thread(
+            doctor.command, parse(doctor.add_arguments, "--postgres", url), out=out, err=err
+        )
+    text_out = out.getvalue()
+    assert code == 1, text_out
+    assert "ok       migrations" in text_out
+    assert "REFUSED  privileges: the connected role lacks " in text_out
+    assert "sequence public.adk_work_id_seq: USAGE, SELECT" in text_out
+    assert "fix: as the tables' owner: GRANT SELECT, INSERT, UPDATE, DELETE" in text_out
+    assert "doctor: 1 check(s) refused" in text_out
+
+
+async def test_missing_privileges_reads_a_deployments_own_names_and_schema(
+    pg_database_url: str, statepact_postgres_url: str
+) -> None:
+    """With ``tables`` and ``db_schema``, the deployment's relations are the ones checked."""
+    names = StateTables(runs="my_runs", sessions="my_sessions", work="my_work")
+    owner = create_async_engine(pg_database_url)
+    try:
+        async with owner.begin() as conn:
+            await conn.execute(text("CREATE SCHEMA agents"))
+            await conn.run_sync(tables_for(names, "agents").runs.metadata.create_all)
+    finally:
+        await owner.dispose()
+    grants = (*GRANTS, 'GRANT USAGE ON SCHEMA agents TO "{role}"')
+    async for engine in _role_engine(pg_database_url, statepact_postgres_url, grants):
+        lacking = await missing_privileges(engine, tables=names, db_schema="agents")
+        assert await missing_privileges(engine) == []  # the default relations: all granted
+    assert "agents.my_work: SELECT, INSERT, UPDATE, DELETE" in lacking
+    assert "agents.adk_schema: SELECT" in lacking
+    assert "sequence agents.my_work_id_seq: USAGE, SELECT" in lacking
+    assert "sequence agents.my_work_token_seq: USAGE, SELECT" in lacking
+    assert not any("public." in line for line in lacking), lacking

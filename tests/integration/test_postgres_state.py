@@ -709,6 +709,11 @@ async def test_custom_table_names_and_schema_are_used(
     assert await _scalar(pg_engine, "SELECT count(*) FROM adk_runs") == 0
     assert await _scalar(pg_engine, "SELECT count(*) FROM adk_work") == 0
     assert await _scalar(pg_engine, "SELECT count(*) FROM adk_run_writes") == 0
+    # A batch draws its ids from the deployment's own table's identity, in the batch's order.
+    await queue.enqueue_many([WorkItem(tenant="acme", item_id=i) for i in ("x-2", "x-10")])
+    leases = await queue.claim_batch("w1", lease_for=30, limit=2)
+    assert [lease.item.item_id for lease in leases] == ["x-2", "x-10"]
+    assert await _scalar(pg_engine, "SELECT count(*) FROM agents.my_work") == 3
 
 
 # -- executors ----------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 For Redis it runs the checks of ``preflight()`` one by one (reachable, eviction
 policy, persistence) and for PostgreSQL those of ``verify()`` (reachable,
 schema version, ``statement_timeout``) plus ``migrate.check()`` (head
-revision, no drift), and prints each as passed or refused, with the reason and
+revision, no drift) and ``missing_privileges()`` (the connected role's grants),
+and prints each as passed or refused, with the reason and
 the fix. The exit code is 0 when every check passed and 1
 when any was refused.
 
@@ -37,7 +38,8 @@ runs preflight()'s checks: reachable; maxmemory-policy must not evict; for
 durable data, AOF must be on with appendfsync everysec or always (RDB snapshots
 alone forget recent writes). For PostgreSQL, verify()'s:
 reachable; the schema at a version this release reads; a statement_timeout on
-the connection; and the migrations at the head revision with no drift. Each
+the connection; the migrations at the head revision with no drift; and the
+connected role's privileges on statepact's tables and sequences. Each
 check is printed as passed or refused, with the reason and the fix. Exits 1
 when any check is refused. Reads only: it never changes a setting or a table.
 """
@@ -200,6 +202,11 @@ _TIMEOUT_FIX = (
     "ALTER ROLE <role> SET statement_timeout = '30s' (or ALTER DATABASE <db> SET ...; new "
     "connections pick it up), or pass it in the application's connection options"
 )
+_PRIVILEGES_FIX = (
+    "as the tables' owner: GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "
+    "<schema> TO <role>; GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA <schema> TO <role> "
+    "(docs/operations.md, The application's role)"
+)
 _UPGRADE_FIX = (
     "run `statepact db upgrade --url <the same URL>` with a role allowed to create tables, "
     "or apply EXPECTED_SCHEMA in your own migration"
@@ -222,7 +229,7 @@ async def check_postgres(url: str) -> list[Check]:
 
     from statepact.errors import PreflightError, SchemaVersionError
     from statepact.storage.postgres import migrate
-    from statepact.storage.postgres.verify import verify
+    from statepact.storage.postgres.verify import missing_privileges, verify
 
     try:
         parsed = make_url(url)
@@ -318,6 +325,18 @@ async def check_postgres(url: str) -> list[Check]:
                     "; ".join(problems)
                     or f"at the head revision ({migrate.head()}); the tables match this release",
                     _UPGRADE_FIX if problems else "",
+                )
+            )
+            lacking = await missing_privileges(engine)
+            checks.append(
+                Check(
+                    "postgres",
+                    "privileges",
+                    not lacking,
+                    "the connected role lacks " + "; ".join(lacking)
+                    if lacking
+                    else "the role may read and write every statepact table and sequence",
+                    _PRIVILEGES_FIX if lacking else "",
                 )
             )
     finally:

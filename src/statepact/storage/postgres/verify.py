@@ -36,7 +36,7 @@ from statepact.storage.postgres.schema import (
     tables_for,
 )
 
-__all__ = ["SchemaReport", "schema_differences", "verify"]
+__all__ = ["SchemaReport", "missing_privileges", "schema_differences", "verify"]
 
 T = TypeVar("T")
 
@@ -161,6 +161,109 @@ async def verify(
 
 def _qualified(table: Table) -> str:
     return f"{table.schema}.{table.name}" if table.schema else table.name
+
+
+#: What statepact's calls do to each kind of object (docs/operations.md#the-applications-role).
+_TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
+_SEQUENCE_PRIVILEGES = ("USAGE", "SELECT")
+
+# Each wanted privilege a row: (object, kind, privilege); the objects that do not exist
+# are left to the schema checks. CASE evaluates only its matching branch.
+_LACKING = text(
+    "SELECT wanted.name, wanted.kind, wanted.privilege "
+    "FROM unnest(CAST(:names AS text[]), CAST(:kinds AS text[]), CAST(:privileges AS text[])) "
+    "AS wanted(name, kind, privilege) "
+    "WHERE to_regclass(wanted.name) IS NOT NULL AND NOT CASE wanted.kind "
+    "WHEN 'table' THEN has_table_privilege(wanted.name, wanted.privilege) "
+    "ELSE has_sequence_privilege(wanted.name, wanted.privilege) END"
+)
+_IDENTITY_SEQUENCES = text(
+    "SELECT pg_get_serial_sequence(identity.name, identity.column_name) "
+    "FROM unnest(CAST(:tables AS text[]), CAST(:columns AS text[])) "
+    "AS identity(name, column_name) WHERE to_regclass(identity.name) IS NOT NULL"
+)
+_FUNCTIONS_LACKING = text(
+    "SELECT p.proname FROM pg_proc AS p WHERE p.proname = ANY(CAST(:names AS text[])) "
+    "AND pg_function_is_visible(p.oid) AND NOT has_function_privilege(p.oid, 'EXECUTE') "
+    "ORDER BY p.proname"
+)
+
+
+async def missing_privileges(
+    engine: AsyncEngine | AsyncConnection,
+    *,
+    tables: StateTables | None = None,
+    db_schema: str | None = None,
+) -> list[str]:
+    """What the connected role may not do that statepact's calls do, one line per object
+    (``"adk_work: INSERT, UPDATE"``, ``"sequence adk_work_id_seq: USAGE"``); empty when
+    it may do everything. The tables want DML (``adk_schema`` only ``SELECT``), the
+    sequences ``USAGE`` and ``SELECT``, the functions ``EXECUTE``. An object that does not
+    exist is the schema checks' to report. Reads only.
+    """
+    from statepact.storage.postgres._sql.tx import VERSION_SEQUENCE
+    from statepact.storage.postgres.migrate import FUNCTIONS
+
+    state = tables_for(tables, db_schema)
+    state_tables = [state.runs, state.sessions, state.work, state.queue_turns, state.run_writes]
+    defaults = tables_for()
+    own = {defaults.runs, defaults.sessions, defaults.work, defaults.queue_turns}
+    own |= {defaults.run_writes, defaults.schema}
+    # The transaction backend's tables: the rest of the metadata (always default-named).
+    backend_tables = [table for table in metadata.tables.values() if table not in own]
+    wanted: list[tuple[str, str, str]] = [
+        (_qualified(state.schema), "table", "SELECT"),
+        *(
+            (_qualified(table), "table", privilege)
+            for table in (*state_tables, *backend_tables)
+            for privilege in _TABLE_PRIVILEGES
+        ),
+    ]
+    identities = [
+        (_qualified(table), column.name)
+        for table in (*state_tables, *backend_tables)
+        for column in table.columns
+        if column.identity is not None
+    ]
+
+    async def work(conn: AsyncConnection) -> list[str]:
+        found = await conn.execute(
+            _IDENTITY_SEQUENCES,
+            {"tables": [t for t, _ in identities], "columns": [c for _, c in identities]},
+        )
+        token_seq = state.token_seq
+        sequences = [
+            f"{token_seq.schema}.{token_seq.name}" if token_seq.schema else token_seq.name,
+            VERSION_SEQUENCE,
+            *found.scalars(),
+        ]
+        rows = wanted + [
+            (sequence, "sequence", privilege)
+            for sequence in sequences
+            for privilege in _SEQUENCE_PRIVILEGES
+        ]
+        lacking = (
+            await conn.execute(
+                _LACKING,
+                {
+                    "names": [name for name, _, _ in rows],
+                    "kinds": [kind for _, kind, _ in rows],
+                    "privileges": [privilege for _, _, privilege in rows],
+                },
+            )
+        ).all()
+        functions = (
+            (await conn.execute(_FUNCTIONS_LACKING, {"names": sorted(FUNCTIONS)})).scalars().all()
+        )
+        by_object: dict[str, list[str]] = {}
+        for name, kind, privilege in lacking:
+            label = name if kind == "table" else f"sequence {name}"
+            by_object.setdefault(label, []).append(privilege)
+        return [f"{label}: {', '.join(privileges)}" for label, privileges in by_object.items()] + [
+            f"function {name}: EXECUTE" for name in functions
+        ]
+
+    return await _with_connection(engine, work)
 
 
 def _compare(connection: Connection) -> list[str]:
