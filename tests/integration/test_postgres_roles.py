@@ -194,7 +194,9 @@ async def test_doctor_refuses_a_role_without_the_sequences_naming_them_and_the_f
     assert "ok       migrations" in text_out
     assert "REFUSED  privileges: the connected role lacks " in text_out
     assert "sequence public.adk_work_id_seq: USAGE, SELECT" in text_out
-    assert "fix: as the tables' owner: GRANT SELECT, INSERT, UPDATE, DELETE" in text_out
+    assert "fix: as the tables' owner: GRANT USAGE ON SCHEMA <schema> TO <role>; GRANT SELECT" in (
+        text_out
+    )
     assert "doctor: 1 check(s) refused" in text_out
 
 
@@ -219,3 +221,33 @@ async def test_missing_privileges_reads_a_deployments_own_names_and_schema(
     assert "sequence agents.my_work_id_seq: USAGE, SELECT" in lacking
     assert "sequence agents.my_work_token_seq: USAGE, SELECT" in lacking
     assert not any("public." in line for line in lacking), lacking
+
+
+async def test_a_schema_the_role_may_not_enter_is_named_alone_by_both(
+    pg_database_url: str, statepact_postgres_url: str
+) -> None:
+    """No USAGE on ``public`` (revoked from PUBLIC in this test's own database): the tables
+    look absent to the role, so both ``missing_privileges`` and the doctor name the schema
+    rather than what is in it; the doctor's schema check is refused as well."""
+    from statepact.cli import doctor
+    from tests._cli import parse
+
+    owner = create_async_engine(pg_database_url)
+    try:
+        async with owner.begin() as conn:
+            await conn.execute(text("REVOKE USAGE ON SCHEMA public FROM PUBLIC"))
+    finally:
+        await owner.dispose()
+    grants = ('GRANT SELECT ON adk_schema TO "{role}"',)
+    async for engine in _role_engine(pg_database_url, statepact_postgres_url, grants):
+        lacking = await missing_privileges(engine)
+        url = engine.url.render_as_string(hide_password=False)
+        out, err = io.StringIO(), io.StringIO()
+        code = await asyncio.to_thread(
+            doctor.command, parse(doctor.add_arguments, "--postgres", url), out=out, err=err
+        )
+    assert lacking == ["schema public: USAGE"]
+    text_out = out.getvalue()
+    assert code == 1, text_out
+    assert "REFUSED  schema version" in text_out
+    assert "REFUSED  privileges: the connected role lacks schema public: USAGE" in text_out

@@ -203,7 +203,8 @@ _TIMEOUT_FIX = (
     "connections pick it up), or pass it in the application's connection options"
 )
 _PRIVILEGES_FIX = (
-    "as the tables' owner: GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "
+    "as the tables' owner: GRANT USAGE ON SCHEMA <schema> TO <role>; "
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "
     "<schema> TO <role>; GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA <schema> TO <role> "
     "(docs/operations.md, The application's role)"
 )
@@ -302,6 +303,10 @@ async def check_postgres(url: str) -> list[Check]:
                 )
             )
         if not schema_ok:
+            # A schema the role may not enter hides its tables: say so beside "missing".
+            lacking = await missing_privileges(engine)
+            if lacking:
+                checks.append(_privileges_check(lacking))
             async with engine.connect() as conn:
                 shown = str((await conn.execute(text("SHOW statement_timeout"))).scalar())
             # The same test verify() applies, so both checks show even when the schema failed.
@@ -327,21 +332,27 @@ async def check_postgres(url: str) -> list[Check]:
                     _UPGRADE_FIX if problems else "",
                 )
             )
-            lacking = await missing_privileges(engine)
-            checks.append(
-                Check(
-                    "postgres",
-                    "privileges",
-                    not lacking,
-                    "the connected role lacks " + "; ".join(lacking)
-                    if lacking
-                    else "the role may read and write every statepact table and sequence",
-                    _PRIVILEGES_FIX if lacking else "",
-                )
-            )
+            checks.append(_privileges_check(await missing_privileges(engine)))
     finally:
         await engine.dispose()
     return checks
+
+
+def _privileges_check(lacking: list[str]) -> Check:
+    if not lacking:
+        return Check(
+            "postgres",
+            "privileges",
+            True,
+            "the role may read and write every statepact table and sequence",
+        )
+    return Check(
+        "postgres",
+        "privileges",
+        False,
+        "the connected role lacks " + "; ".join(lacking),
+        _PRIVILEGES_FIX,
+    )
 
 
 # -- command line ---------------------------------------------------------------------

@@ -182,6 +182,18 @@ _IDENTITY_SEQUENCES = text(
     "FROM unnest(CAST(:tables AS text[]), CAST(:columns AS text[])) "
     "AS identity(name, column_name) WHERE to_regclass(identity.name) IS NOT NULL"
 )
+# The schemas holding statepact's tables that the role may not enter: ``db_schema``, or the
+# search_path's as configured ("$user" is the role's own). The catalogs are readable by
+# every role; a relation in a schema without USAGE is invisible (unqualified) or refused
+# (qualified), so this comes first.
+_SCHEMAS_LACKING = text(
+    "SELECT DISTINCT n.nspname FROM pg_class AS c JOIN pg_namespace AS n "
+    "ON n.oid = c.relnamespace WHERE c.relname = ANY(CAST(:tables AS text[])) "
+    "AND n.nspname = ANY(COALESCE(CAST(:schemas AS text[]), ARRAY(SELECT CASE "
+    "WHEN btrim(part) = '\"$user\"' THEN CAST(current_user AS text) ELSE btrim(btrim(part), '\"') "
+    "END FROM unnest(string_to_array(current_setting('search_path'), ',')) AS part))) "
+    "AND NOT has_schema_privilege(n.oid, 'USAGE') ORDER BY n.nspname"
+)
 _FUNCTIONS_LACKING = text(
     "SELECT p.proname FROM pg_proc AS p WHERE p.proname = ANY(CAST(:names AS text[])) "
     "AND pg_function_is_visible(p.oid) AND NOT has_function_privilege(p.oid, 'EXECUTE') "
@@ -198,8 +210,10 @@ async def missing_privileges(
     """What the connected role may not do that statepact's calls do, one line per object
     (``"adk_work: INSERT, UPDATE"``, ``"sequence adk_work_id_seq: USAGE"``); empty when
     it may do everything. The tables want DML (``adk_schema`` only ``SELECT``), the
-    sequences ``USAGE`` and ``SELECT``, the functions ``EXECUTE``. An object that does not
-    exist is the schema checks' to report. Reads only.
+    sequences ``USAGE`` and ``SELECT``, the functions ``EXECUTE``; a schema holding them
+    that the role may not enter is answered alone (``"schema public: USAGE"``), since
+    nothing in it can be checked. An object that does not exist is the schema checks' to
+    report. Reads only.
     """
     from statepact.storage.postgres._sql.tx import VERSION_SEQUENCE
     from statepact.storage.postgres.migrate import FUNCTIONS
@@ -227,6 +241,16 @@ async def missing_privileges(
     ]
 
     async def work(conn: AsyncConnection) -> list[str]:
+        closed = await conn.execute(
+            _SCHEMAS_LACKING,
+            {
+                "tables": sorted({table.name for table in (state.schema, *state_tables)}),
+                "schemas": None if db_schema is None else [db_schema],
+            },
+        )
+        schemas = [f"schema {name}: USAGE" for name in closed.scalars()]
+        if schemas:
+            return schemas
         found = await conn.execute(
             _IDENTITY_SEQUENCES,
             {"tables": [t for t, _ in identities], "columns": [c for _, c in identities]},
