@@ -27,7 +27,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from statepact._retry import RetryPolicy, call_with_failover
-from statepact.errors import PoolExhaustedError, StatepactError
+from statepact.errors import PoolExhaustedError, PreflightError, StatepactError
 from statepact.settings import RedisStoreSettings, redact_dsn
 
 __all__ = [
@@ -367,6 +367,16 @@ class Failover:
             if isinstance(exc, rex.AuthenticationError | rex.AuthorizationError):
                 return self._unavailable(
                     f"Redis refused the connection's credentials for {what} ({type(exc).__name__})"
+                )
+            if isinstance(exc, rex.NoPermissionError):
+                # The ACL user's rules, not the server's state: calling again cannot help.
+                # Redis's reply names the command or says it is a key (never a value).
+                return PreflightError(
+                    [
+                        f"{what}: the Redis user lacks an ACL permission ({exc}); allow what "
+                        "docs/operations.md#redis-acl-users lists"
+                    ],
+                    server="Redis",
                 )
             if isinstance(exc, rex.OutOfMemoryError):
                 return self._unavailable(
