@@ -251,3 +251,16 @@ async def test_a_schema_the_role_may_not_enter_is_named_alone_by_both(
     assert code == 1, text_out
     assert "REFUSED  schema version" in text_out
     assert "REFUSED  privileges: the connected role lacks schema public: USAGE" in text_out
+
+
+async def test_open_refuses_a_role_that_may_not_read_the_schema_version_naming_the_table(
+    pg_database_url: str, statepact_postgres_url: str
+) -> None:
+    """verify() (run by open) reads adk_schema: without SELECT there, the refusal quotes
+    the server's message naming the table, and says where the grants are."""
+    async for engine in _role_engine(pg_database_url, statepact_postgres_url, GRANTS[:1]):
+        with pytest.raises(PreflightError) as caught:
+            await open_backing(PostgresStoreSettings(), policy=QueuePolicy(), client=engine)
+    assert "permission denied for table adk_schema" in str(caught.value)
+    assert "docs/operations.md#the-applications-role" in str(caught.value)
+    assert caught.value.retryable is False

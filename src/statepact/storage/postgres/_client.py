@@ -47,6 +47,7 @@ __all__ = [
     "create_engine",
     "is_connection_error",
     "is_rolled_back",
+    "lacking_privilege",
     "refuse_closed_connections",
     "sqlstate_of",
 ]
@@ -112,6 +113,15 @@ def _chain(exc: BaseException) -> list[BaseException]:
         nested = getattr(current, "orig", None)
         current = nested if isinstance(nested, BaseException) else current.__cause__
     return out
+
+
+def lacking_privilege(what: str, exc: BaseException) -> str:
+    """The reason a call refused with SQLSTATE 42501 gives: the server's message, which
+    names the object (never a value), as a DBA needs it, and where the grants are."""
+    return (
+        f"{what}: the role lacks a privilege ({_chain(exc)[-1]}, SQLSTATE 42501); "
+        "grant what docs/operations.md#the-applications-role lists"
+    )
 
 
 def is_pool_exhausted(exc: BaseException) -> bool:
@@ -257,15 +267,8 @@ class Failures:
                 f"missing (SQLSTATE {state}); run `statepact db upgrade`"
             )
         if state == "42501":
-            # Not the server's state but the role's grants: calling again cannot help. The
-            # server's message names the object (never a value), as a DBA needs it.
-            return PreflightError(
-                [
-                    f"{self.what}: the role lacks a privilege ({_chain(exc)[-1]}, SQLSTATE "
-                    "42501); grant what docs/operations.md#the-applications-role lists"
-                ],
-                server="PostgreSQL",
-            )
+            # Not the server's state but the role's grants: calling again cannot help.
+            return PreflightError([lacking_privilege(self.what, exc)], server="PostgreSQL")
         if state == "57014":
             return self.unavailable(
                 f"PostgreSQL {self.what}: the statement was cancelled (statement_timeout or "

@@ -26,7 +26,12 @@ from statepact.errors import (
     SchemaVersionError,
     StatepactError,
 )
-from statepact.storage.postgres._client import is_connection_error, is_pool_exhausted, sqlstate_of
+from statepact.storage.postgres._client import (
+    is_connection_error,
+    is_pool_exhausted,
+    lacking_privilege,
+    sqlstate_of,
+)
 from statepact.storage.postgres.schema import (
     COMPATIBLE_SCHEMA_VERSIONS,
     SCHEMA_COMPONENT,
@@ -89,8 +94,10 @@ async def _with_connection(
             raise PoolExhaustedError(
                 "PostgreSQL verify: no pooled connection was free within the pool timeout"
             ) from exc
-        what = "unreachable" if is_connection_error(exc) else "refused"
         state = sqlstate_of(exc)
+        if state == "42501":
+            raise PreflightError([lacking_privilege("verify", exc)], server="PostgreSQL") from exc
+        what = "unreachable" if is_connection_error(exc) else "refused"
         detail = type(exc).__name__ + (f", SQLSTATE {state}" if state else "")
         raise PreflightError([f"the server is {what} ({detail})"], server="PostgreSQL") from exc
     except OSError as exc:
