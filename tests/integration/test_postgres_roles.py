@@ -11,6 +11,7 @@ role without the sequences' USAGE is refused, and what ``missing_privileges``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 import uuid
@@ -50,6 +51,7 @@ SEQUENCES = {
 }
 
 
+@contextlib.asynccontextmanager
 async def _role_engine(
     pg_database_url: str, statepact_postgres_url: str, grants: tuple[str, ...]
 ) -> AsyncIterator[AsyncEngine]:
@@ -77,7 +79,7 @@ async def app_engine(
     pg_database_url: str, statepact_postgres_url: str
 ) -> AsyncIterator[AsyncEngine]:
     """An engine connected as a role granted exactly ``GRANTS``."""
-    async for engine in _role_engine(pg_database_url, statepact_postgres_url, GRANTS):
+    async with _role_engine(pg_database_url, statepact_postgres_url, GRANTS) as engine:
         yield engine
 
 
@@ -86,7 +88,7 @@ async def tables_only_engine(
     pg_database_url: str, statepact_postgres_url: str
 ) -> AsyncIterator[AsyncEngine]:
     """An engine connected as a role granted the tables' DML but no sequence."""
-    async for engine in _role_engine(pg_database_url, statepact_postgres_url, GRANTS[:2]):
+    async with _role_engine(pg_database_url, statepact_postgres_url, GRANTS[:2]) as engine:
         yield engine
 
 
@@ -168,7 +170,7 @@ async def test_missing_privileges_names_every_table_of_a_role_with_no_grant(
     """Only the schema's USAGE and adk_schema's SELECT (what verify() reads): every other
     table lacks its four privileges, adk_schema nothing, every sequence both."""
     grants = (GRANTS[0], 'GRANT SELECT ON adk_schema TO "{role}"')
-    async for engine in _role_engine(pg_database_url, statepact_postgres_url, grants):
+    async with _role_engine(pg_database_url, statepact_postgres_url, grants) as engine:
         lacking = await missing_privileges(engine)
     tables = {line.split(":")[0]: line.split(": ")[1] for line in lacking}
     assert "adk_schema" not in tables
@@ -183,7 +185,7 @@ async def test_doctor_refuses_a_role_without_the_sequences_naming_them_and_the_f
     from statepact.cli import doctor
     from tests._cli import parse
 
-    async for engine in _role_engine(pg_database_url, statepact_postgres_url, GRANTS[:2]):
+    async with _role_engine(pg_database_url, statepact_postgres_url, GRANTS[:2]) as engine:
         url = engine.url.render_as_string(hide_password=False)
         out, err = io.StringIO(), io.StringIO()
         code = await asyncio.to_thread(
@@ -213,7 +215,7 @@ async def test_missing_privileges_reads_a_deployments_own_names_and_schema(
     finally:
         await owner.dispose()
     grants = (*GRANTS, 'GRANT USAGE ON SCHEMA agents TO "{role}"')
-    async for engine in _role_engine(pg_database_url, statepact_postgres_url, grants):
+    async with _role_engine(pg_database_url, statepact_postgres_url, grants) as engine:
         lacking = await missing_privileges(engine, tables=names, db_schema="agents")
         assert await missing_privileges(engine) == []  # the default relations: all granted
     assert "agents.my_work: SELECT, INSERT, UPDATE, DELETE" in lacking
@@ -239,7 +241,7 @@ async def test_a_schema_the_role_may_not_enter_is_named_alone_by_both(
     finally:
         await owner.dispose()
     grants = ('GRANT SELECT ON adk_schema TO "{role}"',)
-    async for engine in _role_engine(pg_database_url, statepact_postgres_url, grants):
+    async with _role_engine(pg_database_url, statepact_postgres_url, grants) as engine:
         lacking = await missing_privileges(engine)
         url = engine.url.render_as_string(hide_password=False)
         out, err = io.StringIO(), io.StringIO()
@@ -258,7 +260,7 @@ async def test_open_refuses_a_role_that_may_not_read_the_schema_version_naming_t
 ) -> None:
     """verify() (run by open) reads adk_schema: without SELECT there, the refusal quotes
     the server's message naming the table, and says where the grants are."""
-    async for engine in _role_engine(pg_database_url, statepact_postgres_url, GRANTS[:1]):
+    async with _role_engine(pg_database_url, statepact_postgres_url, GRANTS[:1]) as engine:
         with pytest.raises(PreflightError) as caught:
             await open_backing(PostgresStoreSettings(), policy=QueuePolicy(), client=engine)
     assert "permission denied for table adk_schema" in str(caught.value)
