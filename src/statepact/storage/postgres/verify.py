@@ -174,15 +174,17 @@ def _qualified(table: Table) -> str:
 _TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
 _SEQUENCE_PRIVILEGES = ("USAGE", "SELECT")
 
-# Each wanted privilege a row: (object, kind, privilege); the objects that do not exist
-# are left to the schema checks. CASE evaluates only its matching branch.
+# Each wanted privilege a row: (object, kind, privilege), answered in the order asked;
+# the objects that do not exist are left to the schema checks. CASE evaluates only its
+# matching branch.
 _LACKING = text(
     "SELECT wanted.name, wanted.kind, wanted.privilege "
     "FROM unnest(CAST(:names AS text[]), CAST(:kinds AS text[]), CAST(:privileges AS text[])) "
-    "AS wanted(name, kind, privilege) "
+    "WITH ORDINALITY AS wanted(name, kind, privilege, place) "
     "WHERE to_regclass(wanted.name) IS NOT NULL AND NOT CASE wanted.kind "
     "WHEN 'table' THEN has_table_privilege(wanted.name, wanted.privilege) "
-    "ELSE has_sequence_privilege(wanted.name, wanted.privilege) END"
+    "ELSE has_sequence_privilege(wanted.name, wanted.privilege) END "
+    "ORDER BY wanted.place"
 )
 _IDENTITY_SEQUENCES = text(
     "SELECT pg_get_serial_sequence(identity.name, identity.column_name) "
