@@ -131,7 +131,9 @@ async def test_a_role_without_the_sequences_is_refused_an_enqueue_many_and_nothi
     tables_only_engine: AsyncEngine, pg_database_url: str
 ) -> None:
     """Without USAGE on the sequences, ``enqueue_many`` fails naming the privilege and
-    stores nothing; the single ``enqueue`` (the identity's own default) still works."""
+    stores nothing. A lone ``enqueue`` (the identity's own default) lands: the refusal
+    is the sequence's, not the table's (enqueues made at once share an ``enqueue_many``
+    statement and need the grant too, as docs/operations.md says)."""
     backing = await open_backing(
         PostgresStoreSettings(), policy=QueuePolicy(), client=tables_only_engine
     )
