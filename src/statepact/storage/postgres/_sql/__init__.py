@@ -18,7 +18,7 @@ from sqlalchemy import DateTime, Subquery, bindparam, func, literal, select, tru
 
 from statepact._shared import PATIENCE
 
-__all__ = ["LOCK_NOT_AVAILABLE", "TZ", "param", "shared_lock_timeout"]
+__all__ = ["LOCK_NOT_AVAILABLE", "TZ", "param", "shared_lock_timeout", "unseen_param"]
 
 #: SQLSTATE of a lock wait past ``lock_timeout``: a shared statement then applied nothing.
 LOCK_NOT_AVAILABLE = "55P03"
@@ -30,6 +30,22 @@ TZ = DateTime(timezone=True)
 def param(name: str, type_: Any = None) -> Any:
     """A named bound parameter; every name starts with ``p_`` so none shadows a column."""
     return bindparam(f"p_{name}", type_=type_)
+
+
+def unseen_param(name: str, type_: Any) -> Any:
+    """``(SELECT :p_name)``: a bound parameter read through an InitPlan, whose value no
+    plan of the statement can see.
+
+    For the keys a hot statement compares to (a queue's name, a record's tenant and
+    id), where the plan cannot depend on the value (a unique key, or the leading
+    column of every index read) but the estimate does: given them as constants the
+    planner rates each custom plan cheaper than the generic one and, with
+    ``plan_cache_mode = auto``, plans the prepared statement again on every call.
+    Unseen, the value costs every plan alike, and from its sixth call on a
+    connection the statement runs the plan made once. Each use is measured and
+    tested (tests/integration/test_postgres_queue.py, test_postgres_state.py).
+    """
+    return select(param(name, type_)).scalar_subquery()
 
 
 def shared_lock_timeout() -> Subquery:
