@@ -107,6 +107,67 @@ async def test_each_call_is_one_statement(
     assert len(statements) - before == 1
 
 
+async def test_run_writes_keep_their_generic_plan(pg_database_url: str, clock: ManualClock) -> None:
+    """A run's get, update and patch are planned once per connection, not on every call:
+    after the five custom plans of a prepared statement PostgreSQL keeps its generic plan.
+    Given the run's key as constants, the planner rated every custom plan of the update
+    and the patch cheaper than the generic one once ANALYZE had seen other runs written
+    often (a new run's rows estimated none, any run's many), and planned each call anew;
+    the statements read the key through an InitPlan, which no plan sees into."""
+    # Five runs written often: each write leaves a row (tenant, run_id, applied_at, op_id)
+    # for resends to find, kept 10 minutes. The statistics then expect 1,000 rows of any
+    # one run and none of a run they never saw.
+    setup = create_async_engine(pg_database_url, poolclass=NullPool)
+    try:
+        others = PostgresStateStore(setup, clock=clock)
+        for i in range(5):
+            await others.put_run(_run(f"other{i}"))
+        async with setup.begin() as conn:
+            await conn.execute(
+                text(
+                    "INSERT INTO adk_run_writes (tenant, run_id, applied_at, op_id) "
+                    "SELECT 'acme', 'other' || (n % 5), now() - n * interval '1 ms', md5(n::text) "
+                    "FROM generate_series(1, 5000) AS n"
+                )
+            )
+            await conn.execute(text("ANALYZE adk_runs"))
+            await conn.execute(text("ANALYZE adk_run_writes"))
+    finally:
+        await setup.dispose()
+    engine = create_async_engine(pg_database_url, pool_size=1, max_overflow=0)
+    try:
+        store = PostgresStateStore(engine, clock=clock)
+        record = await store.put_run(_run("r1"))
+        for step in range(8):
+            record = await store.put_run(record.model_copy(update={"data": {"step": step}}))
+            await store.patch_run("acme", "r1", input_tokens=1)
+            record = await store.get_run("acme", "r1") or record
+        # The pool's one connection: the store's statements were prepared on it.
+        async with engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    text(
+                        "SELECT statement, custom_plans, generic_plans FROM pg_prepared_statements"
+                    )
+                )
+            ).all()
+    finally:
+        await engine.dispose()
+    kinds = {
+        "patch": "UPDATE adk_runs SET version=",
+        "update": "UPDATE adk_runs SET session_id=",
+        "get": "SELECT adk_runs.tenant",
+    }
+    plans = {
+        kind: (row.custom_plans, row.generic_plans)
+        for row in rows
+        for kind, start in kinds.items()
+        if start in row.statement and "INSERT INTO adk_runs" not in row.statement
+    }
+    assert set(plans) == set(kinds), plans
+    assert set(plans.values()) == {(5, 3)}, plans
+
+
 @pytest.mark.parametrize("write", ["patch", "put"])
 async def test_concurrent_run_writes_share_one_statement(
     write: str, postgres_state_store: PostgresStateStore, statements: list[str]

@@ -41,7 +41,7 @@ from sqlalchemy.sql.dml import ReturningDelete, ReturningInsert, ReturningUpdate
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import CTE
 
-from statepact.storage.postgres._sql import TZ, param, shared_lock_timeout
+from statepact.storage.postgres._sql import TZ, param, shared_lock_timeout, unseen_param
 from statepact.storage.postgres.schema import Tables
 
 __all__ = ["COUNTERS", "StateStatements", "statements"]
@@ -79,7 +79,12 @@ def _meta_columns(table: Table) -> list[ColumnElement[Any]]:
 
 
 def _key(table: Table, id_column: str) -> list[ColumnElement[bool]]:
-    return [table.c.tenant == param("tenant"), table.c[id_column] == param("record_id")]
+    """The record's primary key, unseen by the plan (:func:`unseen_param`): given it as
+    constants, the planner planned a run's update and patch again on every call."""
+    return [
+        table.c.tenant == unseen_param("tenant", Text()),
+        table.c[id_column] == unseen_param("record_id", Text()),
+    ]
 
 
 def get_record(table: Table, id_column: str) -> Select[Any]:
@@ -97,8 +102,8 @@ def _done(writes: Table) -> Exists:
     statement's snapshot.
     """
     return exists().where(
-        writes.c.tenant == param("tenant", Text()),
-        writes.c.run_id == param("record_id", Text()),
+        writes.c.tenant == unseen_param("tenant", Text()),
+        writes.c.run_id == unseen_param("record_id", Text()),
         writes.c.applied_at == param("now", TZ),
         writes.c.op_id == param("op_id", Text()),
     )
@@ -121,7 +126,9 @@ def _recorded(writes: Table, applied: CTE) -> CTE:
 
 
 def _swept(writes: Table, applied: CTE) -> CTE:
-    """Delete the run's rows older than the retention (``p_cutoff``): a range of the key.
+    """Delete the run's rows older than the retention (``p_cutoff``): a range of the key,
+    with the run and the cutoff unseen by the plan (:func:`unseen_param`; given the
+    cutoff, the planner foresaw no row to delete and planned every call anew).
 
     Only when the write applied: a refused write (or a resend that found its
     first attempt) changes nothing at all.
@@ -129,9 +136,9 @@ def _swept(writes: Table, applied: CTE) -> CTE:
     return (
         delete(writes)
         .where(
-            writes.c.tenant == param("tenant", Text()),
-            writes.c.run_id == param("record_id", Text()),
-            writes.c.applied_at < param("cutoff", TZ),
+            writes.c.tenant == unseen_param("tenant", Text()),
+            writes.c.run_id == unseen_param("record_id", Text()),
+            writes.c.applied_at < unseen_param("cutoff", TZ),
             exists().select_from(applied),
         )
         .cte("swept")
