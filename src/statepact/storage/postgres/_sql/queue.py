@@ -134,9 +134,10 @@ def _queue_name() -> Any:
     that was about half of each call: ``claim_many`` of 10 took 1.98 ms against
     1.12 ms, ``ack_many`` of 9 0.62 ms against 0.31 ms; a worker draining 5,000
     items at concurrency 10 went from about 2,650 to 3,850 a second. The plans kept
-    are safe whatever the table holds: each finds its rows by key (``ack_many``,
-    ``claim``, the fenced settles), ``ctid`` (``claim_many``) or the partial claim
-    index (each tenant's probe). ``reap`` keeps the constant: its batch is a
+    are safe whatever the table holds: each finds its rows by key (``ack_many``, the
+    fenced settles), by ``ctid`` (both claims: a claim that joined its pick by primary
+    key kept, from a small table, a scan of every queued row) or through the partial
+    claim index (each tenant's probe). ``reap`` keeps the constant: its batch is a
     ``LIMIT`` parameter, which a generic plan would guess.
     """
     return unseen_param("queue", Text())
