@@ -9,6 +9,7 @@ connection options (``connect_args``), for the role, or for the database.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -18,12 +19,13 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from statepact.clock import ManualClock
+from statepact.clock import ManualClock, read_clock
 from statepact.errors import PreflightError
 from statepact.models import RunRecord, WorkItem
 from statepact.queue import QueuePolicy
 from statepact.settings import PostgresStoreSettings
 from statepact.storage.postgres import PostgresStateStore, PostgresWorkQueue, create_engine
+from statepact.storage.postgres.queue import _prepared
 from tests.fixtures.postgres import admin_execute
 
 pytestmark = pytest.mark.integration
@@ -185,3 +187,69 @@ def test_a_zero_or_negative_timeout_is_refused_naming_the_field() -> None:
     for bad in (0, -1, 0.0001):
         with pytest.raises(ValidationError, match="statement_timeout"):
             PostgresStoreSettings(statement_timeout=bad)
+
+
+async def _jit_shown(engine: AsyncEngine) -> str:
+    async with engine.connect() as conn:
+        return str((await conn.execute(text("SHOW jit"))).scalar())
+
+
+async def test_jit_is_off_unless_the_caller_chose(default_database_url: str) -> None:
+    """The engine turns PostgreSQL's JIT off for its sessions; a setting the caller passes
+    in ``server_settings`` wins, and the caller's other settings are kept beside it."""
+    settings = _settings(default_database_url)
+    chosen = {"server_settings": {"jit": "on", "application_name": "mine"}}
+    other = {"server_settings": {"application_name": "mine"}}
+    for connect_args, expected in ((None, "off"), (chosen, "on"), (other, "off")):
+        kwargs = {} if connect_args is None else {"connect_args": connect_args}
+        engine = create_engine(settings, **kwargs)
+        try:
+            assert await _jit_shown(engine) == expected, connect_args
+            if connect_args is not None:
+                async with engine.connect() as conn:
+                    name = (await conn.execute(text("SHOW application_name"))).scalar()
+                assert name == "mine"
+        finally:
+            await engine.dispose()
+
+
+async def test_a_claim_is_never_compiled_by_jit(default_database_url: str) -> None:
+    """On a server that compiles every statement whose estimate passes ``jit_above_cost``
+    (here 0: every one), a claim on the engine's connections runs without JIT. On a queue
+    of 10,000 tenants a claim's estimate passed the default 100,000 and LLVM compiled
+    each claim before it ran, about 30 ms against 1 ms (docs/backings.md)."""
+    settings = _settings(default_database_url)
+    eager = {"jit_above_cost": "0", "jit_inline_above_cost": "-1", "jit_optimize_above_cost": "-1"}
+    plans: dict[str, str] = {}
+    for label, server_settings in (("ours", eager), ("jit on", {**eager, "jit": "on"})):
+        engine = create_engine(settings, connect_args={"server_settings": server_settings})
+        try:
+            queue = PostgresWorkQueue(engine, settings=settings, policy=QueuePolicy())
+            await queue.enqueue(WorkItem(tenant="acme", item_id=f"i-{label}"))
+            claim = _prepared(queue.tables).claim
+            moment = read_clock(queue.clock)
+            params = {
+                "p_queue": queue.name,
+                "p_now": moment,
+                "p_worker": "w1",
+                "p_expires_at": moment + timedelta(seconds=60),
+                "p_limit": 1,
+            }
+            async with engine.connect() as conn:
+                raw = await conn.get_raw_connection()
+                driver = raw.driver_connection
+                assert driver is not None
+                # EXPLAIN ANALYZE runs the claim: in a transaction rolled back.
+                transaction = driver.transaction()
+                await transaction.start()
+                try:
+                    rows = await driver.fetch(
+                        f"EXPLAIN (ANALYZE) {claim.sql}", *claim.arguments(params)
+                    )
+                finally:
+                    await transaction.rollback()
+            plans[label] = "\n".join(row[0] for row in rows)
+        finally:
+            await engine.dispose()
+    assert "JIT:" in plans["jit on"], plans["jit on"]  # the premise: this server compiles
+    assert "JIT:" not in plans["ours"], plans["ours"]

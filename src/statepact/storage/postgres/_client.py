@@ -531,6 +531,16 @@ def create_engine(settings: PostgresStoreSettings, **engine_kwargs: Any) -> Asyn
     (and may be closed by a server or pooler timeout) instead of taking turns.
     Extra keyword arguments go to ``create_async_engine``.
 
+    PostgreSQL's JIT is turned off for its sessions (``jit = off``, a startup
+    setting; one you pass in ``connect_args``' ``server_settings`` wins). Every
+    statement here is short, but a claim's estimated cost grows with the tenants
+    waiting (a recursive walk of the rotation): on a queue of 10,000 tenants it
+    passed ``jit_above_cost`` and each claim was compiled by LLVM before it ran,
+    about 30 ms a claim that otherwise takes 1 ms. The compiled code is not kept
+    between calls, so JIT only ever cost this workload. An engine you build
+    yourself keeps its own setting: set ``jit = off`` for the role or the database
+    (docs/operations.md).
+
     ``settings.statement_timeout`` (30 s by default) is set on each new
     connection whose effective ``statement_timeout`` is 0: one statement when
     the connection opens, none per call. A timeout the user chose wins: one set
@@ -552,6 +562,12 @@ def create_engine(settings: PostgresStoreSettings, **engine_kwargs: Any) -> Asyn
         "pool_use_lifo": True,
     }
     options.update(engine_kwargs)
+    # JIT off for the session unless the caller chose: see the docstring.
+    connect_args = dict(options.get("connect_args", {}))
+    server_settings = dict(connect_args.get("server_settings", {}))
+    server_settings.setdefault("jit", "off")
+    connect_args["server_settings"] = server_settings
+    options["connect_args"] = connect_args
     engine = create_async_engine(url, **options)
     refuse_closed_connections(engine)
     if settings.statement_timeout is not None:
