@@ -221,7 +221,7 @@ async def test_a_claim_is_never_compiled_by_jit(default_database_url: str) -> No
     settings = _settings(default_database_url)
     eager = {"jit_above_cost": "0", "jit_inline_above_cost": "-1", "jit_optimize_above_cost": "-1"}
     plans: dict[str, str] = {}
-    for label, server_settings in (("ours", eager), ("jit on", {**eager, "jit": "on"})):
+    for label, server_settings in (("jit on", {**eager, "jit": "on"}), ("ours", eager)):
         engine = create_engine(settings, connect_args={"server_settings": server_settings})
         try:
             queue = PostgresWorkQueue(engine, settings=settings, policy=QueuePolicy())
@@ -239,6 +239,9 @@ async def test_a_claim_is_never_compiled_by_jit(default_database_url: str) -> No
                 raw = await conn.get_raw_connection()
                 driver = raw.driver_connection
                 assert driver is not None
+                # (pg_jit_available() is also false where the session has jit off.)
+                if label == "jit on" and not await driver.fetchval("SELECT pg_jit_available()"):
+                    pytest.skip("this PostgreSQL was built without JIT: nothing to compile")
                 # EXPLAIN ANALYZE runs the claim: in a transaction rolled back.
                 transaction = driver.transaction()
                 await transaction.start()
