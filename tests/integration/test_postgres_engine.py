@@ -195,8 +195,10 @@ async def _jit_shown(engine: AsyncEngine) -> str:
 
 
 async def test_jit_is_off_unless_the_caller_chose(default_database_url: str) -> None:
-    """The engine turns PostgreSQL's JIT off for its sessions; a setting the caller passes
-    in ``server_settings`` wins, and the caller's other settings are kept beside it."""
+    """Each new connection of the engine has PostgreSQL's JIT off, set when it opens
+    (no startup option, which a pooler may refuse); a ``jit`` passed in
+    ``server_settings`` or set for the database wins, and the caller's other
+    settings are kept beside it."""
     settings = _settings(default_database_url)
     chosen = {"server_settings": {"jit": "on", "application_name": "mine"}}
     other = {"server_settings": {"application_name": "mine"}}
@@ -211,6 +213,19 @@ async def test_jit_is_off_unless_the_caller_chose(default_database_url: str) -> 
                 assert name == "mine"
         finally:
             await engine.dispose()
+    plain = create_async_engine(default_database_url)
+    try:
+        async with plain.connect() as conn:
+            database = (await conn.execute(text("SELECT current_database()"))).scalar()
+            await conn.execute(text(f'ALTER DATABASE "{database}" SET jit = on'))
+            await conn.commit()
+    finally:
+        await plain.dispose()
+    engine = create_engine(settings)
+    try:
+        assert await _jit_shown(engine) == "on"  # the database's choice
+    finally:
+        await engine.dispose()
 
 
 async def test_a_claim_is_never_compiled_by_jit(default_database_url: str) -> None:

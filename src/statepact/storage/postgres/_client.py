@@ -531,19 +531,19 @@ def create_engine(settings: PostgresStoreSettings, **engine_kwargs: Any) -> Asyn
     (and may be closed by a server or pooler timeout) instead of taking turns.
     Extra keyword arguments go to ``create_async_engine``.
 
-    PostgreSQL's JIT is turned off for its sessions (``jit = off``, a startup
-    setting; one you pass in ``connect_args``' ``server_settings`` wins). Every
-    statement here is short, but a claim's estimated cost grows with the tenants
-    waiting (a recursive walk of the rotation): on a queue of 10,000 tenants it
-    passed ``jit_above_cost`` and each claim was compiled by LLVM before it ran,
-    about 30 ms a claim that otherwise takes 1 ms. The compiled code is not kept
-    between calls, so JIT only ever cost this workload. An engine you build
-    yourself keeps its own setting: set ``jit = off`` for the role or the database
-    (docs/operations.md).
+    PostgreSQL's JIT is turned off for each new connection (``jit = off``) unless
+    the role, the database or the connection's options (``connect_args``'
+    ``server_settings``) set ``jit`` themselves. Every statement here is short, but
+    a claim's estimated cost grows with the tenants waiting (a recursive walk of
+    the rotation): on a queue of 10,000 tenants it passed ``jit_above_cost`` and
+    each claim was compiled by LLVM before it ran, about 30 ms a claim that
+    otherwise takes 1 ms. The compiled code is not kept between calls, so JIT
+    only ever cost this workload. An engine you build yourself keeps its own
+    setting: set ``jit = off`` for the role or the database (docs/operations.md).
 
     ``settings.statement_timeout`` (30 s by default) is set on each new
-    connection whose effective ``statement_timeout`` is 0: one statement when
-    the connection opens, none per call. A timeout the user chose wins: one set
+    connection whose effective ``statement_timeout`` is 0: in the same query as
+    the JIT setting when the connection opens, none per call. A timeout the user chose wins: one set
     for the role or the database, or passed in ``connect_args`` (asyncpg's
     ``server_settings``). It is a session setting: behind PgBouncer in
     transaction mode only a role or database setting reaches every server
@@ -562,28 +562,31 @@ def create_engine(settings: PostgresStoreSettings, **engine_kwargs: Any) -> Asyn
         "pool_use_lifo": True,
     }
     options.update(engine_kwargs)
-    # JIT off for the session unless the caller chose: see the docstring.
-    connect_args = dict(options.get("connect_args", {}))
-    server_settings = dict(connect_args.get("server_settings", {}))
-    server_settings.setdefault("jit", "off")
-    connect_args["server_settings"] = server_settings
-    options["connect_args"] = connect_args
     engine = create_async_engine(url, **options)
     refuse_closed_connections(engine)
+    # Set when each connection opens, in one simple-protocol query (no prepared
+    # statement, one round trip), and only where nobody chose: a value from the
+    # startup options, the role or the database stays. Not startup options of ours:
+    # a pooler such as PgBouncer refuses a startup parameter it does not know.
+    session = [
+        # JIT off (see the docstring) unless chosen anywhere but the server's defaults.
+        "SELECT set_config('jit', 'off', false) FROM pg_settings "
+        "WHERE name = 'jit' AND source IN ('default', 'configuration file')"
+    ]
     if settings.statement_timeout is not None:
-        # Literal milliseconds (validated >= 1): the simple protocol, no prepared statement.
+        # Literal milliseconds (validated >= 1).
         milliseconds = max(1, round(settings.statement_timeout * 1000))
-        only_if_none = (
+        session.append(
             f"SELECT set_config('statement_timeout', '{milliseconds}ms', false) "
             "WHERE current_setting('statement_timeout') = '0'"
         )
+    script = "; ".join(session)
 
-        def set_statement_timeout(dbapi_connection: Any, _record: Any) -> None:
-            # Outside any transaction, so the session keeps it; a value from the
-            # startup options, the role or the database is not 0 and stays.
-            dbapi_connection.run_async(lambda raw: raw.execute(only_if_none))
+    def set_session(dbapi_connection: Any, _record: Any) -> None:
+        # Outside any transaction, so the session keeps what it sets.
+        dbapi_connection.run_async(lambda raw: raw.execute(script))
 
-        event.listen(engine.sync_engine, "connect", set_statement_timeout)
+    event.listen(engine.sync_engine, "connect", set_session)
     return engine
 
 
