@@ -724,11 +724,13 @@ async def test_a_claim_updates_its_rows_by_ctid_whatever_the_generic_plan_knew(
     postgres_work_queue: PostgresWorkQueue, pg_engine: AsyncEngine, name: str
 ) -> None:
     """A claim's generic plan, made on a small table (as one made early in a process
-    that fills the queue later), finds the rows it locked by their ctid, a TID scan,
-    without scanning the table: by primary key such a plan kept a sequential scan of
-    the whole work table for claim_batch (130 to 170 ms a claim at 20,000 rows), and
-    for a single claim a scan of every queued row through the due index (24 ms a
-    claim at 100,000 queued, in `statepact bench`'s claim-cost cells)."""
+    that fills the queue later), reaches the rows it locked without scanning the table:
+    the single claim its row at the ctid (a TID scan), claim_many its rows at theirs or,
+    with the ctids as a filter, by primary key, one probe per row taken. Joined by
+    primary key alone such a plan kept a sequential scan of the whole work table for
+    claim_batch (130 to 170 ms a claim at 20,000 rows), and for a single claim a scan
+    of every queued row through the due index (24 ms a claim at 100,000 queued, in
+    `statepact bench`'s claim-cost cells)."""
     # 200 items, never analyzed: by primary key, the plan scanned the table for 50 to 1,000.
     await postgres_work_queue.enqueue_many(
         [WorkItem(tenant=f"t{i % 10}", item_id=f"i{i:04d}") for i in range(200)]
