@@ -543,11 +543,11 @@ def create_engine(settings: PostgresStoreSettings, **engine_kwargs: Any) -> Asyn
 
     ``settings.statement_timeout`` (30 s by default) is set on each new
     connection whose effective ``statement_timeout`` is 0: in the same query as
-    the JIT setting when the connection opens, none per call. A timeout the user chose wins: one set
-    for the role or the database, or passed in ``connect_args`` (asyncpg's
-    ``server_settings``). It is a session setting: behind PgBouncer in
-    transaction mode only a role or database setting reaches every server
-    connection (``docs/operations.md``).
+    the JIT setting when the connection opens, none per call. A timeout the user
+    chose wins: one set for the role or the database, or passed in
+    ``connect_args`` (asyncpg's ``server_settings``). It is a session setting:
+    behind PgBouncer in transaction mode only a role or database setting reaches
+    every server connection (``docs/operations.md``).
     """
     if settings.dsn is None:
         raise ValueError("dsn: PostgresStoreSettings.dsn is needed to create an engine")

@@ -133,7 +133,8 @@ def _queue_name() -> Any:
     worker's statements on each call. Prepared and rolled back on 5,000 queued items,
     that was about half of each call: ``claim_many`` of 10 took 1.98 ms against
     1.12 ms, ``ack_many`` of 9 0.62 ms against 0.31 ms; a worker draining 5,000
-    items at concurrency 10 went from about 2,650 to 3,850 a second. The plans kept
+    items at concurrency 10 went from about 2,650 to 3,850 a second (in the harness,
+    1.11x pgqueuer's 10-way drain, 0.86x before: docs/benchmarks.md). The plans kept
     are safe whatever the table holds: each finds its rows by key (``ack_many``, the
     fenced settles), by ``ctid`` (both claims: a claim that joined its pick by primary
     key kept, from a small table, a scan of every queued row) or through the partial
