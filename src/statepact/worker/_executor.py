@@ -173,6 +173,10 @@ class Executor:
                 )
                 await finish(self._completer.fail(job, handler, retryable=False))
                 return
+            if self._lost is not None:  # claimed again before it began: nothing to run
+                self._settling = True
+                self._completer.lost(job, self._lost)
+                return
             rt.hooks.call("started", job)
             raised = await self._handle(handler)
             self._settling = True
