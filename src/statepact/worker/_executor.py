@@ -108,6 +108,7 @@ class Executor:
         "_lost",
         "_rt",
         "_settling",
+        "_shutdown",
         "_timer",
         "job",
         "task",
@@ -125,6 +126,8 @@ class Executor:
         # The cut sent to the handler (once at most), and why the lease is lost.
         self._cut: Cut | None = None
         self._lost: str | None = None
+        # Set once the shutdown grace is over: a handler not begun yet never begins.
+        self._shutdown = False
         # Set once a settle has begun: never a second one.
         self._settling = False
         # The next heartbeat's timer, and the heartbeat in flight.
@@ -151,7 +154,9 @@ class Executor:
         self._send_cut(Cut.LOST)
 
     def abandon(self) -> None:
-        """The shutdown grace is over: cut the handler, if it still runs; release the item."""
+        """The shutdown grace is over: cut the handler, if it still runs (or keep it from
+        beginning); release the item."""
+        self._shutdown = True
         self._send_cut(Cut.SHUTDOWN)
 
     def _send_cut(self, cut: Cut) -> None:
@@ -173,9 +178,9 @@ class Executor:
                 )
                 await finish(self._completer.fail(job, handler, retryable=False))
                 return
-            if self._lost is not None:  # claimed again before it began: nothing to run
+            if self._lost is not None or self._shutdown:  # stopped before it began
                 self._settling = True
-                self._completer.lost(job, self._lost)
+                await self._settle(decide(None, Cut.SHUTDOWN, self._lost), None)
                 return
             rt.hooks.call("started", job)
             raised = await self._handle(handler)
