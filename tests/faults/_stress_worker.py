@@ -8,10 +8,10 @@ seconds (until it is done or cut), raise :class:`Abort` (a ``BaseException`` tha
 is not an ``Exception``) or raise a ``RuntimeError``. From its fifth attempt on an
 item is only ever quick.
 
-Run as ``python -m tests.faults._stress_worker '<spec JSON>'``: it opens the
-queue as ``tests/integration/_queue_worker.py`` does and runs a ``Worker`` whose
-hooks append one fsynced line per event to its own log, so the test can read
-after a SIGKILL what it did::
+Run as ``python -m tests.faults._stress_worker '<spec JSON>'``: it runs a
+``Worker`` as ``tests/integration/_worker_process.py`` does (the crash test's),
+whose hooks append one fsynced line per event to its own log, so the test can
+read after a SIGKILL what it did::
 
     claim <tenant> <item_id> <token>      the handler starts with this lease
     beat <tenant> <item_id> <token>       a heartbeat returned this new token
@@ -31,9 +31,9 @@ import time
 from typing import Any
 
 from statepact.models import WorkItem
-from statepact.worker import Job, Worker, WorkerHooks
-from tests._processes import say
-from tests.integration._queue_worker import Log, open_queue
+from statepact.worker import Handler, Job
+from tests.integration import _worker_process as process
+from tests.integration._queue_worker import Log
 
 # A lease short enough that a CPU-bound handler outlasts it now and then, heartbeats
 # three times a lease, the reaper every 0.2 s.
@@ -85,69 +85,28 @@ async def behave(seed: int, job: Job) -> None:
         raise RuntimeError(f"error on attempt {job.attempts}")
 
 
-class Logged(WorkerHooks):
-    """Each hook call as a log line."""
+class Logged(process.Logged):
+    """The crash test's hook lines, and ``released`` too."""
 
     def __init__(self, log: Log) -> None:
-        self.log = log
-        self.counts = {"claim": 0, "beat": 0, "acked": 0, "lost": 0, "failed": 0, "released": 0}
-
-    def line(self, kind: str, job: Job) -> None:
-        self.counts[kind] += 1
-        self.log.write(kind, job.item.tenant, job.item.item_id, job.lease.token)
-
-    def started(self, job: Job) -> None:
-        self.line("claim", job)
-
-    def renewed(self, job: Job) -> None:
-        self.line("beat", job)
-
-    def succeeded(self, job: Job, item: WorkItem) -> None:
-        self.line("acked", job)
-
-    def failed(self, job: Job, item: WorkItem, error: str) -> None:
-        self.line("failed", job)
-
-    def lease_lost(self, job: Job, reason: str) -> None:
-        self.line("lost", job)
+        super().__init__(log)
+        self.counts["released"] = 0
 
     def released(self, job: Job, item: WorkItem) -> None:
         self.line("released", job)
 
 
 async def main(spec: dict[str, Any]) -> None:
-    queue, close = await open_queue(spec)
-    log = Log(spec["log"])
-    hooks = Logged(log)
     seed: int = spec["seed"]
 
-    async def work(job: Job) -> None:
-        await behave(seed, job)
+    def work(log: Log) -> Handler:
+        async def stressed(job: Job) -> None:
+            await behave(seed, job)
 
-    worker = Worker(
-        queue,
-        default=work,
-        concurrency=CONCURRENCY,
-        lease_for=LEASE,
-        heartbeat_every=HEARTBEAT,
-        reap_every=REAP,
-        poll_interval=0.05,
-        worker_id=spec["worker_id"],
-        hooks=hooks,
-    )
-    try:
-        await worker.start()
-        say(event="ready")
-        while True:
-            await asyncio.sleep(0.2)
-            stats = await queue.stats()
-            if stats.queued == 0 and stats.leased == 0:
-                break
-        await worker.stop()
-        say(event="done", **hooks.counts)
-    finally:
-        log.close()
-        await close()
+        return stressed
+
+    settings = {"concurrency": CONCURRENCY, "lease": LEASE, "heartbeat": HEARTBEAT, "reap": REAP}
+    await process.serve({**spec, **settings}, work, Logged)
 
 
 if __name__ == "__main__":
