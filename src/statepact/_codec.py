@@ -40,6 +40,7 @@ __all__ = [
     "DECIMAL_CONTEXT",
     "MAX_DEPTH",
     "MAX_ID_BYTES",
+    "MAX_SECONDS",
     "check_size",
     "decimal_context",
     "decimal_to_nanos",
@@ -60,6 +61,8 @@ __all__ = [
 ]
 
 MAX_ID_BYTES = 1024
+#: The longest duration ``require_seconds`` takes unless told a shorter one: ten years.
+MAX_SECONDS = 10 * 365 * 86_400.0
 MAX_DEPTH = 128
 COST_SCALE = 1_000_000_000  # cost is kept exact to 1e-9 as integer nano-units
 _COST_PLACES = 9
@@ -513,8 +516,13 @@ def require_limit(value: object, most: int) -> int:
     return plain_int(value)
 
 
-def require_seconds(field: str, value: object, *, allow_zero: bool = False) -> float:
-    """A positive duration given as seconds (int/float) or a ``timedelta``."""
+def require_seconds(
+    field: str, value: object, *, allow_zero: bool = False, most: float = MAX_SECONDS
+) -> float:
+    """A duration given as seconds (int/float) or a ``timedelta``: above 0 (or 0 too, with
+    ``allow_zero``), finite, at most ``most`` seconds (ten years unless a caller's rule is
+    tighter, such as ``MAX_RETRY_DELAY``). Every duration statepact takes is read here, so
+    a setting and the call it feeds refuse the same values with the same words."""
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, int | float) and not isinstance(value, bool):
@@ -523,8 +531,13 @@ def require_seconds(field: str, value: object, *, allow_zero: bool = False) -> f
         raise TypeError(f"{field}: must be seconds or a timedelta, got {type(value).__name__}")
     if not math.isfinite(seconds):
         raise ValueError(f"{field}: must be finite")
-    if seconds < 0 or (seconds == 0 and not allow_zero):
+    if seconds < 0:
+        bound = "must not be negative" if allow_zero else "must be positive"
+        raise ValueError(f"{field}: {bound}, got {seconds:g} s")
+    if seconds == 0 and not allow_zero:
         raise ValueError(f"{field}: must be positive, got {seconds:g} s")
-    if seconds > 10 * 365 * 86_400:
-        raise ValueError(f"{field}: {seconds:g} s is more than ten years")
+    if seconds > most:
+        raise ValueError(
+            f"{field}: {seconds:g} s is more than the {most:g} s ({most / 86_400:g} days) allowed"
+        )
     return seconds

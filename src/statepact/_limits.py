@@ -14,6 +14,7 @@ __all__ = [
     "MAX_ENQUEUE_BATCH",
     "MAX_HISTORY",
     "MAX_PAGE",
+    "MAX_RETRY_DELAY",
     "MAX_SHARED_COMMITS",
     "MAX_SHARED_ENQUEUES",
     "MAX_SHARED_READS",
@@ -40,3 +41,6 @@ MAX_SHARED_READS = 200
 MAX_SHARED_COMMITS = 100
 #: ``last_error`` of an item whose lease lapsed and was reaped.
 LEASE_EXPIRED = "lease expired"
+#: The longest a failed item's retry may be put off, in seconds (30 days): ``Retry(delay)``
+#: raised by a worker's handler and ``WorkQueue.fail(retry_in=)`` alike.
+MAX_RETRY_DELAY = 30 * 86_400.0

@@ -40,6 +40,7 @@ from statepact._limits import (
     LEASE_EXPIRED,
     MAX_BATCH_BYTES,
     MAX_ENQUEUE_BATCH,
+    MAX_RETRY_DELAY,
     MAX_SHARED_ENQUEUES,
 )
 from statepact._shared import SharedRoundTrips
@@ -526,7 +527,13 @@ class BaseWorkQueue(ABC):
         checked = _require_lease(lease)
         if not isinstance(error, str):
             raise TypeError(f"error: must be a str, got {type(error).__name__}")
-        wait = None if retry_in is None else require_seconds("retry_in", retry_in, allow_zero=True)
+        if not isinstance(retryable, bool):
+            raise TypeError(f"retryable: must be a bool, got {type(retryable).__name__}")
+        wait = (
+            None
+            if retry_in is None
+            else require_seconds("retry_in", retry_in, allow_zero=True, most=MAX_RETRY_DELAY)
+        )
         # Lone surrogates cannot be stored as UTF-8 anywhere; they become "?" like NULs go.
         message = error.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
         message = message[:MAX_ERROR_CHARS]

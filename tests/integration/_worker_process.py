@@ -24,10 +24,11 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from statepact.models import WorkItem
-from statepact.worker import Job, Worker, WorkerHooks
+from statepact.worker import Handler, Job, Worker, WorkerHooks
 from tests._processes import say
 from tests.integration._queue_worker import Log, open_queue
 
@@ -59,27 +60,24 @@ class Logged(WorkerHooks):
         self.line("lost", job)
 
 
-async def main(spec: dict[str, Any]) -> None:
+async def serve(
+    spec: dict[str, Any], work: Callable[[Log], Handler], hooks: type[Logged] = Logged
+) -> None:
+    """Open the queue, run a Worker with the handler ``work(log)`` makes and ``hooks`` logging
+    to this process's log, until nothing is queued or leased; say ``ready`` and ``done``."""
     queue, close = await open_queue(spec)
     log = Log(spec["log"])
-    hooks = Logged(log)
-
-    async def work(job: Job) -> None:
-        # One item in ``long_every`` outlasts two heartbeats (but not a lease).
-        long = job.payload.get("n", 1) % spec["long_every"] == 0
-        await asyncio.sleep(spec["long_work"] if long else spec["work"])
-        log.write("ack", job.item.tenant, job.item.item_id, job.lease.token)
-
+    logged = hooks(log)
     worker = Worker(
         queue,
-        default=work,
+        default=work(log),
         concurrency=spec["concurrency"],
         lease_for=spec["lease"],
         heartbeat_every=spec["heartbeat"],
         reap_every=spec["reap"],
         poll_interval=0.05,
         worker_id=spec["worker_id"],
-        hooks=hooks,
+        hooks=logged,
     )
     try:
         await worker.start()
@@ -90,10 +88,23 @@ async def main(spec: dict[str, Any]) -> None:
             if stats.queued == 0 and stats.leased == 0:
                 break
         await worker.stop()
-        say(event="done", **hooks.counts)
+        say(event="done", **logged.counts)
     finally:
         log.close()
         await close()
+
+
+async def main(spec: dict[str, Any]) -> None:
+    def work(log: Log) -> Handler:
+        async def sleep(job: Job) -> None:
+            # One item in ``long_every`` outlasts two heartbeats (but not a lease).
+            long = job.payload.get("n", 1) % spec["long_every"] == 0
+            await asyncio.sleep(spec["long_work"] if long else spec["work"])
+            log.write("ack", job.item.tenant, job.item.item_id, job.lease.token)
+
+        return sleep
+
+    await serve(spec, work)
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ def _layer(name: str) -> str:
         return "foundation"
     if name in FRONTS:
         return "front"
-    if name in RUNTIME:
+    if name in RUNTIME or name.startswith("statepact.worker."):
         return "runtime"
     if name.startswith("statepact.storage."):
         return "backing"
@@ -130,6 +130,12 @@ def _broken_rule(importer: str, imported: str) -> str | None:
         f"statepact.storage.{backing}.{name}" for name in CLASS_MODULES
     }:
         return "a backing's private module imports the classes it sits below"
+    if (
+        importer.startswith("statepact.worker._")
+        and importer != "statepact.worker._worker"
+        and imported in {"statepact.worker", "statepact.worker._worker"}
+    ):
+        return "a worker part imports the face it sits below"
     if target == "cli" and source != "cli":
         return "a module outside cli/ imports cli/"
     if source == "cli" and target == "cli":
@@ -165,6 +171,11 @@ def test_no_module_imports_across_its_layers_rules() -> None:
         ("statepact.errors", "statepact.models", None),
         ("statepact.models", "statepact.tx", "a foundation module imports a front"),
         ("statepact.worker", "statepact.storage.memory", "a runtime module imports a backing"),
+        ("statepact.worker._executor", "statepact.storage.redis", "a runtime module imports"),
+        ("statepact.worker._claimer", "statepact.worker._worker", "the face it sits below"),
+        ("statepact.worker._schedules", "statepact.worker", "the face it sits below"),
+        ("statepact.worker._worker", "statepact.worker._executor", None),
+        ("statepact.worker", "statepact.worker._worker", None),
         ("statepact.storage.redis.queue", "statepact.storage.postgres.schema", "another backing"),
         ("statepact.cli.bench", "statepact.storage.redis._scripts", "private module"),
         ("statepact.testing.fixtures", "statepact.storage.redis._keys", "private module"),
