@@ -6,7 +6,7 @@ one is adding a :class:`Subcommand` line. The modules are imported only when
 their subcommand runs or the help lists them, so ``statepact db`` never loads
 redis and ``statepact demo`` never loads SQLAlchemy unless asked for a server.
 
-Every subcommand takes ``--log-level`` and ``--log-format`` (``cli._logs``): the
+Every subcommand takes ``--log-level`` and ``--log-format`` (``cli._common.logs``): the
 log lines the library writes while it runs go to stderr, INFO and above by
 default (``Subcommand.log_level``: the demo, which narrates what the lines would
 say, shows errors only; the bench, whose progress is on stderr, warnings).
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from statepact.cli._logs import DEFAULT_LEVEL, add_logging_arguments, command_logging
+from statepact.cli._common.logs import DEFAULT_LEVEL, add_logging_arguments, command_logging
 
 __all__ = ["COMMANDS", "Subcommand", "build_parser", "main"]
 

@@ -15,7 +15,7 @@ from typing import TextIO
 
 from statepact.cli._common import POSTGRES_URL_ALIAS, CommandError, environment_url, run_command
 from statepact.cli._common import URL_ENV as SERVER_URL_ENV
-from statepact.cli._logs import add_logging_arguments
+from statepact.cli._common.logs import add_logging_arguments
 from statepact.settings import redact_dsn
 
 __all__ = ["URL_ENV", "add_arguments", "command"]

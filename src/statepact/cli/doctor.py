@@ -34,7 +34,7 @@ from statepact.cli._common import (
     redis_client,
     run_command,
 )
-from statepact.cli._logs import error_line
+from statepact.cli._common.logs import error_line
 from statepact.errors import StatepactError
 from statepact.settings import PostgresStoreSettings, redact_dsn
 
@@ -245,7 +245,7 @@ DEFAULT_STATEMENT_TIMEOUT: float | None = PostgresStoreSettings().statement_time
 
 
 def _refused_connection(exc: BaseException) -> Check:
-    from statepact.storage.postgres._client import connect_refusal
+    from statepact.storage.postgres import connect_refusal
 
     refusal = connect_refusal(exc)
     return Check(

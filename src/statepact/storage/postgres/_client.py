@@ -427,8 +427,8 @@ class EngineExecutor:
 _IN_USE: set[int] = set()
 
 _ONE_TASK = (
-    "one AsyncSession (or AsyncConnection) serves one task at a time: give each task its "
-    "own, or await one call before making the next"
+    "one AsyncSession (or AsyncConnection) serves one task at a time, a sync Session one "
+    "thread: give each task its own, or await one call before making the next"
 )
 
 
@@ -476,7 +476,8 @@ class BoundExecutor:
         if transaction is None:
             raise self._refuse(
                 "is not inside a transaction: bound calls run inside one you began "
-                "(async with session.begin(): ...) and never begin, commit or roll back one "
+                "(async with session.begin(): ..., or with session.begin(): ... on a sync "
+                "Session) and never begin, commit or roll back one "
                 "themselves; a statement sent now would autobegin a transaction nobody commits"
             )
         if not transaction.is_active:

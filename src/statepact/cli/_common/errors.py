@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable, Coroutine
 from typing import Any, TextIO
 
-from statepact.cli._logs import error_line
+from statepact.cli._common.logs import error_line
 from statepact.errors import PreflightError, SchemaVersionError, StatepactError
 from statepact.settings import redact_dsn
 

@@ -3,7 +3,7 @@ a URL (under a scratch namespace or schema removed afterwards), opening an exist
 work queue on a server (``worker``, ``queue``), a Redis client from a URL, the
 ``--redis``/``--postgres``/``--debug`` options and where a server's URL comes from
 (the option, else ``STATEPACT_REDIS_URL`` / ``STATEPACT_POSTGRES_URL``); and, from
-``cli._errors``, turning an error into one line on stderr.
+``cli._common.errors``, turning an error into one line on stderr.
 
 It must never print a DSN in clear (``redact_dsn``), never leave data behind on a
 server, and never import redis or SQLAlchemy unless a server was asked for.
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from statepact._cancel import finish
-from statepact.cli._errors import CommandError, describe_error, run_command
-from statepact.cli._logs import add_logging_arguments
+from statepact.cli._common.errors import CommandError, describe_error, run_command
+from statepact.cli._common.logs import add_logging_arguments
 from statepact.clock import Clock
 from statepact.errors import PreflightError
 from statepact.queue import QueuePolicy, WorkQueue
@@ -187,7 +187,7 @@ def resolve_queue_server(args: argparse.Namespace) -> None:
 def postgres_engine_url(url: str, source: str = "--postgres") -> Any:
     """The asyncpg URL of ``url`` (see ``create_engine``); one it refuses is a
     ``CommandError`` naming ``source``, the option or variable it came from."""
-    from statepact.storage.postgres._client import asyncpg_url
+    from statepact.storage.postgres import asyncpg_url
 
     try:
         return asyncpg_url(url)
