@@ -125,7 +125,8 @@ def command(
     offline = bool(getattr(args, "sql", False))
     if not url and not offline:
         print(
-            f"statepact {name}: error: no database given; pass --url URL or set {URL_ENV}",
+            f"statepact {name}: error: no database given; pass --url URL or set {URL_ENV} "
+            f"(or {POSTGRES_URL_ALIAS}, its older name)",
             file=errors,
         )
         return 2

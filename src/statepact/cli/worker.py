@@ -193,7 +193,7 @@ def command(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
         async with open_queue(args, pool_size=pool_size, clock=clock, policy=policy) as queue:
             worker = await load_worker(found, queue)
             own = carried_policy(worker)
-            if own is not None and own != policy:
+            if worker is not found and own is not None and own != policy:
                 # A factory's Worker: its queue was opened (with the options and the
                 # default) before the factory could say what it wanted.
                 raise CommandError(
