@@ -30,6 +30,19 @@ def _run(
     return done
 
 
+def _statepact(venv: Path, argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The virtualenv's own ``statepact`` console script, run in ``cwd``."""
+    return subprocess.run(
+        [str(venv / "bin" / "statepact"), *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=cwd,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+
+
 @pytest.fixture(scope="module")
 def core_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A virtualenv holding statepact (from the wheel) and its one dependency, pydantic."""
@@ -91,15 +104,7 @@ def core_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_missing_driver_is_one_line_naming_the_extra(
     core_only: Path, argv: list[str], line: str, tmp_path: Path
 ) -> None:
-    done = subprocess.run(
-        [str(core_only / "bin" / "statepact"), *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin"},
-    )
+    done = _statepact(core_only, argv, tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stderr == line + "\n"
     assert "Traceback" not in done.stdout + done.stderr
@@ -107,14 +112,6 @@ def test_a_missing_driver_is_one_line_naming_the_extra(
 
 
 def test_the_memory_demo_runs_on_the_core(core_only: Path, tmp_path: Path) -> None:
-    done = subprocess.run(
-        [str(core_only / "bin" / "statepact"), "demo", "--seed", "3"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin"},
-    )
+    done = _statepact(core_only, ["demo", "--seed", "3"], tmp_path)
     assert done.returncode == 0, done.stderr
     assert "dead letter: globex/run-poison after 3 attempts" in done.stdout

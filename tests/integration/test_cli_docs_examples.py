@@ -3,8 +3,8 @@
 Each block gets ``STATEPACT_REDIS_URL`` (the plugin's durable Redis, flushed
 after the block) and ``STATEPACT_POSTGRES_URL`` = ``STATEPACT_DATABASE_URL`` (a
 fresh database migrated to head and otherwise as PostgreSQL makes one: no
-``statement_timeout``, dropped after the block), and runs as a program of its own, TWICE in a row with
-nothing cleaned between: a reader runs an example verbatim on a default
+``statement_timeout``, dropped after the block), and runs as a program of its
+own, TWICE in a row with nothing cleaned between: a reader runs an example verbatim on a default
 database, and runs it again. Each block calls ``asyncio.run`` itself, so the
 tests are plain functions with no event loop of their own.
 

@@ -30,7 +30,7 @@ from sqlalchemy.engine import make_url
 
 from statepact.storage.postgres import migrate
 from statepact.testing.databases import create_database, drop_database, unique_database_name
-from tests._cli import installed_statepact
+from tests._cli import installed_statepact, start_statepact
 
 pytestmark = pytest.mark.integration
 
@@ -87,16 +87,6 @@ async def bare_migrated(statepact_postgres_url: str) -> AsyncIterator[str]:
 
 
 @pytest.fixture
-async def empty_database(statepact_postgres_url: str) -> AsyncIterator[str]:
-    name = unique_database_name("cli")
-    url = await create_database(statepact_postgres_url, name)
-    try:
-        yield url
-    finally:
-        await drop_database(statepact_postgres_url, name)
-
-
-@pytest.fixture
 def app_dir(tmp_path: Path) -> Path:
     (tmp_path / "noop_app.py").write_text(APP)
     return tmp_path
@@ -134,15 +124,7 @@ async def test_every_command_reads_the_postgres_url_from_the_environment(
     transcripts.append(text)
 
     # The worker: its arguments hold no URL at all, so `ps` shows no password.
-    process = await asyncio.create_subprocess_exec(
-        str(installed_statepact()),
-        "worker",
-        "noop_app:worker",
-        cwd=app_dir,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    process = await start_statepact("worker", "noop_app:worker", cwd=app_dir, env=env)
     try:
         assert process.stdout is not None
         banner = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
@@ -307,12 +289,12 @@ async def test_without_psycopg_a_psycopg_url_names_the_extra(
 
 
 async def test_missing_tables_are_one_line_with_both_upgrades(
-    empty_database: str, app_dir: Path
+    empty_database_url: str, app_dir: Path
 ) -> None:
     env = environment()
     for argv in (
-        ["queue", "stats", "--postgres", empty_database],
-        ["worker", "noop_app:worker", "--postgres", empty_database],
+        ["queue", "stats", "--postgres", empty_database_url],
+        ["worker", "noop_app:worker", "--postgres", empty_database_url],
     ):
         code, text = await asyncio.to_thread(statepact, *argv, env=env, cwd=app_dir)
         assert code == 1, text

@@ -32,7 +32,7 @@ import pytest
 from statepact.clock import SystemClock
 from statepact.models import ItemStatus, RunStatus, WorkItem
 from statepact.queue import BaseWorkQueue
-from tests._cli import installed_statepact
+from tests._cli import start_statepact
 from tests.unit.test_docs_examples import recipe_file
 
 pytestmark = pytest.mark.integration
@@ -139,15 +139,7 @@ async def run_worker_until(
 ) -> tuple[int, str, str]:
     """The installed ``statepact worker ...`` in ``cwd``, SIGTERMed once ``done`` is set
     (or at once when the process ends first); its exit code, stdout and stderr."""
-    process = await asyncio.create_subprocess_exec(
-        str(installed_statepact()),
-        "worker",
-        *argv,
-        cwd=cwd,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    process = await start_statepact("worker", *argv, cwd=cwd, env=env)
     try:
         ended = asyncio.ensure_future(process.wait())
         waiting = {ended} if done is None else {ended, done}
