@@ -59,7 +59,9 @@ def test_json_lines_carry_the_records_fields() -> None:
             exc_info=_failure(),
         )
         print(error_line("statepact worker: error: boom"), file=out)
-    first, second = (json.loads(line) for line in out.getvalue().splitlines())
+        trace = "Traceback ...\npostgresql://u:pw@h/d"
+        print(error_line("statepact db: error: x", trace), file=out)
+    first, second, third = (json.loads(line) for line in out.getvalue().splitlines())
     assert first["level"] == "WARNING" and first["logger"] == "statepact.queue"
     assert first["message"] == "queue 'orders': item dead-lettered"
     assert (first["queue"], first["tenant"], first["item_id"], first["attempts"]) == (
@@ -73,7 +75,9 @@ def test_json_lines_carry_the_records_fields() -> None:
     assert first["time"][10] == "T"  # ISO 8601
     assert second == {**second, "level": "ERROR", "logger": "statepact.cli"}
     assert second["message"] == "statepact worker: error: boom"
+    assert third["traceback"] == "Traceback ...\npostgresql://u:***@h/d"
     assert error_line("plain") == "plain"  # outside a command: text
+    assert error_line("plain", "Traceback ...\n") == "Traceback ...\nplain"
 
 
 def test_no_password_is_printed() -> None:

@@ -81,7 +81,6 @@ def run_command(
         print(error_line(f"statepact {name}: interrupted"), file=stream)
         return 130
     except Exception as exc:
-        if debug:
-            print(redact_dsn(traceback.format_exc()).rstrip(), file=stream)
-        print(error_line(f"statepact {name}: error: {describe_error(exc)}"), file=stream)
+        trace = traceback.format_exc() if debug else None
+        print(error_line(f"statepact {name}: error: {describe_error(exc)}", trace), file=stream)
         return 1

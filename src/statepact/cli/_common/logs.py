@@ -195,12 +195,16 @@ def command_logging(
             logger.setLevel(logging.NOTSET)
 
 
-def error_line(line: str) -> str:
-    """A command's failure as the running command prints its log lines: ``line`` itself
-    as text, or a JSON object (``level`` ERROR, ``logger`` ``statepact.cli``). ``line``
-    is the command's own, its URLs already redacted (``describe_error``)."""
+def error_line(line: str, trace: str | None = None) -> str:
+    """A command's failure as the running command prints its log lines: ``trace`` (a
+    traceback, at debug) then ``line`` as text, or one JSON object (``level`` ERROR,
+    ``logger`` ``statepact.cli``, ``traceback``). ``line`` is the command's own, its
+    URLs already redacted (``describe_error``); ``trace`` is redacted here."""
+    shown_trace = None if trace is None else redact_dsn(trace).rstrip()
     if _active["format"] != "json":
-        return line
+        return line if shown_trace is None else f"{shown_trace}\n{line}"
     record = logging.LogRecord("statepact.cli", logging.ERROR, "", 0, line, None, None)
     shown = {"time": _time(record), "level": "ERROR", "logger": record.name, "message": line}
+    if shown_trace is not None:
+        shown["traceback"] = shown_trace
     return json.dumps(shown, ensure_ascii=False)
