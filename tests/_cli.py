@@ -1,12 +1,13 @@
 """Helpers of the tests of ``statepact`` commands (``tests/unit/test_cli_*.py``,
 ``tests/integration/test_cli_*.py``, the migrations' tests): a command's arguments parsed by
-its own parser, the installed command run in a process, the names of the bench's scenarios,
-the demo's summary table, and the Redis keys a command left.
+its own parser, the installed command run (or started) in a process, the names of the
+bench's scenarios, the demo's summary table, and the Redis keys a command left.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import subprocess
 import sys
 from collections.abc import Callable
@@ -58,6 +59,20 @@ def run_statepact(
         timeout=timeout,
         check=False,
         env=env,
+    )
+
+
+async def start_statepact(
+    *argv: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> asyncio.subprocess.Process:
+    """The installed ``statepact`` command started with ``argv``, its stdout and stderr piped."""
+    return await asyncio.create_subprocess_exec(
+        str(installed_statepact()),
+        *argv,
+        cwd=cwd,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
 
 

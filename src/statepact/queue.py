@@ -7,8 +7,8 @@ dead-lettered. A backing only stores what it is told, atomically and fenced on
 the lease token; two backings can therefore never disagree about poison.
 
 What the front decides or learns is logged on ``statepact.queue`` (see
-docs/observability.md): dead letters and lost leases at WARNING, reaped leases
-requeued items and purged dead letters at INFO, failures retried later and releases at DEBUG.
+docs/observability.md): dead letters and lost leases at WARNING, failures retried
+later, reaped leases, requeued items and purged dead letters at INFO, releases at DEBUG.
 """
 
 from __future__ import annotations
@@ -556,7 +556,7 @@ class BaseWorkQueue(ABC):
                 extra=self._fields(failed, attempts=failed.attempts, retryable=retryable),
             )
         else:
-            _log.debug(
+            _log.info(
                 "queue %r: item %r of tenant %r failed attempt %d, retried at %s",
                 self._name,
                 failed.item_id,

@@ -232,17 +232,44 @@ class PostgresStoreSettings(StoreSettings):
         return value
 
 
-# A URL anywhere in the text: scheme://, then everything up to the next whitespace.
-_URL = re.compile(r"(?<![A-Za-z0-9+.\-])(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<rest>\S*)")
+# Where a URL starts in a text: its scheme.
+_SCHEME = re.compile(r"(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]*://")
+# The start of a URL that names no password: its host(s), each with its port, then a path.
+_HOST = r"(?:\[[^\]\s/@]*\]|[^\s:/@\[\],]*)(?::\d+)?"
+_HOSTS = re.compile(rf"{_HOST}(?:,{_HOST})*/")
+_WORD = re.compile(r"\S*")
 # A keyword password (libpq "password = 'x y'", a URL's "?password=x"), quoted or not.
 _KEYWORD = re.compile(r"(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^&\s]*)")
 
 
-def _mask_userinfo(match: re.Match[str]) -> str:
-    scheme, rest = match.group("scheme"), match.group("rest")
+def _url_end(text: str, start: int) -> int:
+    """Where the URL whose scheme ends at ``start`` ends: at the next whitespace, unless
+    its authority was cut short there by a password holding whitespace (``u:Hunter
+    2xyz@host``: a ``:`` but no ``@`` yet, not ``host:port/...``, and an ``@`` further on
+    the same line, before any other URL), which runs on to the end of the word holding
+    that ``@``. Masking a few words too many is the safe way to be wrong."""
+    token = _WORD.match(text, start)
+    assert token is not None
+    end = token.end()
+    word = text[start:end]
+    if "@" in word or ":" not in word or _HOSTS.match(word):
+        return end
+    line_end = text.find("\n", end)
+    bound = len(text) if line_end < 0 else line_end
+    after = _SCHEME.search(text, end, bound)
+    bound = after.start() if after is not None else bound
+    at = text.find("@", end, bound)
+    if at < 0:
+        return end
+    holding = _WORD.match(text, at)
+    assert holding is not None
+    return min(holding.end(), bound)
+
+
+def _mask_userinfo(scheme: str, rest: str) -> str:
     first = rest.find("@")
     if first < 0:
-        return match.group(0)
+        return scheme + rest
     # Passwords hold '@', '/', '?', '#' unescaped often enough: the userinfo runs to the
     # LAST '@' before the query, where the query is what follows the first '@' and a
     # '?' or '#' ("u:p@ss/w@host/db?app=me@laptop" keeps "host/db?app=me@laptop").
@@ -250,15 +277,23 @@ def _mask_userinfo(match: re.Match[str]) -> str:
     last = rest.rfind("@", 0, min(stops, default=len(rest)))
     userinfo, host = rest[:last], rest[last + 1 :]
     if ":" not in userinfo:
-        return match.group(0)  # a user name alone is not a secret
+        return scheme + rest  # a user name alone is not a secret
     return f"{scheme}{userinfo.split(':', 1)[0]}:***@{host}"
 
 
 def redact_dsn(dsn: str | SecretStr | None) -> str:
     """A DSN (or a text holding one) with every password masked: a URL's userinfo
-    password, whatever characters it holds, and ``password=`` keyword values."""
+    password, whatever characters it holds (whitespace too), and ``password=`` keyword
+    values."""
     if dsn is None:
         return "<no dsn>"
     text = dsn.get_secret_value() if isinstance(dsn, SecretStr) else dsn
-    text = _URL.sub(_mask_userinfo, text)
-    return _KEYWORD.sub(r"\1***", text)
+    shown: list[str] = []
+    position = 0
+    while (scheme := _SCHEME.search(text, position)) is not None:
+        end = _url_end(text, scheme.end())
+        shown.append(text[position : scheme.start()])
+        shown.append(_mask_userinfo(scheme.group(0), text[scheme.end() : end]))
+        position = end
+    shown.append(text[position:])
+    return _KEYWORD.sub(r"\1***", "".join(shown))

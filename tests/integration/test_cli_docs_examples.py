@@ -1,10 +1,10 @@
 """The docs' server examples (``<!-- statepact-docs: needs ... -->``) run against real servers.
 
 Each block gets ``STATEPACT_REDIS_URL`` (the plugin's durable Redis, flushed
-after the block) and ``STATEPACT_DATABASE_URL`` (a fresh database migrated to
-head and otherwise as PostgreSQL makes one: no ``statement_timeout``, dropped
-after the block), and runs as a program of its own, TWICE in a row with
-nothing cleaned between: a reader runs an example verbatim on a default
+after the block) and ``STATEPACT_POSTGRES_URL`` = ``STATEPACT_DATABASE_URL`` (a
+fresh database migrated to head and otherwise as PostgreSQL makes one: no
+``statement_timeout``, dropped after the block), and runs as a program of its
+own, TWICE in a row with nothing cleaned between: a reader runs an example verbatim on a default
 database, and runs it again. Each block calls ``asyncio.run`` itself, so the
 tests are plain functions with no event loop of their own.
 
@@ -94,7 +94,9 @@ def test_server_example_runs(
         url = redis_url
         run_in_thread(lambda: _flush(url))  # what an earlier test left is not the example's
     if "postgres" in example.needs:
-        monkeypatch.setenv("STATEPACT_DATABASE_URL", request.getfixturevalue("docs_database"))
+        database = request.getfixturevalue("docs_database")
+        monkeypatch.setenv("STATEPACT_DATABASE_URL", database)
+        monkeypatch.setenv("STATEPACT_POSTGRES_URL", database)  # the newer name, same URL
     try:
         run_example(example)
         run_example(example)

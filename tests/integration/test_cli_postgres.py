@@ -208,28 +208,40 @@ async def test_doctor_passes_a_migrated_database_with_a_statement_timeout(
     code, out = await asyncio.to_thread(lambda: _run_doctor("--postgres", pg_database_url))
     assert code == 0, out
     assert "ok       schema version: adk_schema holds version" in out
-    assert "ok       statement_timeout: statement_timeout is 30s" in out
+    assert "ok       statement_timeout: statement_timeout is 30s, set for the database" in out
     assert "ok       migrations: at the head revision" in out
     assert "ok       privileges: the role may read and write every statepact table" in out
 
 
 async def test_doctor_refuses_a_bare_database_naming_both_fixes(bare_database: str) -> None:
-    """No tables and no statement_timeout: both refused, each with its fix; exit 1."""
-    code, out = await asyncio.to_thread(lambda: _run_doctor("--postgres", bare_database))
+    """No tables, and no statement_timeout anywhere (the application sets none either):
+    both refused, each with its fix; exit 1."""
+    code, out = await asyncio.to_thread(
+        lambda: _run_doctor("--postgres", bare_database, "--statement-timeout", "none")
+    )
     assert code == 1
     assert "REFUSED  schema version: table 'adk_schema' does not exist" in out
-    assert "fix: run `statepact db upgrade --url <the same URL>`" in out
+    assert "fix: run `statepact db upgrade` on the same database" in out
+    assert "`alembic upgrade head`" in out
     assert "REFUSED  statement_timeout: statement_timeout is 0 (no limit)" in out
     assert "fix: ALTER ROLE <role> SET statement_timeout" in out
     assert "doctor: 2 check(s) refused" in out
+    # The application's create_engine (30 s by default) sets the timeout: only the tables.
+    code, out = await asyncio.to_thread(lambda: _run_doctor("--postgres", bare_database))
+    assert code == 1
+    assert "ok       statement_timeout: statement_timeout is 30s, set on each connection" in out
+    assert "doctor: 1 check(s) refused" in out
 
 
 async def test_doctor_refuses_a_migrated_database_without_a_timeout(bare_database: str) -> None:
-    """Migrated, but statement_timeout is 0: only that check is refused."""
+    """Migrated, but statement_timeout is 0 and the application sets none: only that check
+    is refused."""
     from statepact.storage.postgres import migrate
 
     await migrate.upgrade(bare_database)
-    code, out = await asyncio.to_thread(lambda: _run_doctor("--postgres", bare_database))
+    code, out = await asyncio.to_thread(
+        lambda: _run_doctor("--postgres", bare_database, "--statement-timeout", "none")
+    )
     assert code == 1
     assert "ok       schema version" in out
     assert "REFUSED  statement_timeout" in out

@@ -173,7 +173,10 @@ async def test_a_factory_is_called_with_the_queue_and_works_it(
             process.kill()
             await process.wait()
     assert process.returncode == 0, err.decode()
-    assert "concurrency 10, tasks: sleep" in out.decode()
+    assert (
+        "concurrency 10, max_attempts 5, backoff 1s to 600s, jitter 0.1, tasks: sleep"
+        in out.decode()
+    )
     assert PASSWORD not in out.decode() + err.decode()
     if "--postgres" in options:
         assert ":***@" in out.decode()  # the URL is named, its password masked

@@ -115,16 +115,37 @@ def test_the_table_shows_ops_per_second_and_ratio() -> None:
 
 
 def test_a_server_backing_without_its_url_is_one_line(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Asking for a server without its URL fails at once, in one line that says what to give."""
+    for name in ("STATEPACT_POSTGRES_URL", "STATEPACT_DATABASE_URL"):
+        monkeypatch.delenv(name, raising=False)
     code = bench.command(_args("--backend", "memory,postgres"), out=io.StringIO())
     err = capsys.readouterr().err
     assert code == 1
     assert err.strip() == (
-        "statepact bench: error: --backend postgres needs --postgres URL "
-        "(the server to measure); nothing was run"
+        "statepact bench: error: --backend postgres needs --postgres URL or "
+        "STATEPACT_POSTGRES_URL (the server to measure); nothing was run"
     )
+
+
+def test_a_named_backing_takes_its_url_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--backend postgres`` with no --postgres: the variable's URL; the environment alone
+    adds no backing, and an option's URL wins over it."""
+    monkeypatch.setenv("STATEPACT_POSTGRES_URL", "postgresql://env-host/db")
+    monkeypatch.delenv("STATEPACT_DATABASE_URL", raising=False)
+    args = _args("--backend", "memory,postgres")
+    assert bench.params_from(args).backings == ("memory", "postgres")
+    assert args.postgres == "postgresql://env-host/db"
+    assert bench.params_from(_args()).backings == ("memory",)
+    args = _args("--postgres", "postgresql://option-host/db")
+    assert bench.params_from(args).backings == ("memory", "postgres")
+    assert args.postgres == "postgresql://option-host/db"
+    args = _args("--postgres")  # bare: the variable's
+    assert bench.params_from(args).backings == ("memory", "postgres")
+    assert args.postgres == "postgresql://env-host/db"
 
 
 def test_bad_sizes_and_backings_are_refused_by_the_parser(

@@ -13,22 +13,24 @@ import pytest
 from statepact import cli
 from tests._cli import run_statepact
 
-DB_OPTIONS = ["--url URL", "--debug"]
+LOGGING = ["--log-level {debug,info,warning,error}", "--log-format {text,json}"]
+DB_OPTIONS = ["--url URL", "--debug", *LOGGING]
 QUEUE_WHERE = [
-    "--redis URL",
-    "--postgres URL",
+    "--redis [URL]",
+    "--postgres [URL]",
     "--queue NAME",
     "--namespace NS",
     "--schema NAME",
     "--no-durable",
 ]
-QUEUE_OPTIONS = [*QUEUE_WHERE, "--json", "--debug"]
+QUEUE_OPTIONS = [*QUEUE_WHERE, "--json", "--debug", *LOGGING]
+POLICY = ["--max-attempts N", "--backoff-base S", "--backoff-cap S", "--jitter F"]
 OPTIONS: dict[str, list[str]] = {
-    "demo": ["--redis URL", "--postgres URL", "--seed N", "--debug"],
+    "demo": ["--redis [URL]", "--postgres [URL]", "--seed N", "--debug", *LOGGING],
     "bench": [
         "--backend LIST",
-        "--redis URL",
-        "--postgres URL",
+        "--redis [URL]",
+        "--postgres [URL]",
         "--concurrency N",
         "--ops N",
         "--tenants LIST",
@@ -36,15 +38,31 @@ OPTIONS: dict[str, list[str]] = {
         "--claims N",
         "--json",
         "--debug",
+        *LOGGING,
     ],
-    "doctor": ["--redis URL", "--postgres URL", "--no-durable", "--debug"],
+    "doctor": [
+        "--redis [URL]",
+        "--postgres [URL]",
+        "--no-durable",
+        "--statement-timeout S|none",
+        "--debug",
+        *LOGGING,
+    ],
     "db": ["ACTION", *DB_OPTIONS],
     "db upgrade": ["REVISION", *DB_OPTIONS],
     "db downgrade": ["REVISION", *DB_OPTIONS],
     "db current": DB_OPTIONS,
     "db check": DB_OPTIONS,
-    "worker": ["MODULE:OBJECT", *QUEUE_WHERE, "--concurrency N", "--debug"],
-    "queue": ["ACTION"],
+    "worker": [
+        "MODULE:OBJECT",
+        *QUEUE_WHERE,
+        "--concurrency N",
+        "--grace-period S",
+        *POLICY,
+        "--debug",
+        *LOGGING,
+    ],
+    "queue": ["ACTION", *LOGGING],
     "queue stats": QUEUE_OPTIONS,
     "queue dead-letters": ["TENANT", "--limit N", *QUEUE_OPTIONS],
     "queue requeue": ["TENANT", "ITEM", *QUEUE_OPTIONS],
@@ -79,8 +97,8 @@ def test_db_help_says_what_url_is_and_names_each_action(
 ) -> None:
     """``statepact db --help``: the URL's form and variable, and a line for each action."""
     text = _help("db", capsys)
-    assert re.search(r"--url URL\s+the database \(postgresql://user\[:password\]@", text)
-    assert "$STATEPACT_DATABASE_URL" in text
+    assert re.search(r"--url URL\s+the database\s+\(postgresql://user\[:password\]@", text)
+    assert re.search(r"\$STATEPACT_POSTGRES_URL, else\s+\$STATEPACT_DATABASE_URL", text)
     for action in ("upgrade", "downgrade", "current", "check"):
         assert re.search(rf"^    {action}\s+\S+(\s+\S+){{2,}}", text, re.M), action
 
@@ -138,12 +156,17 @@ def test_doctor_refuses_a_database_that_is_not_an_index(
     assert "hunter2" not in out
 
 
-def test_doctor_without_a_server_says_what_to_give(capsys: pytest.CaptureFixture[str]) -> None:
-    """Nothing to check is a usage error (exit 2) in one line."""
+def test_doctor_without_a_server_says_what_to_give(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing to check (no option, no variable) is a usage error (exit 2) in one line."""
+    for name in ("STATEPACT_REDIS_URL", "STATEPACT_POSTGRES_URL", "STATEPACT_DATABASE_URL"):
+        monkeypatch.delenv(name, raising=False)
     assert cli.main(["doctor"]) == 2
     err = capsys.readouterr().err
     assert err == (
-        "statepact doctor: error: nothing to check; give --redis URL and/or --postgres URL\n"
+        "statepact doctor: error: nothing to check: give --redis URL and/or --postgres URL, "
+        "or set STATEPACT_REDIS_URL and/or STATEPACT_POSTGRES_URL\n"
     )
 
 
@@ -181,7 +204,7 @@ def test_an_unknown_backing_for_bench_is_a_usage_error(capsys: pytest.CaptureFix
         ),
         (
             ["demo", "--postgres", "not a url"],
-            "statepact demo: error: --postgres 'not a url' is not a database URL; "
+            "statepact demo: error: --postgres 'not a url': not a database URL; "
             "use postgresql://user[:password]@host:port/database",
         ),
         (
@@ -204,15 +227,20 @@ def test_an_unknown_backing_for_bench_is_a_usage_error(capsys: pytest.CaptureFix
         ),
         (
             ["bench", "--backend", "redis"],
-            "statepact bench: error: --backend redis needs --redis URL "
+            "statepact bench: error: --backend redis needs --redis URL or STATEPACT_REDIS_URL "
             "(the server to measure); nothing was run",
         ),
     ],
 )
 def test_a_mistake_is_one_line_saying_what_to_do(
-    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+    argv: list[str],
+    expected: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A bad URL or a missing one is one line on stderr, password masked; exit code 1."""
+    for name in ("STATEPACT_REDIS_URL", "STATEPACT_POSTGRES_URL", "STATEPACT_DATABASE_URL"):
+        monkeypatch.delenv(name, raising=False)
     pytest.importorskip("redis")
     pytest.importorskip("sqlalchemy")
     assert cli.main(argv) == 1

@@ -39,6 +39,18 @@ URL_CASES = [
     ("postgresql://u@h/db?PASSWORD=PWa", ["u@h/db"]),
     ("  redis://u:PWa@host/0", ["host/0"]),
     ("connecting to redis://u:PWa@host/0 failed", ["host/0 failed"]),
+    # Whitespace in a password: the URL runs on past it to the '@' (issue 32).
+    ("postgresql://u:PWa PWb@host/db", ["postgresql://u:", "@host/db"]),
+    ("postgresql://u:PWa  PWb PWa@host:5432/db", ["@host:5432/db"]),
+    ("postgresql://u:PWa\tPWb@host/db", ["@host/db"]),
+    ("redis://:PWa PWb@host:6379/0", ["@host:6379/0"]),
+    ("postgresql://u:PWa/PWb PWa@host/db", ["@host/db"]),
+    ("postgresql://u:123PWa 456@host/db", ["@host/db"]),
+    ("queue on postgresql://u:PWa PWb@host/db, schema 'x'", ["@host/db, schema 'x'"]),
+    (
+        "postgresql://u:PWa PWb@h1/db and postgresql://v:PWb PWa@h2/db",
+        ["@h1/db and postgresql://v:", "@h2/db"],
+    ),
 ]
 KEYWORD_CASES = [
     "host=h user=u password=PWa dbname=d",
@@ -68,6 +80,15 @@ def test_keyword_passwords_are_masked(dsn: str) -> None:
     assert not _leaks(shown), f"{dsn!r} was shown as {shown!r}"
     assert "host=h" in shown
     assert "user=u" in shown or dsn.endswith("dbname=d")
+
+
+def test_text_after_a_url_without_a_password_is_left_alone() -> None:
+    """A URL naming no password ends at the whitespace as before: the words after it, an
+    e-mail address included, are shown."""
+    text = "postgresql://postgres@127.0.0.1:5432/db is down; mail ops@example.com"
+    assert redact_dsn(text) == text
+    text = "PostgreSQL at postgresql://127.0.0.1:5432/db: ask dba@example.com"
+    assert redact_dsn(text) == text
 
 
 def test_a_user_without_password_is_shown_as_it_is() -> None:

@@ -5,6 +5,13 @@ Each subcommand lives in a module that offers ``DESCRIPTION``,
 one is adding a :class:`Subcommand` line. The modules are imported only when
 their subcommand runs or the help lists them, so ``statepact db`` never loads
 redis and ``statepact demo`` never loads SQLAlchemy unless asked for a server.
+
+Every subcommand takes ``--log-level`` and ``--log-format`` (``cli._common.logs``): the
+log lines the library writes while it runs go to stderr, INFO and above by
+default (``Subcommand.log_level``: the demo, which narrates what the lines would
+say, shows errors only; the bench, whose progress is on stderr, warnings).
+``--debug`` is ``--log-level debug``, which also prints the traceback of a
+command that fails.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from statepact.cli._common.logs import DEFAULT_LEVEL, add_logging_arguments, command_logging
+
 __all__ = ["COMMANDS", "Subcommand", "build_parser", "main"]
 
 
@@ -26,6 +35,7 @@ class Subcommand:
     name: str
     help: str
     module: str
+    log_level: str = DEFAULT_LEVEL  # without --log-level
 
 
 COMMANDS: tuple[Subcommand, ...] = (
@@ -33,8 +43,14 @@ COMMANDS: tuple[Subcommand, ...] = (
         "demo",
         "run a small multi-tenant agent fleet and show what the library does",
         "statepact.cli.demo",
+        log_level="error",
     ),
-    Subcommand("bench", "measure state, queue and transaction throughput", "statepact.cli.bench"),
+    Subcommand(
+        "bench",
+        "measure state, queue and transaction throughput",
+        "statepact.cli.bench",
+        log_level="warning",
+    ),
     Subcommand(
         "doctor", "check that servers are fit to hold statepact's data", "statepact.cli.doctor"
     ),
@@ -76,12 +92,17 @@ def build_parser(commands: Sequence[Subcommand] = COMMANDS) -> argparse.Argument
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         module.add_arguments(sub)
+        add_logging_arguments(sub)
         run: Callable[[argparse.Namespace], int] = module.command
-        sub.set_defaults(run=run)
+        sub.set_defaults(run=run, default_log_level=spec.log_level)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """The ``statepact`` entry point; returns the exit code."""
     args: Any = build_parser().parse_args(argv)
-    return int(args.run(args))
+    level = getattr(args, "log_level", args.default_log_level)
+    level = "debug" if getattr(args, "debug", False) else level
+    args.debug = level == "debug"  # the traceback of a command that fails, too
+    with command_logging(level, getattr(args, "log_format", "text")):
+        return int(args.run(args))

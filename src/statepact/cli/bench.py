@@ -40,10 +40,13 @@ from statepact.cli._bench.measure import MIN_SECONDS, RoundTrips
 from statepact.cli._bench.report import BenchResult, Progress, format_table, targets_met
 from statepact.cli._bench.scenarios import BenchParams, Runner
 from statepact.cli._common import (
+    URL_ENV,
     CommandError,
     add_debug_argument,
     add_server_arguments,
+    environment_url,
     open_backings,
+    option_url,
     run_command,
 )
 from statepact.clock import SystemClock
@@ -194,6 +197,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def params_from(args: argparse.Namespace) -> BenchParams:
+    """The bench's parameters; ``args.redis`` / ``args.postgres`` become the URLs of the
+    servers measured: the option's, else (a bare option, or a server --backend names)
+    the one of ``STATEPACT_*_URL``. The environment alone adds no backing."""
+    for kind in ("redis", "postgres"):
+        setattr(args, kind, option_url(getattr(args, kind), kind))
     backings: tuple[str, ...] = args.backend or (
         "memory",
         *(("redis",) if args.redis else ()),
@@ -201,8 +209,11 @@ def params_from(args: argparse.Namespace) -> BenchParams:
     )
     for kind in backings:
         if kind != "memory" and not getattr(args, kind):
+            setattr(args, kind, environment_url(kind))
+        if kind != "memory" and not getattr(args, kind):
             raise CommandError(
-                f"--backend {kind} needs --{kind} URL (the server to measure); nothing was run"
+                f"--backend {kind} needs --{kind} URL or {URL_ENV[kind]} (the server to "
+                "measure); nothing was run"
             )
     return BenchParams(
         backings=backings,

@@ -1,25 +1,28 @@
 """``statepact db upgrade|downgrade|current|check``: wraps the Alembic revisions
 (``statepact.storage.postgres.migrate``), so they run from an installed wheel
-too. The URL comes from ``--url`` (before or after the action) or
-``STATEPACT_DATABASE_URL``; a plain
-``postgresql://`` URL is run through asyncpg. Errors print one line (with
-``--debug``, the traceback too), and never a password: the URL is shown
-redacted, and the password is scrubbed from any message that might echo it.
+too. The URL comes from ``--url`` (before or after the action), else
+``STATEPACT_POSTGRES_URL``, else ``STATEPACT_DATABASE_URL`` (its older name, still
+read); a plain ``postgresql://`` URL is run through asyncpg. Errors print one line
+(with ``--log-level debug``, the traceback too), and never a password: the URL is
+shown redacted, and the password is scrubbed from any message that might echo it.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import TextIO
 
-from statepact.cli._common import run_command
+from statepact.cli._common import POSTGRES_URL_ALIAS, CommandError, environment_url, run_command
+from statepact.cli._common import URL_ENV as SERVER_URL_ENV
+from statepact.cli._common.logs import add_logging_arguments
 from statepact.settings import redact_dsn
 
 __all__ = ["URL_ENV", "add_arguments", "command"]
 
-URL_ENV = "STATEPACT_DATABASE_URL"
+#: The variable the URL is read from when ``--url`` is not given (then its older name,
+#: ``STATEPACT_DATABASE_URL``).
+URL_ENV = SERVER_URL_ENV["postgres"]
 
 DESCRIPTION = """\
 Apply, undo and inspect statepact's PostgreSQL migrations (the Alembic revisions
@@ -34,10 +37,10 @@ touch no database (no URL needed).
 
 
 URL_HELP = (
-    f"the database (postgresql://user[:password]@host:port/db); default: ${URL_ENV}. "
-    "Its password is never printed"
+    f"the database (postgresql://user[:password]@host:port/db); default: ${URL_ENV}, else "
+    f"${POSTGRES_URL_ALIAS}. Its password is never printed"
 )
-DEBUG_HELP = "show the full traceback when something fails"
+DEBUG_HELP = "the same as --log-level debug: the full traceback when something fails"
 SQL_HELP = {
     "upgrade": "print the SQL to stdout instead of running it (no database is touched); "
     "REVISION may be FROM:TO for a database already at FROM",
@@ -89,18 +92,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action.add_argument(
             "--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP
         )
+        add_logging_arguments(action)
         if name in ("upgrade", "downgrade"):
             action.add_argument("--sql", action="store_true", help=SQL_HELP[name])
 
 
 def _scrubbed(message: str, url: str) -> str:
-    from sqlalchemy.engine import make_url
+    """``message`` with the URL's password replaced wherever it is quoted (a driver's
+    message may echo it), and any URL in it redacted."""
+    from urllib.parse import unquote, urlsplit
 
     try:
-        password = make_url(url).password
-    except Exception:
-        return message
-    return message.replace(str(password), "***") if password else message
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    for secret in {password, unquote(password)} if password else ():
+        message = message.replace(secret, "***")
+    return redact_dsn(message)
 
 
 def command(
@@ -109,11 +117,16 @@ def command(
     """Run ``statepact db ACTION`` with parsed ``args``; the exit code."""
     stream, errors = out or sys.stdout, err or sys.stderr
     name = f"db {args.db_action}"
-    url: str = args.url or os.environ.get(URL_ENV) or ""
+    try:
+        url: str = args.url or environment_url("postgres") or ""
+    except CommandError as exc:
+        print(f"statepact {name}: error: {exc}", file=errors)
+        return 2
     offline = bool(getattr(args, "sql", False))
     if not url and not offline:
         print(
-            f"statepact {name}: error: no database given; pass --url URL or set {URL_ENV}",
+            f"statepact {name}: error: no database given; pass --url URL or set {URL_ENV} "
+            f"(or {POSTGRES_URL_ALIAS}, its older name)",
             file=errors,
         )
         return 2

@@ -37,6 +37,7 @@ from statepact.cli._common import (
     add_debug_argument,
     add_server_arguments,
     open_backings,
+    option_url,
     run_command,
 )
 from statepact.clock import Clock, ManualClock
@@ -510,12 +511,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _targets(args: argparse.Namespace) -> list[tuple[str, str | None]]:
-    """The backings to tell the story on, in order: Redis, then PostgreSQL; else memory."""
+    """The backings to tell the story on, in order: Redis, then PostgreSQL; else memory.
+
+    A server is used only when its option names it (a bare one reads its
+    ``STATEPACT_*_URL``): the environment alone never sends the demo to a server.
+    """
     targets: list[tuple[str, str | None]] = []
-    if args.redis:
-        targets.append(("redis", args.redis))
-    if args.postgres:
-        targets.append(("postgres", args.postgres))
+    for kind in ("redis", "postgres"):
+        url = option_url(getattr(args, kind), kind)
+        if url:
+            targets.append((kind, url))
     return targets or [("memory", None)]
 
 
@@ -527,10 +532,10 @@ def command(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
     same seed (so the counters match); the first failure ends the run.
     """
     stream = out or sys.stdout
-    targets = _targets(args)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10_000)
 
     async def body() -> int:
+        targets = _targets(args)
         for number, (kind, url) in enumerate(targets, start=1):
             of = f" ({number} of {len(targets)})" if len(targets) > 1 else ""
             if number > 1:

@@ -1,8 +1,10 @@
 """``statepact worker MODULE:OBJECT --redis URL | --postgres URL``: run a Worker until SIGTERM.
 
 Imports ``MODULE`` (from the current directory too, as ``python -m`` would),
-takes ``OBJECT`` (a dotted attribute path) and opens the queue on the server:
-a :class:`~statepact.worker.Worker` defined without a queue is bound to it, a
+takes ``OBJECT`` (a dotted attribute path) and opens the queue on the server
+(the option's URL, else ``STATEPACT_REDIS_URL`` / ``STATEPACT_POSTGRES_URL``)
+with the retry policy :func:`queue_policy` settles: a
+:class:`~statepact.worker.Worker` defined without a queue is bound to it, a
 factory is called with the queue and returns the Worker (or an awaitable of
 one). Then ``Worker.run()``: SIGTERM or SIGINT drains it (docs/worker.md). This
 module must never print a DSN unredacted, and never reach into a backing's
@@ -27,10 +29,20 @@ from statepact.cli._common import (
     run_command,
 )
 from statepact.clock import SystemClock
-from statepact.queue import WorkQueue
+from statepact.queue import QueuePolicy, WorkQueue
 from statepact.worker import Worker
 
-__all__ = ["DESCRIPTION", "add_arguments", "command", "load_worker", "load_worker_object"]
+__all__ = [
+    "DESCRIPTION",
+    "POLICY_OPTIONS",
+    "add_arguments",
+    "carried_policy",
+    "command",
+    "describe_policy",
+    "load_worker",
+    "load_worker_object",
+    "queue_policy",
+]
 
 DESCRIPTION = """\
 Run a statepact Worker on a Redis or PostgreSQL queue until SIGTERM or SIGINT.
@@ -39,7 +51,22 @@ factory called with the queue that returns one. On SIGTERM/SIGINT the worker sto
 claiming, lets handlers finish within the grace period, then cancels and releases
 what is left, and exits 0. Each queue needs its tables (PostgreSQL: run
 `statepact db upgrade` first). Passwords in URLs are never printed.
+
+The server: --redis URL or --postgres URL, else the one of STATEPACT_REDIS_URL and
+STATEPACT_POSTGRES_URL that is set (a bare --redis or --postgres picks one when
+both are). The retry policy, field by field: the option given here
+(--max-attempts, --backoff-base, --backoff-cap, --jitter), else the policy the
+Worker carries (Worker.policy), else QueuePolicy's default. Each failure, retry,
+dead letter and lost lease is a log line on stderr (--log-level, --log-format).
 """
+
+#: The policy options, each a ``QueuePolicy`` field: (option, field, type, help).
+POLICY_OPTIONS: tuple[tuple[str, str, type, str], ...] = (
+    ("--max-attempts", "max_attempts", int, "claims of an item before its failure is dead"),
+    ("--backoff-base", "backoff_base", float, "seconds before the first retry"),
+    ("--backoff-cap", "backoff_cap", float, "the longest wait between retries, in seconds"),
+    ("--jitter", "jitter", float, "the share (0 to 1) of each wait cut at random"),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,7 +80,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--grace-period", type=float, metavar="S", help="seconds handlers get on SIGTERM"
     )
+    default = QueuePolicy()
+    for option, field, kind, help_text in POLICY_OPTIONS:
+        parser.add_argument(
+            option,
+            dest=field,
+            type=kind,
+            metavar="N" if kind is int else "S" if "seconds" in help_text else "F",
+            help=f"{help_text} (default: the Worker's policy, else {getattr(default, field)})",
+        )
     add_debug_argument(parser)
+
+
+def carried_policy(found: object) -> QueuePolicy | None:
+    """The ``QueuePolicy`` a Worker carries (its ``policy``), or ``None``."""
+    policy = getattr(found, "policy", None) if isinstance(found, Worker) else None
+    return policy if isinstance(policy, QueuePolicy) else None
+
+
+def queue_policy(args: argparse.Namespace, carried: QueuePolicy | None) -> QueuePolicy:
+    """The queue's policy, field by field: the option given, else ``carried`` (the
+    Worker's), else ``QueuePolicy``'s default. A value the policy refuses is a
+    ``CommandError`` naming the option."""
+    from pydantic import ValidationError
+
+    base = (carried or QueuePolicy()).model_dump()
+    given = {
+        field: getattr(args, field, None)
+        for _, field, _, _ in POLICY_OPTIONS
+        if getattr(args, field, None) is not None
+    }
+    try:
+        return QueuePolicy(**{**base, **given})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else "backoff_cap"
+        option = next((o for o, f, _, _ in POLICY_OPTIONS if f == field), "--backoff-cap")
+        message = str(error["msg"]).removeprefix("Value error, ").removeprefix(field + ": ")
+        raise CommandError(f"{option}: {message}") from None
+
+
+def describe_policy(policy: QueuePolicy) -> str:
+    return (
+        f"max_attempts {policy.max_attempts}, backoff {policy.backoff_base:g}s to "
+        f"{policy.backoff_cap:g}s, jitter {policy.jitter:g}"
+    )
 
 
 def load_worker_object(target: str) -> Any:
@@ -105,10 +176,11 @@ async def load_worker(found: object, queue: WorkQueue) -> Worker:
 
 def command(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
     stream = out or sys.stdout
-    where = queue_where(args)
 
     async def body() -> int:
+        where = queue_where(args)
         found = load_worker_object(args.target)
+        policy = queue_policy(args, carried_policy(found))
         concurrency = args.concurrency
         if concurrency is None and isinstance(found, Worker):
             concurrency = found.concurrency
@@ -117,8 +189,19 @@ def command(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
         # A worker holds at most concurrency + 2 connections (its items and claim, the
         # LISTEN, the reaper), + 3 with schedules (docs/worker.md): size for the most.
         pool_size = (concurrency or 10) + 3
-        async with open_queue(args, pool_size=pool_size, clock=SystemClock()) as queue:
+        clock = SystemClock()
+        async with open_queue(args, pool_size=pool_size, clock=clock, policy=policy) as queue:
             worker = await load_worker(found, queue)
+            own = carried_policy(worker)
+            if worker is not found and own is not None and own != policy:
+                # A factory's Worker: its queue was opened (with the options and the
+                # default) before the factory could say what it wanted.
+                raise CommandError(
+                    f"MODULE:OBJECT: the factory's Worker carries a policy ({describe_policy(own)})"
+                    f" other than its queue's ({describe_policy(policy)}); pass it as options "
+                    "(--max-attempts, --backoff-base, --backoff-cap, --jitter), or define the "
+                    "Worker with no queue for this command to bind"
+                )
             if args.concurrency is not None:
                 worker.concurrency = args.concurrency
             if worker.concurrency + 3 > pool_size:
@@ -133,7 +216,8 @@ def command(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
                 worker.grace_period = args.grace_period
             print(
                 f"statepact worker {worker.worker_id}: queue {queue.name!r} on {where}, "
-                f"concurrency {worker.concurrency}, tasks: {', '.join(worker.tasks) or '-'}",
+                f"concurrency {worker.concurrency}, {describe_policy(policy)}, "
+                f"tasks: {', '.join(worker.tasks) or '-'}",
                 file=stream,
                 flush=True,
             )

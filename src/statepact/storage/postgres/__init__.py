@@ -18,7 +18,12 @@ here creates or alters a table at import or at ``open()``.
 """
 
 from statepact.settings import PostgresStoreSettings
-from statepact.storage.postgres._client import create_engine, refuse_closed_connections
+from statepact.storage.postgres._client import (
+    asyncpg_url,
+    connect_refusal,
+    create_engine,
+    refuse_closed_connections,
+)
 from statepact.storage.postgres.backend import PostgresBackend
 from statepact.storage.postgres.backing import open_backing
 from statepact.storage.postgres.migrate import AutogenerateFilter
@@ -35,6 +40,8 @@ __all__ = [
     "PostgresStoreSettings",
     "PostgresWorkQueue",
     "StateTables",
+    "asyncpg_url",
+    "connect_refusal",
     "create_engine",
     "metadata",
     "open_backing",

@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 
 from statepact._retry import RetryPolicy, call_with_failover
@@ -43,6 +43,8 @@ __all__ = [
     "Failures",
     "FirstAttemptCommitted",
     "Runner",
+    "asyncpg_url",
+    "connect_refusal",
     "constraint_of",
     "create_engine",
     "is_connection_error",
@@ -122,6 +124,27 @@ def lacking_privilege(what: str, exc: BaseException) -> str:
         f"{what}: the role lacks a privilege ({_chain(exc)[-1]}, SQLSTATE 42501); "
         "grant what docs/operations.md#the-applications-role lists"
     )
+
+
+def connect_refusal(exc: BaseException) -> str | None:
+    """What a refused connection means when the fix is in the URL or on the server: the
+    database does not exist (3D000), or the server refused the role or its password
+    (28P01, 28000). The server's own message names the database or role, never a
+    password. ``None`` for any other failure."""
+    state = sqlstate_of(exc)
+    said = str(_chain(exc)[-1]).strip().splitlines()
+    message = said[0] if said else ""
+    if state == "3D000":
+        return (
+            f"{message or 'the database does not exist'} (SQLSTATE 3D000): create it, or name "
+            "an existing database in the URL"
+        )
+    if state in ("28P01", "28000"):
+        return (
+            f"the server refused the connection's role or password ({message}, SQLSTATE "
+            f"{state}): check the user and password in the URL, and pg_hba.conf"
+        )
+    return None
 
 
 def is_pool_exhausted(exc: BaseException) -> bool:
@@ -264,7 +287,9 @@ class Failures:
         if state in _SCHEMA_STATES:
             return SchemaVersionError(
                 f"PostgreSQL {self.what}: a table, column or function statepact reads is "
-                f"missing (SQLSTATE {state}); run `statepact db upgrade`"
+                f"missing (SQLSTATE {state}); run `statepact db upgrade` (or `alembic upgrade "
+                "head` where the application's Alembic environment applies statepact's "
+                "revisions)"
             )
         if state == "42501":
             # Not the server's state but the role's grants: calling again cannot help.
@@ -283,6 +308,9 @@ class Failures:
                 if bound
                 else self.unknown_outcome(exc)
             )
+        refusal = connect_refusal(exc)
+        if refusal is not None:
+            return self.unavailable(f"PostgreSQL {self.what}: {refusal}")
         if isinstance(exc, sa_exc.SQLAlchemyError) or state is not None:
             return self.unavailable(
                 f"PostgreSQL {self.what}: the server refused ({_describe(exc)})"
@@ -399,8 +427,8 @@ class EngineExecutor:
 _IN_USE: set[int] = set()
 
 _ONE_TASK = (
-    "one AsyncSession (or AsyncConnection) serves one task at a time: give each task its "
-    "own, or await one call before making the next"
+    "one AsyncSession (or AsyncConnection) serves one task at a time, a sync Session one "
+    "thread: give each task its own, or await one call before making the next"
 )
 
 
@@ -448,7 +476,8 @@ class BoundExecutor:
         if transaction is None:
             raise self._refuse(
                 "is not inside a transaction: bound calls run inside one you began "
-                "(async with session.begin(): ...) and never begin, commit or roll back one "
+                "(async with session.begin(): ..., or with session.begin(): ... on a sync "
+                "Session) and never begin, commit or roll back one "
                 "themselves; a statement sent now would autobegin a transaction nobody commits"
             )
         if not transaction.is_active:
@@ -511,6 +540,34 @@ class BoundExecutor:
             _IN_USE.discard(key)
 
 
+def asyncpg_url(dsn: str) -> URL:
+    """The URL statepact's async engines connect with: ``postgresql://`` (or
+    ``postgres://``) run through asyncpg, ``postgresql+asyncpg://`` as it is. A URL
+    naming another driver is refused with a ``ValueError`` naming ``dsn``: the stores
+    run their statements on asyncpg's own connection, and would fail at their first
+    call on any other."""
+    try:
+        url = make_url(dsn)
+    except sa_exc.ArgumentError:
+        raise ValueError(
+            "dsn: not a database URL; use postgresql://user[:password]@host:port/database"
+        ) from None
+    if url.drivername in ("postgresql", "postgres"):
+        return url.set(drivername="postgresql+asyncpg")
+    if url.drivername == "postgresql+asyncpg":
+        return url
+    sync = (
+        "; psycopg serves bound() on a sync SQLAlchemy Session (statepact[postgres-sync])"
+        if url.drivername.startswith("postgresql+psycopg")
+        else ""
+    )
+    raise ValueError(
+        f"dsn: {url.drivername}:// names another driver, and statepact's stores run on "
+        "asyncpg (installed by statepact[postgres]): give the same URL as postgresql:// or "
+        f"postgresql+asyncpg://{sync}"
+    )
+
+
 def create_engine(settings: PostgresStoreSettings, **engine_kwargs: Any) -> AsyncEngine:
     """An ``AsyncEngine`` sized by ``settings``: pool, overflow and the pool timeout.
 
@@ -551,9 +608,7 @@ def create_engine(settings: PostgresStoreSettings, **engine_kwargs: Any) -> Asyn
     """
     if settings.dsn is None:
         raise ValueError("dsn: PostgresStoreSettings.dsn is needed to create an engine")
-    url = make_url(settings.dsn.get_secret_value())
-    if url.drivername in ("postgresql", "postgres"):
-        url = url.set(drivername="postgresql+asyncpg")
+    url = asyncpg_url(settings.dsn.get_secret_value())
     options: dict[str, Any] = {
         "pool_size": settings.pool_size,
         "max_overflow": settings.max_overflow,

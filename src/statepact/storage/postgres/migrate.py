@@ -34,7 +34,12 @@ from statepact.errors import (
     StatepactError,
     StatePersistenceError,
 )
-from statepact.storage.postgres._client import is_connection_error, is_pool_exhausted, sqlstate_of
+from statepact.storage.postgres._client import (
+    connect_refusal,
+    is_connection_error,
+    is_pool_exhausted,
+    sqlstate_of,
+)
 from statepact.storage.postgres.schema import StateTables, metadata, tables_for
 
 __all__ = [
@@ -216,6 +221,9 @@ def _translate(exc: BaseException) -> StatepactError | None:
             f"statepact migrations: the server is unreachable ({type(exc).__name__})",
             reason="unavailable",
         )
+    refusal = connect_refusal(exc)
+    if refusal is not None:
+        return PreflightError([refusal], server="PostgreSQL")
     if state == "42P07":
         return SchemaVersionError(
             "statepact migrations: statepact's tables already exist but "

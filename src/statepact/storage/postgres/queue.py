@@ -22,12 +22,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from functools import cache
-from typing import Any, Protocol, Self, TypeVar
+from typing import Any, Protocol, Self, TypeVar, overload
 
 import asyncpg
-from sqlalchemy.engine import RowMapping
+from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.orm import Session, scoped_session
 
 from statepact._cancel import finish
 from statepact._codec import decode_json, json_array, json_array_of_encoded
@@ -56,6 +57,7 @@ from statepact.storage.postgres._direct import DirectExecutor, Prepared
 from statepact.storage.postgres._sql.queue import QueueStatements
 from statepact.storage.postgres._sql.queue import statements as _statements
 from statepact.storage.postgres.schema import StateTables, Tables, tables_for
+from statepact.storage.postgres.sync import SyncBoundWorkQueue, SyncSession
 
 __all__ = ["PostgresWorkQueue"]
 
@@ -283,8 +285,18 @@ class PostgresWorkQueue(BaseWorkQueue):
         await verify(engine, tables=tables, db_schema=settings.db_schema)
         return cls(engine, clock=clock, settings=settings, policy=policy, tables=tables)
 
-    def bound(self, session: AsyncSession | AsyncConnection) -> Self:
-        """This queue, inside the transaction ``session`` already opened; it retries nothing."""
+    @overload
+    def bound(self, session: AsyncSession | AsyncConnection) -> Self: ...
+    @overload
+    def bound(self, session: SyncSession) -> SyncBoundWorkQueue: ...
+    def bound(
+        self, session: AsyncSession | AsyncConnection | SyncSession
+    ) -> Self | SyncBoundWorkQueue:
+        """This queue, inside the transaction ``session`` already opened; it retries nothing.
+        A sync ``Session``, ``Connection`` or ``scoped_session`` gets blocking calls
+        (``sync.SyncBoundWorkQueue``)."""
+        if isinstance(session, Session | Connection | scoped_session):
+            return SyncBoundWorkQueue(self, session)
         clone = copy.copy(self)
         clone._executor = BoundExecutor(session, unavailable=_unavailable, what="queue")
         clone._sql = _statements(self._tables)

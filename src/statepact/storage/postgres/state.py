@@ -22,10 +22,11 @@ from datetime import datetime
 from decimal import Decimal
 from functools import cache
 from types import SimpleNamespace
-from typing import Any, Self
+from typing import Any, Self, overload
 
-from sqlalchemy.engine import RowMapping
+from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.orm import Session, scoped_session
 
 from statepact._codec import decimal_to_nanos, decode_json, nanos_to_decimal
 from statepact._limits import MAX_BATCH_BYTES, MAX_COUNTER, MAX_SHARED_WRITES
@@ -57,6 +58,7 @@ from statepact.storage.postgres._sql import LOCK_NOT_AVAILABLE
 from statepact.storage.postgres._sql.state import COUNTERS, StateStatements
 from statepact.storage.postgres._sql.state import statements as _statements
 from statepact.storage.postgres.schema import WRITE_RETENTION, StateTables, Tables, tables_for
+from statepact.storage.postgres.sync import SyncBoundStateStore, SyncSession
 
 __all__ = ["PostgresStateStore"]
 
@@ -245,12 +247,22 @@ class PostgresStateStore(BaseStateStore):
         await verify(engine, tables=tables, db_schema=settings.db_schema)
         return cls(engine, clock=clock, settings=settings, tables=tables)
 
-    def bound(self, session: AsyncSession | AsyncConnection) -> Self:
+    @overload
+    def bound(self, session: AsyncSession | AsyncConnection) -> Self: ...
+    @overload
+    def bound(self, session: SyncSession) -> SyncBoundStateStore: ...
+    def bound(
+        self, session: AsyncSession | AsyncConnection | SyncSession
+    ) -> Self | SyncBoundStateStore:
         """This store, running inside the transaction ``session`` already opened.
 
         Nothing is committed, rolled back or retried: the caller's transaction
-        decides whether the writes (and the work queued beside them) land.
+        decides whether the writes (and the work queued beside them) land. A sync
+        ``Session``, ``Connection`` or ``scoped_session`` gets blocking calls
+        (``sync.SyncBoundStateStore``).
         """
+        if isinstance(session, Session | Connection | scoped_session):
+            return SyncBoundStateStore(self, session)
         clone = copy.copy(self)
         clone._executor = BoundExecutor(session, unavailable=_unavailable, what="state store")
         clone._sql = _statements(self._tables)

@@ -27,6 +27,7 @@ from statepact.errors import (
     StatepactError,
 )
 from statepact.storage.postgres._client import (
+    connect_refusal,
     is_connection_error,
     is_pool_exhausted,
     lacking_privilege,
@@ -97,6 +98,9 @@ async def _with_connection(
         state = sqlstate_of(exc)
         if state == "42501":
             raise PreflightError([lacking_privilege("verify", exc)], server="PostgreSQL") from exc
+        refusal = connect_refusal(exc)
+        if refusal is not None:
+            raise PreflightError([refusal], server="PostgreSQL") from exc
         what = "unreachable" if is_connection_error(exc) else "refused"
         detail = type(exc).__name__ + (f", SQLSTATE {state}" if state else "")
         raise PreflightError([f"the server is {what} ({detail})"], server="PostgreSQL") from exc
@@ -130,8 +134,9 @@ async def verify(
         if not present:
             raise SchemaVersionError(
                 f"table {_qualified(schema_table)!r} does not exist: the statepact tables "
-                "have not been created; run `statepact db upgrade --url ...` (or apply "
-                "EXPECTED_SCHEMA in your own migration)",
+                "have not been created; run `statepact db upgrade` (or `alembic upgrade "
+                "head` where the application's Alembic environment applies statepact's "
+                "revisions, docs/adopting.md), or apply EXPECTED_SCHEMA in your own migration",
                 found=None,
                 expected=str(SCHEMA_VERSION),
             )

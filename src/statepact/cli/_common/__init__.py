@@ -1,8 +1,9 @@
 """What the ``statepact`` commands share: opening the three protocols on a backing from
 a URL (under a scratch namespace or schema removed afterwards), opening an existing
 work queue on a server (``worker``, ``queue``), a Redis client from a URL, the
-``--redis``/``--postgres``/``--debug`` options, and turning an error into one line on
-stderr.
+``--redis``/``--postgres``/``--debug`` options and where a server's URL comes from
+(the option, else ``STATEPACT_REDIS_URL`` / ``STATEPACT_POSTGRES_URL``); and, from
+``cli._common.errors``, turning an error into one line on stderr.
 
 It must never print a DSN in clear (``redact_dsn``), never leave data behind on a
 server, and never import redis or SQLAlchemy unless a server was asked for.
@@ -11,22 +12,19 @@ server, and never import redis or SQLAlchemy unless a server was asked for.
 from __future__ import annotations
 
 import argparse
-import asyncio
+import os
 import sys
-import traceback
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from statepact._cancel import finish
+from statepact.cli._common.errors import CommandError, describe_error, run_command
+from statepact.cli._common.logs import add_logging_arguments
 from statepact.clock import Clock
-from statepact.errors import (
-    PreflightError,
-    SchemaVersionError,
-    StatepactError,
-)
+from statepact.errors import PreflightError
 from statepact.queue import QueuePolicy, WorkQueue
 from statepact.settings import redact_dsn
 from statepact.state import StateStore
@@ -35,101 +33,113 @@ from statepact.tx import TransactionManager
 
 __all__ = [
     "CLI_STATEMENT_TIMEOUT_MS",
+    "FROM_ENVIRONMENT",
+    "POSTGRES_URL_ALIAS",
+    "URL_ENV",
     "Backings",
     "CommandError",
     "add_debug_argument",
     "add_queue_arguments",
     "add_server_arguments",
     "describe_error",
+    "environment_url",
     "first_line",
     "open_backings",
     "open_queue",
+    "option_url",
+    "postgres_engine_url",
     "queue_where",
     "redis_client",
+    "resolve_queue_server",
     "run_command",
 ]
-
-
-class CommandError(Exception):
-    """A failure a person fixes: printed as one line, without a traceback."""
-
-
-def describe_error(exc: BaseException) -> str:
-    """One line saying what went wrong and what to do, never a DSN or a password."""
-    if isinstance(exc, CommandError):
-        return str(exc)
-    if isinstance(exc, PreflightError):
-        return f"{exc}; fix the server's settings (see `statepact doctor`)"
-    if isinstance(exc, SchemaVersionError):
-        if str(exc).startswith("statepact migrations"):
-            return str(exc)  # the migrations' own failure: running them again is no advice
-        return f"{exc}; run `statepact db upgrade` against that database"
-    if isinstance(exc, StatepactError):
-        return f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, ModuleNotFoundError):
-        extra = {"redis": "redis", "sqlalchemy": "postgres", "asyncpg": "postgres"}.get(
-            (exc.name or "").split(".")[0]
-        )
-        if extra is not None:
-            return f"{exc.name} is not installed; pip install 'statepact[{extra}]'"
-    if isinstance(exc, OSError | ConnectionError | TimeoutError):
-        return f"cannot reach the server: {type(exc).__name__}: {exc}"
-    return f"unexpected {type(exc).__name__}: {exc} (run again with --debug for the traceback)"
-
-
-def run_command(
-    name: str,
-    body: Callable[[], Coroutine[Any, Any, int]],
-    *,
-    debug: bool,
-    err: TextIO | None = None,
-) -> int:
-    """Run ``body`` on a new event loop; an error becomes one line on stderr and exit code 1."""
-    stream = err or sys.stderr
-    try:
-        return asyncio.run(body())
-    except KeyboardInterrupt:
-        print(f"statepact {name}: interrupted", file=stream)
-        return 130
-    except Exception as exc:
-        if debug:
-            traceback.print_exc(file=stream)
-        print(f"statepact {name}: error: {describe_error(exc)}", file=stream)
-        return 1
 
 
 def add_debug_argument(parser: argparse.ArgumentParser) -> None:
     if not any(action.dest == "debug" for action in parser._actions):
         parser.add_argument(
-            "--debug", action="store_true", help="show the full traceback when something fails"
+            "--debug",
+            action="store_true",
+            help="the same as --log-level debug: every log line, and the full traceback "
+            "when something fails",
         )
+    add_logging_arguments(parser)
 
 
-def add_server_arguments(parser: argparse.ArgumentParser, *, verb: str) -> None:
-    """``--redis URL`` and ``--postgres URL``; ``verb`` says what is done there ("measure on")."""
+# -- where a server's URL comes from --------------------------------------------------
+
+#: The environment variable holding each server's URL, read when no option gives one.
+URL_ENV = {"redis": "STATEPACT_REDIS_URL", "postgres": "STATEPACT_POSTGRES_URL"}
+#: The older name of ``STATEPACT_POSTGRES_URL`` (``statepact db`` read it first), kept.
+POSTGRES_URL_ALIAS = "STATEPACT_DATABASE_URL"
+#: What a bare ``--redis`` / ``--postgres`` (no URL after it) stands for: the variable's URL.
+FROM_ENVIRONMENT = "\x00environment"
+
+
+def environment_url(kind: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The URL of ``kind``'s server in the environment, or ``None``.
+
+    PostgreSQL's is ``STATEPACT_POSTGRES_URL``, else ``STATEPACT_DATABASE_URL``; both
+    set to different URLs is refused, since which database is meant cannot be told.
+    """
+    env = os.environ if environ is None else environ
+    url = env.get(URL_ENV[kind]) or None
+    if kind != "postgres":
+        return url
+    alias = env.get(POSTGRES_URL_ALIAS) or None
+    if url is not None and alias is not None and url != alias:
+        raise CommandError(
+            f"{URL_ENV['postgres']} and {POSTGRES_URL_ALIAS} (its older name) name different "
+            "databases; unset one"
+        )
+    return url or alias
+
+
+def option_url(value: str | None, kind: str) -> str | None:
+    """The URL a ``--redis`` / ``--postgres`` option gave: its own, the environment's when
+    it was given bare, ``None`` when it was not given."""
+    if value != FROM_ENVIRONMENT:
+        return value
+    url = environment_url(kind)
+    if url is None:
+        raise CommandError(
+            f"--{kind} was given without a URL, so it reads {URL_ENV[kind]}, which is not set"
+        )
+    return url
+
+
+def _server_option(parser: Any, kind: str, help_text: str) -> None:
+    """``--redis [URL]`` / ``--postgres [URL]`` on ``parser`` (or a group)."""
+    example = {
+        "redis": "redis://[:password@]host:port/db",
+        "postgres": "postgresql://user[:password]@host:port/db",
+    }[kind]
     parser.add_argument(
-        "--redis",
+        f"--{kind}",
         metavar="URL",
-        help=f"{verb} this Redis (redis://[:password@]host:port/db); its password is never printed",
-    )
-    parser.add_argument(
-        "--postgres",
-        metavar="URL",
-        help=f"{verb} this PostgreSQL (postgresql://user[:password]@host:port/db); its "
+        nargs="?",
+        const=FROM_ENVIRONMENT,
+        help=f"{help_text} ({example}); given bare, the URL is ${URL_ENV[kind]}'s. Its "
         "password is never printed",
     )
 
 
+def add_server_arguments(parser: argparse.ArgumentParser, *, verb: str) -> None:
+    """``--redis [URL]`` and ``--postgres [URL]``; ``verb`` says what is done there
+    ("measure on"). A bare option reads the server's environment variable."""
+    _server_option(parser, "redis", f"{verb} this Redis")
+    _server_option(parser, "postgres", f"{verb} this PostgreSQL")
+
+
 def add_queue_arguments(parser: argparse.ArgumentParser) -> None:
-    """Where an existing queue lives: ``--redis URL | --postgres URL`` (one, required),
-    ``--queue``, ``--namespace`` (Redis), ``--schema`` (PostgreSQL) and ``--no-durable``."""
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument(
-        "--redis", metavar="URL", help="the Redis (redis://[:password@]host:port/db)"
-    )
-    where.add_argument(
-        "--postgres", metavar="URL", help="the PostgreSQL (postgresql://user[:password]@host/db)"
-    )
+    """Where an existing queue lives: ``--redis [URL] | --postgres [URL]`` (at most one;
+    neither: the server whose environment variable is set), ``--queue``,
+    ``--namespace`` (Redis), ``--schema`` (PostgreSQL) and ``--no-durable``; and the
+    logging options, so they follow an action too (``statepact queue stats --log-level
+    debug``)."""
+    where = parser.add_mutually_exclusive_group()
+    _server_option(where, "redis", "the Redis")
+    _server_option(where, "postgres", "the PostgreSQL")
     parser.add_argument(
         "--queue", default="default", metavar="NAME", help="the queue's name (default: default)"
     )
@@ -148,6 +158,42 @@ def add_queue_arguments(parser: argparse.ArgumentParser) -> None:
         help="accept a Redis that would forget recent writes on a restart (one that evicts "
         "keys is still refused)",
     )
+    add_logging_arguments(parser)
+
+
+def resolve_queue_server(args: argparse.Namespace) -> None:
+    """Fill ``args.redis`` / ``args.postgres`` with the one server the queue lives on: the
+    option's URL; with no option, the one whose environment variable is set."""
+    redis, postgres = option_url(args.redis, "redis"), option_url(args.postgres, "postgres")
+    if FROM_ENVIRONMENT in (args.redis, args.postgres):
+        args.url_source = URL_ENV["redis" if args.redis == FROM_ENVIRONMENT else "postgres"]
+    if redis is None and postgres is None:
+        redis, postgres = environment_url("redis"), environment_url("postgres")
+        args.url_source = URL_ENV["redis" if redis is not None else "postgres"]
+        if redis is not None and postgres is not None:
+            raise CommandError(
+                f"both {URL_ENV['redis']} and {URL_ENV['postgres']} are set: say which server "
+                "holds the queue with --redis or --postgres (bare, the URL is still read from "
+                "the environment)"
+            )
+        if redis is None and postgres is None:
+            raise CommandError(
+                f"no server given: pass --redis URL or --postgres URL, or set {URL_ENV['redis']} "
+                f"or {URL_ENV['postgres']} (which keeps the password out of the process list)"
+            )
+    args.redis, args.postgres = redis, postgres
+
+
+def postgres_engine_url(url: str, source: str = "--postgres") -> Any:
+    """The asyncpg URL of ``url`` (see ``create_engine``); one it refuses is a
+    ``CommandError`` naming ``source``, the option or variable it came from."""
+    from statepact.storage.postgres import asyncpg_url
+
+    try:
+        return asyncpg_url(url)
+    except ValueError as exc:
+        why = str(exc).removeprefix("dsn: ")
+        raise CommandError(f"{source} {redact_dsn(url)!r}: {why}") from None
 
 
 def _settings_error(exc: Exception) -> CommandError:
@@ -166,6 +212,7 @@ def _settings_error(exc: Exception) -> CommandError:
 
 def queue_where(args: argparse.Namespace) -> str:
     """Where the queue the arguments name lives, its URL's password masked."""
+    resolve_queue_server(args)
     if args.redis:
         return f"Redis at {redact_dsn(args.redis)}, namespace {args.namespace or 'adk'!r}"
     schema = f", schema {args.schema!r}" if args.schema else ""
@@ -174,11 +221,17 @@ def queue_where(args: argparse.Namespace) -> str:
 
 @asynccontextmanager
 async def open_queue(
-    args: argparse.Namespace, *, pool_size: int, clock: Clock
+    args: argparse.Namespace,
+    *,
+    pool_size: int,
+    clock: Clock,
+    policy: QueuePolicy | None = None,
 ) -> AsyncIterator[WorkQueue]:
-    """The existing queue the ``add_queue_arguments`` options name, through its ``open()``
-    (Redis preflight, PostgreSQL verify); its client is closed on exit, whatever ended
-    the command. Nothing is created: on PostgreSQL the tables must be migrated."""
+    """The existing queue the ``add_queue_arguments`` options name, with ``policy`` (else
+    the default), through its ``open()`` (Redis preflight, PostgreSQL verify); its client
+    is closed on exit, whatever ended the command. Nothing is created: on PostgreSQL the
+    tables must be migrated."""
+    resolve_queue_server(args)
     if args.redis:
         from statepact.settings import RedisStoreSettings
         from statepact.storage.redis import RedisWorkQueue
@@ -192,13 +245,14 @@ async def open_queue(
             raise _settings_error(exc) from None
         client: Any = redis_client(args.redis, max_connections=max(pool_size, 10))
         try:
-            yield await RedisWorkQueue.open(client, clock=clock, settings=settings)
+            yield await RedisWorkQueue.open(client, clock=clock, settings=settings, policy=policy)
         finally:
             await finish(client.aclose())
         return
     from statepact.settings import PostgresStoreSettings
     from statepact.storage.postgres import PostgresWorkQueue, create_engine
 
+    postgres_engine_url(args.postgres, getattr(args, "url_source", "--postgres"))
     try:
         pg = PostgresStoreSettings(
             dsn=args.postgres, queue_name=args.queue, pool_size=pool_size, db_schema=args.schema
@@ -207,7 +261,7 @@ async def open_queue(
         raise _settings_error(exc) from None
     engine = create_engine(pg)
     try:
-        yield await PostgresWorkQueue.open(engine, clock=clock, settings=pg)
+        yield await PostgresWorkQueue.open(engine, clock=clock, settings=pg, policy=policy)
     finally:
         await finish(engine.dispose())
 
@@ -402,7 +456,6 @@ async def _postgres_backings(
     """
     from sqlalchemy import exc as sa_exc
     from sqlalchemy import pool, text
-    from sqlalchemy.engine import make_url
     from sqlalchemy.ext.asyncio import create_async_engine
 
     from statepact.settings import PostgresStoreSettings
@@ -414,16 +467,7 @@ async def _postgres_backings(
     )
 
     where = redact_dsn(url)
-    try:
-        parsed = make_url(url)
-    except sa_exc.ArgumentError as exc:
-        raise CommandError(
-            f"--postgres {where!r} is not a database URL; use "
-            "postgresql://user[:password]@host:port/database"
-        ) from exc
-    if parsed.drivername in ("postgresql", "postgres"):
-        parsed = parsed.set(drivername="postgresql+asyncpg")
-    plain = parsed.render_as_string(hide_password=False)
+    plain = postgres_engine_url(url).render_as_string(hide_password=False)
     admin = create_async_engine(plain, poolclass=pool.NullPool)
     quoted = f'"{tag}"'  # tag is [a-z0-9_] only: safe to quote as an identifier
     try:
