@@ -12,13 +12,20 @@
   ``env.py``), and :class:`AutogenerateFilter`, which hides statepact's objects
   from an application's autogenerate.
 
+The integrations (``statepact.integrations``) run their own statements through
+:class:`EngineExecutor`, the boundary the stores use (failover, error translation).
+
 Importing this package imports SQLAlchemy (and asyncpg when a connection is
 made), never Alembic: that is loaded only by the migration helpers. Nothing
 here creates or alters a table at import or at ``open()``.
 """
 
 from statepact.settings import PostgresStoreSettings
-from statepact.storage.postgres._client import create_engine, refuse_closed_connections
+from statepact.storage.postgres._client import (
+    EngineExecutor,
+    create_engine,
+    refuse_closed_connections,
+)
 from statepact.storage.postgres.backend import PostgresBackend
 from statepact.storage.postgres.backing import open_backing
 from statepact.storage.postgres.migrate import AutogenerateFilter
@@ -30,6 +37,7 @@ from statepact.storage.postgres.verify import verify
 __all__ = [
     "EXPECTED_SCHEMA",
     "AutogenerateFilter",
+    "EngineExecutor",
     "PostgresBackend",
     "PostgresStateStore",
     "PostgresStoreSettings",
