@@ -504,13 +504,19 @@ def prune_events(t: AdkTables) -> Select[Any]:
         e.c.user_id == heads.c.user_id,
         e.c.session_id == heads.c.session_id,
     ]
+    later = e.alias("later")
     keep_from = (
-        select(func.min(e.c.seq)).where(*same, e.c.timestamp >= p("cutoff", Double()))
+        select(func.min(later.c.seq)).where(
+            later.c.app_name == p("app", Text()),
+            later.c.user_id == heads.c.user_id,
+            later.c.session_id == heads.c.session_id,
+            later.c.timestamp >= p("cutoff", Double()),
+        )
     ).scalar_subquery()
     doomed = (
         select(e.c.user_id, e.c.session_id, e.c.seq)
         .select_from(heads.join(e, and_(*same)))
-        .where(or_(keep_from.is_(None), e.c.seq < keep_from))
+        .where(e.c.seq < func.coalesce(keep_from, literal(MAX_COUNTER, BigInteger())))
         .order_by(heads.c.first_event_ts, heads.c.seq, e.c.seq)
         .limit(p("limit", BigInteger()))
         .cte("doomed")
