@@ -156,9 +156,16 @@ class StatepactSessionService(BaseSessionService):
             adk_id("app_name", app_name), adk_id("user_id", user_id), adk_session_id(session_id)
         )
 
-    def _session(self, stored: StoredSession, events: list[Event]) -> Session:
+    @staticmethod
+    def _session(
+        stored: StoredSession, events: list[Event], app_state: dict[str, Any] | None = None
+    ) -> Session:
+        """The ADK ``Session`` of a stored one, marked with its version; ``app_state``: the
+        app's, decoded once for a whole page."""
         state = decoded(stored.state)
-        state.update(decoded(stored.app_state, State.APP_PREFIX))
+        state.update(
+            decoded(stored.app_state, State.APP_PREFIX) if app_state is None else app_state
+        )
         state.update(decoded(stored.user_state, State.USER_PREFIX))
         session = Session(
             id=stored.key.session,
@@ -404,7 +411,9 @@ class StatepactSessionService(BaseSessionService):
         found = await self._store.page(query)
         shown = found[: query.limit]
         following = str(shown[-1].seq) if len(found) > query.limit else None
-        return SessionPage(sessions=[self._session(s, []) for s in shown], next=following)
+        app_state = decoded(shown[0].app_state, State.APP_PREFIX) if shown else {}
+        sessions = [self._session(s, [], app_state) for s in shown]
+        return SessionPage(sessions=sessions, next=following)
 
     async def list_events(
         self,
