@@ -6,7 +6,7 @@ Each call runs through ``EngineExecutor``, the stores' own boundary (an AUTOCOMM
 connection, the failover of the backing's settings, its error translation): a
 statement is its own transaction. An append that wrote nothing is explained by a
 second, fresh read; an append sent again after a lost reply finds its own event
-by its call id. Round trips and plans: docs/agent-frameworks.md#postgresql.
+by its call id. Round trips and plans: docs/agent-frameworks.md#adk-on-postgresql.
 
 This module must never create or alter a table and never read a clock.
 """

@@ -4,7 +4,7 @@ Each call is one statement (data-modifying CTEs where it writes several tables),
 in its own implicit transaction, so it is atomic without a BEGIN or COMMIT round
 trip. The tables are ``schema.AdkTables``; the session's run is the state store's
 ``runs`` table (its naming, its schema). Every value is a bound parameter, every
-time the caller's clock. Why each is shaped so: docs/agent-frameworks.md#postgresql.
+time the caller's clock. Why each is shaped so: docs/agent-frameworks.md#adk-on-postgresql.
 
 Nothing here runs a statement or reads a clock.
 """

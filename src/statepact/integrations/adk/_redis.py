@@ -5,7 +5,7 @@ name, the tag of its runs (``StateKeys``): an append writes the event, the three
 state scopes and the run's counters in one script, in one cluster slot. Every
 call goes through the backing's ``Failover`` (its retry policy, its errors);
 writes carry a call id so a resend after a lost reply applies once. Layout and
-round trips: docs/agent-frameworks.md#redis.
+round trips: docs/agent-frameworks.md#adk-on-redis.
 
 This module must never format a key (``AdkKeys``, ``StateKeys``) and never read a
 clock.

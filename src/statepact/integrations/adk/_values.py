@@ -2,7 +2,7 @@
 
 Pure functions of the values, used by ``service.py`` once per call: each refusal is
 a ``ValueError``/``TypeError`` naming the field, raised before anything is sent.
-How state is split and stored: docs/agent-frameworks.md#state.
+How state is split and stored: docs/agent-frameworks.md#adk-state.
 """
 
 from __future__ import annotations

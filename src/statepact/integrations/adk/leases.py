@@ -4,7 +4,7 @@ A lease lives on the session's own record, so an append checks it in the same
 atomic step that checks the session's version: while a lease is live, only
 appends made through ``StatepactSessionService.with_lease(lease)`` are taken, and
 once it expired or another was issued, those too are refused
-(``LeaseLostError``). Expiry is by the service's clock. docs/agent-frameworks.md#leases.
+(``LeaseLostError``). Expiry is by the service's clock. docs/agent-frameworks.md#adk-leases.
 """
 
 from __future__ import annotations

@@ -445,7 +445,7 @@ _define_backend_tables(metadata)
 @dataclass(frozen=True, slots=True)
 class AdkTables:
     """The tables of the Google ADK session service (``statepact.integrations.adk``),
-    created by revision ``statepact_0007``; docs/agent-frameworks.md#tables.
+    created by revision ``statepact_0007``; docs/agent-frameworks.md#adk-tables.
 
     A state column holds a JSON object whose values are the JSON text of each state
     value (a ``jsonb`` of strings): ``||`` merges a delta key by key on the server,
