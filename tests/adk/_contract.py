@@ -21,12 +21,19 @@ from google.adk.sessions.base_session_service import GetSessionConfig
 from google.adk.sessions.session import Session
 from google.genai import types
 
-from statepact.clock import ManualClock
+from statepact.clock import ManualClock, read_clock
 from statepact.errors import LeaseLostError, StateConflictError, StatePersistenceError
 from statepact.integrations.adk import (
     SessionConflictError,
     SessionLeasedError,
     StatepactSessionService,
+)
+from statepact.integrations.adk._store import (
+    Appended,
+    NewEvent,
+    SessionKey,
+    StateWrite,
+    UsageDelta,
 )
 from statepact.storage import Backing
 
@@ -51,6 +58,32 @@ def event(
     return Event(
         invocation_id="inv", author=author, actions=EventActions(state_delta=delta or {}), **extra
     )
+
+
+async def resend_an_append(backing: Backing[Any, Any, Any], clock: ManualClock) -> None:
+    """Send one append (its call id) twice, as the failover does after a lost reply: both
+    answer the version it made, and one event is stored, counted once. For the backings
+    whose stores recognise a resend (Redis, PostgreSQL): the store is called directly."""
+    service = await StatepactSessionService.open(backing)
+    await service.create_session(app_name=APP, user_id=USER, session_id="s")
+    append = NewEvent(
+        key=SessionKey(APP, USER, "s"),
+        expected=1,
+        lease=None,
+        event=event(ts=1.0).model_dump_json(exclude_none=True),
+        event_id="e1",
+        timestamp=1.0,
+        delta=StateWrite(session={"k": "1"}),
+        usage=UsageDelta(input_tokens=3, output_tokens=1, iterations=1),
+        now=read_clock(clock),
+        op_id="op-resent",
+    )
+    assert await service._store.append(append) == Appended(2)
+    assert await service._store.append(append) == Appended(2)
+    got = await service.get_session(app_name=APP, user_id=USER, session_id="s")
+    assert got is not None and len(got.events) == 1
+    run = await backing.state.get_run(APP, service.run_id(USER, "s"))
+    assert run is not None and (run.input_tokens, run.cursor) == (3, 1)
 
 
 async def ids(service: StatepactSessionService, **query: Any) -> list[str]:

@@ -12,20 +12,13 @@ from sqlalchemy import event as sa_event
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from statepact.clock import ManualClock, read_clock
+from statepact.clock import ManualClock
 from statepact.errors import SchemaVersionError
 from statepact.integrations.adk import StatepactSessionService
-from statepact.integrations.adk._store import (
-    Appended,
-    NewEvent,
-    SessionKey,
-    StateWrite,
-    UsageDelta,
-)
 from statepact.settings import PostgresStoreSettings
 from statepact.storage import Backing
 from statepact.storage.postgres import migrate, open_backing
-from tests.adk._contract import APP, USER, event
+from tests.adk._contract import APP, USER, event, resend_an_append
 
 pytestmark = pytest.mark.integration
 
@@ -107,27 +100,6 @@ async def test_each_call_is_one_statement(
 async def test_an_append_sent_again_is_applied_once(
     postgres_backing: Backing[Any, Any, Any], clock: ManualClock
 ) -> None:
-    """The same append (its call id) sent twice, as the failover does after a lost reply,
-    answers the version it made both times and stores one event, counted once."""
-    service = await StatepactSessionService.open(postgres_backing)
-    session = await service.create_session(app_name=APP, user_id=USER, session_id="s")
-    key = SessionKey(APP, USER, "s")
-    append = NewEvent(
-        key=key,
-        expected=1,
-        lease=None,
-        event=event(ts=1.0).model_dump_json(exclude_none=True),
-        event_id="e1",
-        timestamp=1.0,
-        delta=StateWrite(session={"k": "1"}),
-        usage=UsageDelta(input_tokens=3, output_tokens=1, iterations=1),
-        now=read_clock(clock),
-        op_id="op-resent",
-    )
-    store = service._store
-    assert await store.append(append) == Appended(2)
-    assert await store.append(append) == Appended(2)
-    got = await service.get_session(app_name=APP, user_id=USER, session_id=session.id)
-    assert got is not None and len(got.events) == 1
-    run = await postgres_backing.state.get_run(APP, service.run_id(USER, "s"))
-    assert run is not None and (run.input_tokens, run.cursor) == (3, 1)
+    """The same append (its call id) sent twice answers the version it made both times and
+    stores one event, counted once."""
+    await resend_an_append(postgres_backing, clock)

@@ -12,20 +12,13 @@ import pytest
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 
-from statepact.clock import ManualClock, read_clock
+from statepact.clock import ManualClock
 from statepact.integrations.adk import StatepactSessionService
-from statepact.integrations.adk._store import (
-    Appended,
-    NewEvent,
-    SessionKey,
-    StateWrite,
-    UsageDelta,
-)
 from statepact.models import RunStatus
 from statepact.storage import Backing
 from statepact.storage.redis import AdkKeys, RedisStoreSettings, StateKeys, open_backing
 from statepact.testing.cluster import LocalRedisCluster
-from tests.adk._contract import APP, USER, SessionServiceContract, event
+from tests.adk._contract import APP, USER, SessionServiceContract, event, resend_an_append
 from tests.fixtures.redis import ObservedRedis
 
 
@@ -85,26 +78,7 @@ async def test_an_append_sent_again_is_applied_once(
 ) -> None:
     """The same append (its call id) sent twice answers the version it made both times and
     stores one event, counted once."""
-    service = await StatepactSessionService.open(redis_backing)
-    await service.create_session(app_name=APP, user_id=USER, session_id="s")
-    append = NewEvent(
-        key=SessionKey(APP, USER, "s"),
-        expected=1,
-        lease=None,
-        event=event(ts=1.0).model_dump_json(exclude_none=True),
-        event_id="e1",
-        timestamp=1.0,
-        delta=StateWrite(session={"k": "1"}),
-        usage=UsageDelta(input_tokens=3, output_tokens=1, iterations=1),
-        now=read_clock(clock),
-        op_id="op-resent",
-    )
-    assert await service._store.append(append) == Appended(2)
-    assert await service._store.append(append) == Appended(2)
-    got = await service.get_session(app_name=APP, user_id=USER, session_id="s")
-    assert got is not None and len(got.events) == 1
-    run = await redis_backing.state.get_run(APP, service.run_id(USER, "s"))
-    assert run is not None and (run.input_tokens, run.cursor) == (3, 1)
+    await resend_an_append(redis_backing, clock)
 
 
 @pytest.mark.integration

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statepact._codec import decimal_to_nanos, encode_json
 from statepact._limits import MAX_COUNTER
-from statepact.errors import SchemaVersionError, StatePersistenceError
+from statepact.errors import SchemaVersionError
 from statepact.integrations.adk._postgres_sql import COUNTERS, AdkStatements, room, statements
 from statepact.integrations.adk._store import (
     RUN_PREFIX,
@@ -40,16 +40,13 @@ from statepact.integrations.adk._store import (
     Stale,
     StoredSession,
     UsageTotals,
+    unavailable,
 )
 from statepact.settings import PostgresStoreSettings
 from statepact.storage.postgres import EngineExecutor
 from statepact.storage.postgres.schema import Tables, adk_tables_for
 
 __all__ = ["PostgresSessions"]
-
-
-def _unavailable(message: str) -> StatePersistenceError:
-    return StatePersistenceError(message, reason="unavailable")
 
 
 def _object(values: Mapping[str, str]) -> str:
@@ -76,7 +73,7 @@ class PostgresSessions:
         self._executor = EngineExecutor(
             engine,
             policy=settings.retry_policy,
-            unavailable=_unavailable,
+            unavailable=unavailable,
             what="ADK session service",
         )
 
@@ -134,17 +131,7 @@ class PostgresSessions:
         rows = await self._read(self._sql.get[query.after is not None], params)
         if not rows:
             return None
-        row = rows[0]
-        return StoredSession(
-            key=query.key,
-            seq=row["seq"],
-            version=row["version"],
-            last_update_time=row["last_update_time"],
-            state=row["state"],
-            app_state=row["app_state"] or {},
-            user_state=row["user_state"] or {},
-            events=row["events"] or [],
-        )
+        return _stored(query.key, rows[0], rows[0]["events"] or [])
 
     async def append(
         self, new: NewEvent
@@ -201,16 +188,7 @@ class PostgresSessions:
         }
         rows = await self._read(self._sql.page[query.user is not None], params)
         return [
-            StoredSession(
-                key=SessionKey(query.app, row["user_id"], row["session_id"]),
-                seq=row["seq"],
-                version=row["version"],
-                last_update_time=row["last_update_time"],
-                state=row["state"],
-                app_state=row["app_state"] or {},
-                user_state=row["user_state"] or {},
-                events=[],
-            )
+            _stored(SessionKey(query.app, row["user_id"], row["session_id"]), row, [])
             for row in rows
         ]
 
@@ -275,6 +253,19 @@ class PostgresSessions:
         params = {"p_app": app, "p_cutoff": cutoff, "p_limit": limit}
         rows = await self._write(self._sql.prune_events, params, idempotent=True)
         return int(rows[0]["count"])
+
+
+def _stored(key: SessionKey, row: Mapping[str, Any], events: list[str]) -> StoredSession:
+    return StoredSession(
+        key=key,
+        seq=row["seq"],
+        version=row["version"],
+        last_update_time=row["last_update_time"],
+        state=row["state"],
+        app_state=row["app_state"] or {},
+        user_state=row["user_state"] or {},
+        events=events,
+    )
 
 
 def _refused(

@@ -423,16 +423,20 @@ def acquire_lease(t: AdkTables) -> Select[Any]:
     ).where(*_session_key(s))
 
 
+def _held(s: Table) -> list[ColumnElement[bool]]:
+    """The session's lease is the call's (owner and token), live or not."""
+    return [
+        *_session_key(s),
+        s.c.lease_owner == p("owner", Text()),
+        s.c.lease_token == p("token", BigInteger()),
+    ]
+
+
 def renew_lease(t: AdkTables) -> Any:
     s = t.sessions
     return (
         update(s)
-        .where(
-            *_session_key(s),
-            s.c.lease_owner == p("owner", Text()),
-            s.c.lease_token == p("token", BigInteger()),
-            s.c.lease_expires_at > p("now", _TZ),
-        )
+        .where(*_held(s), s.c.lease_expires_at > p("now", _TZ))
         .values(lease_expires_at=p("expires", _TZ))
         .returning(s.c.lease_token)
     )
@@ -442,11 +446,7 @@ def release_lease(t: AdkTables) -> Any:
     s = t.sessions
     return (
         update(s)
-        .where(
-            *_session_key(s),
-            s.c.lease_owner == p("owner", Text()),
-            s.c.lease_token == p("token", BigInteger()),
-        )
+        .where(*_held(s))
         .values(lease_owner=null(), lease_expires_at=null())
         .returning(s.c.lease_token)
     )

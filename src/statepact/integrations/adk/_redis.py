@@ -18,7 +18,6 @@ from datetime import datetime
 from typing import Any
 
 from statepact.clock import to_micros
-from statepact.errors import StatePersistenceError
 from statepact.integrations.adk._store import (
     RUN_PREFIX,
     Appended,
@@ -37,6 +36,7 @@ from statepact.integrations.adk._store import (
     StateWrite,
     StoredSession,
     UsageTotals,
+    unavailable,
 )
 from statepact.models import RunStatus
 from statepact.settings import RedisStoreSettings
@@ -58,10 +58,6 @@ __all__ = ["RedisSessions"]
 _VERSION, _SEQ, _LUT, _HEAD = 0, 1, 2, 3
 _FIELDS = 7
 _USAGE_PAGE = 1000
-
-
-def _unavailable(message: str) -> StatePersistenceError:
-    return StatePersistenceError(message, reason="unavailable")
 
 
 def _pairs(reply: Sequence[Any]) -> Encoded:
@@ -97,7 +93,7 @@ class RedisSessions:
         self._keys = AdkKeys(settings.namespace)
         self._runs = StateKeys(settings.namespace)
         self._scripts = ScriptRunner(redis, ADK_SCRIPTS)
-        self._failover = Failover(settings.retry_policy, _unavailable, gate_of(redis))
+        self._failover = Failover(settings.retry_policy, unavailable, gate_of(redis))
 
     async def check(self) -> None:
         return None  # the backing's open() ran the preflight; nothing of ours to check

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
+from statepact.errors import StatePersistenceError
 from statepact.state import CounterOverflow
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "UsageDelta",
     "UsageTotals",
     "run_id_of",
+    "unavailable",
 ]
 
 #: A state scope as stored: key -> the JSON text of its value.
@@ -45,6 +47,11 @@ def run_id_of(user: str, session: str) -> str:
     """The statepact run holding an ADK session's counters: ``adk:<bytes>:<user>:<session>``
     (the user's UTF-8 length first, so no two (user, session) pairs share one)."""
     return f"adk:{len(user.encode('utf-8'))}:{user}:{session}"
+
+
+def unavailable(message: str) -> StatePersistenceError:
+    """The error of a server that stayed down past the backing's failover budget."""
+    return StatePersistenceError(message, reason="unavailable")
 
 
 #: What every run id of the service starts with.
