@@ -117,7 +117,16 @@ class StatepactSessionService(BaseSessionService):
         if not isinstance(backing, Backing):
             raise TypeError(f"backing: must be a statepact Backing, got {type(backing).__name__}")
         settings = backing.backend.settings
-        package = type(backing.state).__module__.rsplit(".", 1)[0]
+        # The backing package of the state store's class (or of the statepact class it
+        # subclasses): only that backing's module is imported.
+        package = next(
+            (
+                cls.__module__.rsplit(".", 1)[0]
+                for cls in type(backing.state).__mro__
+                if cls.__module__.startswith("statepact.storage.")
+            ),
+            type(backing.state).__module__,
+        )
         store: SessionStore
         if package == "statepact.storage.memory":
             from statepact.integrations.adk._memory import MemorySessions
