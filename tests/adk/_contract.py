@@ -719,6 +719,15 @@ class SessionServiceContract:
             await service.create_session(app_name=APP, user_id="")
         with pytest.raises(ValueError, match="session_id"):
             await service.create_session(app_name=APP, user_id=USER, session_id="x" * 257)
+        with pytest.raises(TypeError, match="session_id"):
+            await service.create_session(app_name=APP, user_id=USER, session_id=7)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="after_timestamp"):
+            await service.get_session(
+                app_name=APP,
+                user_id=USER,
+                session_id="s",
+                config=GetSessionConfig(after_timestamp=float("nan")),
+            )
 
     async def test_bad_state_is_refused_before_anything_is_written(
         self, service: StatepactSessionService

@@ -197,7 +197,7 @@ class StatepactSessionService(BaseSessionService):
         state: dict[str, Any] | None = None,
         session_id: str | None = None,
     ) -> Session:
-        if session_id is not None and not session_id.strip():
+        if isinstance(session_id, str) and not session_id.strip():
             session_id = None  # blank, as no id at all (ADK's reference)
         key = self._key(app_name, user_id, session_id or str(uuid.uuid4()))
         scoped = split(state or {}, "state")
@@ -247,6 +247,8 @@ class StatepactSessionService(BaseSessionService):
             recent, after = config.num_recent_events, config.after_timestamp
         if recent is not None and (isinstance(recent, bool) or recent < 0):
             raise ValueError("config.num_recent_events: must be an int >= 0")
+        if after is not None and not math.isfinite(after):
+            raise ValueError("config.after_timestamp: must be a finite number of seconds")
         stored = await self._store.get(EventsQuery(key=key, recent=recent, after=after))
         if stored is None:
             return None
