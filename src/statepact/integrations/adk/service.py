@@ -121,9 +121,9 @@ class StatepactSessionService(BaseSessionService):
         # subclasses): only that backing's module is imported.
         package = next(
             (
-                cls.__module__.rsplit(".", 1)[0]
-                for cls in type(backing.state).__mro__
-                if cls.__module__.startswith("statepact.storage.")
+                kind.__module__.rsplit(".", 1)[0]
+                for kind in type(backing.state).__mro__
+                if kind.__module__.startswith("statepact.storage.")
             ),
             type(backing.state).__module__,
         )
