@@ -48,6 +48,7 @@ SEQUENCES = {
     "sequence public.adk_work_id_seq",
     "sequence public.adk_runs_seq_seq",
     "sequence public.adk_sessions_seq_seq",
+    "sequence public.statepact_adk_sessions_seq_seq",
 }
 
 

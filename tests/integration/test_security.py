@@ -39,6 +39,7 @@ from statepact.queue import WorkQueue
 from statepact.settings import PostgresStoreSettings, RedisStoreSettings
 from statepact.state import StateStore
 from statepact.storage.redis._scripts import (
+    ADK_SCRIPTS,
     QUEUE_SCRIPTS,
     STATE_SCRIPTS,
     TX_SCRIPTS,
@@ -491,6 +492,7 @@ FAMILIES = {
     **dict.fromkeys(STATE_SCRIPTS, "state"),
     **dict.fromkeys(QUEUE_SCRIPTS, "queue"),
     **dict.fromkeys(TX_SCRIPTS, "tx"),
+    **dict.fromkeys(ADK_SCRIPTS, "adk"),
 }
 
 
@@ -505,10 +507,12 @@ def test_every_script_is_the_lua_files_and_nothing_else() -> None:
         assert script_source(name) == "\n".join(
             (files["_common.lua"], files[f"{family}/_prelude.lua"], files[f"{family}/{name}.lua"])
         )
-    preludes = {f"{family}/_prelude.lua" for family in ("state", "queue", "tx")}
+    preludes = {f"{family}/_prelude.lua" for family in ("state", "queue", "tx", "adk")}
     scripts = {f"{family}/{name}.lua" for name, family in FAMILIES.items()}
     assert set(files) == {"_common.lua", *preludes, *scripts}
-    assert len(FAMILIES) == len(STATE_SCRIPTS) + len(QUEUE_SCRIPTS) + len(TX_SCRIPTS)
+    assert len(FAMILIES) == (
+        len(STATE_SCRIPTS) + len(QUEUE_SCRIPTS) + len(TX_SCRIPTS) + len(ADK_SCRIPTS)
+    )
     assert "put_run" in STATE_SCRIPTS and "claim" in QUEUE_SCRIPTS and "tx_commit" in TX_SCRIPTS
 
 

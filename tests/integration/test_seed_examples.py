@@ -55,6 +55,10 @@ async def statepact_tables(url: str) -> list[str]:
 
 
 SEED_TABLES = [
+    "statepact_adk_app_states",
+    "statepact_adk_events",
+    "statepact_adk_sessions",
+    "statepact_adk_user_states",
     "statepact_history",
     "statepact_idempotency",
     "statepact_leases",

@@ -77,12 +77,24 @@ def _layer(name: str) -> str:
         return "cli"
     if name.startswith("statepact.testing"):
         return "testing"
+    if name.startswith("statepact.integrations"):
+        return "integration"
     raise AssertionError(f"{name} is in no layer of docs/architecture.md; add it there")
 
 
 def _backing(name: str) -> str | None:
     parts = name.split(".")
     return parts[2] if len(parts) > 2 and parts[1] == "storage" else None
+
+
+def _a(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
+def _integration(name: str) -> str | None:
+    """``adk`` for ``statepact.integrations.adk`` and everything under it."""
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "integrations" else None
 
 
 def _private_to_a_backing(name: str) -> bool:
@@ -118,9 +130,12 @@ def _broken_rule(importer: str, imported: str) -> str | None:
         "runtime": {"foundation", "front", "runtime", "package"},
         "storage": {"foundation", "front"},
         "backing": {"foundation", "front", "storage", "backing"},
+        "integration": {"foundation", "front", "storage", "backing", "integration"},
     }
     if source in allowed and target not in allowed[source]:
-        return f"a {source} module imports a {target} module"
+        return f"{_a(source)} {source} module imports {_a(target)} {target} module"
+    if source == target == "integration" and _integration(importer) != _integration(imported):
+        return "an integration imports another integration"
     if source == "backing" and target == "backing" and _backing(importer) != _backing(imported):
         return "a backing imports another backing"
     if _private_to_a_backing(imported) and _backing(importer) != _backing(imported):
@@ -199,6 +214,18 @@ def test_no_module_imports_across_its_layers_rules() -> None:
         ("statepact.storage.postgres._sql.queue", "statepact.storage.postgres.queue", "sits below"),
         ("statepact.storage.memory._locks", "statepact.storage.memory.backend", "sits below"),
         ("statepact.storage.memory._serialization", "statepact.storage.memory._locks", None),
+        ("statepact.integrations.adk._redis", "statepact.storage.redis", None),
+        ("statepact.integrations.adk._postgres", "statepact.storage.postgres.schema", None),
+        ("statepact.integrations.adk.service", "statepact.storage", None),
+        ("statepact.integrations.adk.service", "statepact.integrations.adk._store", None),
+        ("statepact.integrations.adk._redis", "statepact.storage.redis._keys", "private module"),
+        ("statepact.integrations.adk._postgres", "statepact.storage.postgres._client", "private"),
+        ("statepact.integrations.adk.service", "statepact.worker", "imports a runtime module"),
+        ("statepact.integrations.adk.service", "statepact.cli._common", "imports a cli module"),
+        ("statepact.integrations.adk", "statepact.integrations.langgraph", "another integration"),
+        ("statepact.storage.redis.state", "statepact.integrations.adk", "an integration module"),
+        ("statepact.worker", "statepact.integrations.adk", "an integration module"),
+        ("statepact.storage", "statepact.integrations.adk", "an integration module"),
     ],
 )
 def test_the_rules_refuse_what_the_page_forbids(
@@ -232,6 +259,50 @@ def test_the_postgres_classes_build_no_sql(module: str) -> None:
         if alias.name in SQL_BUILDERS
     ]
     assert builders == []
+
+
+#: Each agent framework, and the only package that may import it.
+FRAMEWORKS = {
+    "google.adk": "statepact.integrations.adk",
+    "langgraph": "statepact.integrations.langgraph",
+}
+
+
+def _third_party_imports(path: Path) -> Iterator[str]:
+    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module
+
+
+def test_a_framework_is_imported_by_its_integration_only() -> None:
+    """google-adk is imported only under ``statepact.integrations.adk`` (and likewise each
+    framework under its own integration): no other module can pull it in."""
+    strays = [
+        f"{name} imports {module}"
+        for name, path in _modules().items()
+        for module in _third_party_imports(path)
+        for framework, home in FRAMEWORKS.items()
+        if (module == framework or module.startswith(f"{framework}."))
+        and not (name == home or name.startswith(f"{home}."))
+    ]
+    assert strays == []
+
+
+def test_import_statepact_loads_no_framework() -> None:
+    """``import statepact`` (and its backings, and ``statepact.integrations``) never imports
+    an agent framework: only ``statepact.integrations.<name>`` does."""
+    probe = (
+        "import json, sys, statepact, statepact.storage.memory, statepact.integrations\n"
+        "frameworks = ('google.adk', 'langgraph')\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith(frameworks))))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
 
 
 def test_import_statepact_loads_no_driver() -> None:

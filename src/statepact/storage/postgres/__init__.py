@@ -12,6 +12,9 @@
   ``env.py``), and :class:`AutogenerateFilter`, which hides statepact's objects
   from an application's autogenerate.
 
+The integrations (``statepact.integrations``) run their own statements through
+:class:`EngineExecutor`, the boundary the stores use (failover, error translation).
+
 Importing this package imports SQLAlchemy (and asyncpg when a connection is
 made), never Alembic: that is loaded only by the migration helpers. Nothing
 here creates or alters a table at import or at ``open()``.
@@ -19,6 +22,7 @@ here creates or alters a table at import or at ``open()``.
 
 from statepact.settings import PostgresStoreSettings
 from statepact.storage.postgres._client import (
+    EngineExecutor,
     asyncpg_url,
     connect_refusal,
     create_engine,
@@ -35,6 +39,7 @@ from statepact.storage.postgres.verify import verify
 __all__ = [
     "EXPECTED_SCHEMA",
     "AutogenerateFilter",
+    "EngineExecutor",
     "PostgresBackend",
     "PostgresStateStore",
     "PostgresStoreSettings",

@@ -48,18 +48,21 @@ from statepact.models import ItemStatus, RunStatus
 from statepact.queue import MAX_PRIORITY
 
 __all__ = [
+    "ADK_TABLES",
     "COMPATIBLE_SCHEMA_VERSIONS",
     "EXPECTED_SCHEMA",
     "NAMING_CONVENTION",
     "SCHEMA_COMPONENT",
     "SCHEMA_VERSION",
     "WRITE_RETENTION",
+    "AdkTables",
     "ColumnShape",
     "IndexShape",
     "SchemaShape",
     "StateTables",
     "TableShape",
     "Tables",
+    "adk_tables_for",
     "metadata",
     "tables_for",
 ]
@@ -437,6 +440,112 @@ def _define_backend_tables(meta: MetaData) -> None:
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 _DEFAULT = _define_state_tables(metadata, StateTables(), None)
 _define_backend_tables(metadata)
+
+
+@dataclass(frozen=True, slots=True)
+class AdkTables:
+    """The tables of the Google ADK session service (``statepact.integrations.adk``),
+    created by revision ``statepact_0007``; docs/agent-frameworks.md#adk-tables.
+
+    A state column holds a JSON object whose values are the JSON text of each state
+    value (a ``jsonb`` of strings): ``||`` merges a delta key by key on the server,
+    and every value reads back exactly as it was written.
+    """
+
+    sessions: Table
+    events: Table
+    app_states: Table
+    user_states: Table
+
+
+def _define_adk_tables(meta: MetaData, db_schema: str | None) -> AdkTables:
+    sessions = Table(
+        "statepact_adk_sessions",
+        meta,
+        Column("app_name", _ident(), nullable=False),
+        Column("user_id", _ident(), nullable=False),
+        Column("session_id", _ident(), nullable=False),
+        Column("seq", BigInteger, Identity(always=True), nullable=False),
+        # Bumped by every append: the event appended gets the new version as its seq.
+        Column("version", BigInteger, nullable=False),
+        Column("state", postgresql.JSONB, nullable=False),
+        # ADK's Session.last_update_time: the newest event's timestamp (epoch seconds).
+        Column("last_update_time", Double, nullable=False),
+        # The timestamp of the oldest event kept, NULL when none: what prune_events reads.
+        Column("first_event_ts", Double, nullable=True),
+        Column("lease_owner", _ident(), nullable=True),
+        Column("lease_token", BigInteger, nullable=False, server_default=text("0")),
+        Column("lease_expires_at", _tz(), nullable=True),
+        Column("created_at", _tz(), nullable=False),
+        Column("updated_at", _tz(), nullable=False),
+        PrimaryKeyConstraint("app_name", "user_id", "session_id"),
+        CheckConstraint("version > 0", name="version"),
+        Index("ix_statepact_adk_sessions_app_seq", "app_name", "seq", unique=True),
+        Index("ix_statepact_adk_sessions_user_seq", "app_name", "user_id", "seq"),
+        Index(
+            "ix_statepact_adk_sessions_first_event",
+            "app_name",
+            "first_event_ts",
+            postgresql_where=text("first_event_ts IS NOT NULL"),
+        ),
+        # An append rewrites no indexed column (first_event_ts only at the first event):
+        # room on the page keeps it a HOT update.
+        postgresql_with={"fillfactor": 80},
+        schema=db_schema,
+    )
+    events = Table(
+        "statepact_adk_events",
+        meta,
+        Column("app_name", _ident(), nullable=False),
+        Column("user_id", _ident(), nullable=False),
+        Column("session_id", _ident(), nullable=False),
+        Column("seq", BigInteger, nullable=False),
+        Column("event_id", _ident(), nullable=False),
+        Column("timestamp", Double, nullable=False),
+        # The append's call id: a resend after a lost reply finds its first attempt.
+        Column("op_id", _ident(), nullable=False),
+        # The event as ADK's model_dump_json wrote it (json keeps the text as written).
+        Column("data", JSON, nullable=False),
+        # A session's events in order; num_recent_events and after_timestamp read its end.
+        PrimaryKeyConstraint("app_name", "user_id", "session_id", "seq"),
+        schema=db_schema,
+    )
+    app_states = Table(
+        "statepact_adk_app_states",
+        meta,
+        Column("app_name", _ident(), nullable=False),
+        Column("state", postgresql.JSONB, nullable=False),
+        Column("updated_at", _tz(), nullable=False),
+        PrimaryKeyConstraint("app_name"),
+        postgresql_with={"fillfactor": 80},
+        schema=db_schema,
+    )
+    user_states = Table(
+        "statepact_adk_user_states",
+        meta,
+        Column("app_name", _ident(), nullable=False),
+        Column("user_id", _ident(), nullable=False),
+        Column("state", postgresql.JSONB, nullable=False),
+        Column("updated_at", _tz(), nullable=False),
+        PrimaryKeyConstraint("app_name", "user_id"),
+        postgresql_with={"fillfactor": 80},
+        schema=db_schema,
+    )
+    return AdkTables(
+        sessions=sessions, events=events, app_states=app_states, user_states=user_states
+    )
+
+
+#: The ADK session service's tables under the default schema, in :data:`metadata`.
+ADK_TABLES = _define_adk_tables(metadata, None)
+
+
+@lru_cache(maxsize=8)
+def adk_tables_for(db_schema: str | None = None) -> AdkTables:
+    """The ADK session service's tables in schema ``db_schema`` (default: the search_path)."""
+    if db_schema is None:
+        return ADK_TABLES
+    return _define_adk_tables(MetaData(naming_convention=NAMING_CONVENTION), db_schema)
 
 
 @lru_cache(maxsize=32)

@@ -15,13 +15,25 @@ for tools that name a namespace's keys), every multi-key change is one Lua
 script (``lua/``), and every redis-py error is translated at this package's
 boundary (``_client``).
 
+The integrations (``statepact.integrations``) reach the Redis boundary through
+the names re-exported here: ``AdkKeys``, ``ref``, ``parse_ref``, ``ADK_SCRIPTS`` and
+``ScriptRunner`` (their keys and scripts), ``Failover``, ``gate_of`` and ``as_text``.
+
 Importing this package imports redis-py; ``import statepact`` never does.
 """
 
 from statepact.settings import RedisStoreSettings
-from statepact.storage.redis._client import create_client
-from statepact.storage.redis._keys import QueueKeys, StateKeys, TxKeys, glob_escape
-from statepact.storage.redis._scripts import load_scripts
+from statepact.storage.redis._client import Failover, as_text, create_client, gate_of
+from statepact.storage.redis._keys import (
+    AdkKeys,
+    QueueKeys,
+    StateKeys,
+    TxKeys,
+    glob_escape,
+    parse_ref,
+    ref,
+)
+from statepact.storage.redis._scripts import ADK_SCRIPTS, ScriptRunner, load_scripts
 from statepact.storage.redis.backend import RedisBackend
 from statepact.storage.redis.backing import open_backing
 from statepact.storage.redis.preflight import preflight
@@ -29,16 +41,24 @@ from statepact.storage.redis.queue import RedisWorkQueue
 from statepact.storage.redis.state import RedisStateStore
 
 __all__ = [
+    "ADK_SCRIPTS",
+    "AdkKeys",
+    "Failover",
     "QueueKeys",
     "RedisBackend",
     "RedisStateStore",
     "RedisStoreSettings",
     "RedisWorkQueue",
+    "ScriptRunner",
     "StateKeys",
     "TxKeys",
+    "as_text",
     "create_client",
+    "gate_of",
     "glob_escape",
     "load_scripts",
     "open_backing",
+    "parse_ref",
     "preflight",
+    "ref",
 ]

@@ -17,7 +17,16 @@ from functools import lru_cache
 
 from statepact.models import RunStatus
 
-__all__ = ["QueueKeys", "StateKeys", "TxKeys", "glob_escape", "parse_ref", "ref", "seg"]
+__all__ = [
+    "AdkKeys",
+    "QueueKeys",
+    "StateKeys",
+    "TxKeys",
+    "glob_escape",
+    "parse_ref",
+    "ref",
+    "seg",
+]
 
 
 def seg(value: str) -> str:
@@ -314,3 +323,83 @@ class TxKeys:
     def match_all(self) -> str:
         """A SCAN ``MATCH`` pattern for every key of this backend and no other."""
         return f"{glob_escape(self.tag)}:*"
+
+
+@lru_cache(maxsize=4096)
+def _adk_prefix(namespace: str, app: str) -> str:
+    """``AdkKeys.prefix``: the hash tag is ``StateKeys``' tag of the tenant ``app``."""
+    return f"{namespace}:adk-sessions:{{{seg(app)}}}:"
+
+
+@dataclass(frozen=True, slots=True)
+class AdkKeys:
+    """Keys of the Google ADK session service (``statepact.integrations.adk``) on Redis.
+
+    An ADK app is a statepact tenant, and its keys carry the same hash tag as
+    ``StateKeys``' keys of that tenant, ``{seg(app)}``: an append commits the
+    event, the session, ``app:`` and ``user:`` state and the session's run
+    counters (``StateKeys.run_meta``) in one script, in one cluster slot.
+    Per app ``A`` (``P = <ns>:adk-sessions:{seg(A)}:``), with
+    ``R = ref(user, session)``:
+
+    ==================  ======  ========================================================
+    ``P s:R``           hash    version, seq, created, updated (µs), lut (ADK's
+                                last_update_time), head (seq of the oldest event
+                                kept), lease owner, token, expires (µs)
+    ``P st:R``          hash    the session's state: key -> the value's JSON text
+    ``P ev:R``          list    the session's events (JSON), oldest first: seq head..version
+    ``P et:R``          list    their timestamps, in the same order
+    ``P app``           hash    the ``app:`` state (key without its prefix -> JSON text)
+    ``P u:<seg(U)>``    hash    user ``U``'s ``user:`` state
+    ``P seq``           string  INCR: the app's session sequence
+    ``P all``           zset    every session R of the app, scored by seq
+    ``P by:<seg(U)>``   zset    the sessions R of user ``U``, scored by seq
+    ``P idle``          zset    every session R, scored by its last write (µs, the
+                                caller's clock: session retention)
+    ``P heads``         zset    sessions with events, scored by their oldest event's
+                                timestamp (event retention)
+    ``P op:<seg(id)>``  string  an append's replay key, expiring (lua/_common.lua)
+    ==================  ======  ========================================================
+    """
+
+    namespace: str = "adk"
+
+    def prefix(self, app: str) -> str:
+        """Everything before the kind; scripts build the keys of sessions they read from it."""
+        return _adk_prefix(self.namespace, app)
+
+    def session(self, app: str, user: str, session: str) -> str:
+        return f"{self.prefix(app)}s:{ref(user, session)}"
+
+    def state(self, app: str, user: str, session: str) -> str:
+        return f"{self.prefix(app)}st:{ref(user, session)}"
+
+    def events(self, app: str, user: str, session: str) -> str:
+        return f"{self.prefix(app)}ev:{ref(user, session)}"
+
+    def timestamps(self, app: str, user: str, session: str) -> str:
+        return f"{self.prefix(app)}et:{ref(user, session)}"
+
+    def app_state(self, app: str) -> str:
+        return f"{self.prefix(app)}app"
+
+    def user_state(self, app: str, user: str) -> str:
+        return f"{self.prefix(app)}u:{seg(user)}"
+
+    def seq(self, app: str) -> str:
+        return f"{self.prefix(app)}seq"
+
+    def sessions(self, app: str) -> str:
+        return f"{self.prefix(app)}all"
+
+    def user_sessions(self, app: str, user: str) -> str:
+        return f"{self.prefix(app)}by:{seg(user)}"
+
+    def idle(self, app: str) -> str:
+        return f"{self.prefix(app)}idle"
+
+    def heads(self, app: str) -> str:
+        return f"{self.prefix(app)}heads"
+
+    def op(self, app: str, op_id: str) -> str:
+        return f"{self.prefix(app)}op:{seg(op_id)}"

@@ -1,6 +1,6 @@
 """The registry of the Redis backings' Lua scripts: one folder per protocol under ``lua/``.
 
-A script is a file of ``lua/state/``, ``lua/queue/`` or ``lua/tx/``; what is
+A script is a file of ``lua/state/``, ``lua/queue/``, ``lua/tx/`` or ``lua/adk/``; what is
 sent is ``lua/_common.lua``, its folder's ``_prelude.lua``, then the file. The
 registry is the folders' contents (a name in two folders is refused at
 import), read once with :mod:`importlib.resources`, so the scripts ship in the
@@ -22,9 +22,16 @@ from redis.exceptions import NoScriptError
 
 from statepact.storage.redis._client import pooled_connection
 
-__all__ = ["QUEUE_SCRIPTS", "STATE_SCRIPTS", "TX_SCRIPTS", "ScriptRunner", "script_source"]
+__all__ = [
+    "ADK_SCRIPTS",
+    "QUEUE_SCRIPTS",
+    "STATE_SCRIPTS",
+    "TX_SCRIPTS",
+    "ScriptRunner",
+    "script_source",
+]
 
-Family = Literal["state", "queue", "tx"]
+Family = Literal["state", "queue", "tx", "adk"]
 
 _LUA = files("statepact.storage.redis") / "lua"
 
@@ -43,6 +50,8 @@ def _scripts_in(family: Family) -> tuple[str, ...]:
 STATE_SCRIPTS = _scripts_in("state")
 QUEUE_SCRIPTS = _scripts_in("queue")
 TX_SCRIPTS = _scripts_in("tx")
+#: The Google ADK session service's (``statepact.integrations.adk``).
+ADK_SCRIPTS = _scripts_in("adk")
 
 
 def _registry() -> dict[str, Family]:
@@ -50,6 +59,7 @@ def _registry() -> dict[str, Family]:
         "state": STATE_SCRIPTS,
         "queue": QUEUE_SCRIPTS,
         "tx": TX_SCRIPTS,
+        "adk": ADK_SCRIPTS,
     }
     families: dict[str, Family] = {}
     for family, names in folders.items():
