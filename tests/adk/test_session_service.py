@@ -2,7 +2,7 @@
 
 Memory first (the reference), then Redis (its database flushed per test) and
 PostgreSQL (a database cloned per test from the migrated template, so with the
-tables of revision ``statepact_0007``).
+tables of revision ``statepact_0006``).
 """
 
 from __future__ import annotations

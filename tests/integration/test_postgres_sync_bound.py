@@ -101,19 +101,22 @@ def place_order(stores: Stores, order_id: str, *, fail: bool = False) -> RunReco
     return run
 
 
-def _worker(stores: Stores, started: asyncio.Queue[tuple[str, float]]) -> Worker:
+def _worker(
+    stores: Stores, started: asyncio.Queue[tuple[str, float]], *, poll_interval: float = POLL
+) -> Worker:
     async def fulfil(job: Job) -> None:
         started.put_nowait((job.item.item_id, time.monotonic()))
 
-    return Worker(stores.queue, handlers={"fulfil": fulfil}, poll_interval=POLL, reap_every=0)
+    return Worker(
+        stores.queue, handlers={"fulfil": fulfil}, poll_interval=poll_interval, reap_every=0
+    )
 
 
 async def test_a_request_that_rolls_back_leaves_nothing_for_the_worker(stores: Stores) -> None:
     """The view raises after its writes: no order, no run, no item; a worker running all
     along, polling every 0.1 s as well as listening, never claims anything."""
     started: asyncio.Queue[tuple[str, float]] = asyncio.Queue()
-    worker = _worker(stores, started)
-    worker.poll_interval = 0.1
+    worker = _worker(stores, started, poll_interval=0.1)
     async with worker:
         with pytest.raises(ValueError, match="declined"):
             await asyncio.to_thread(

@@ -40,6 +40,7 @@ from statepact.settings import PostgresStoreSettings, RedisStoreSettings
 from statepact.state import StateStore
 from statepact.storage.redis._scripts import (
     ADK_SCRIPTS,
+    LANGGRAPH_SCRIPTS,
     QUEUE_SCRIPTS,
     STATE_SCRIPTS,
     TX_SCRIPTS,
@@ -493,6 +494,7 @@ FAMILIES = {
     **dict.fromkeys(QUEUE_SCRIPTS, "queue"),
     **dict.fromkeys(TX_SCRIPTS, "tx"),
     **dict.fromkeys(ADK_SCRIPTS, "adk"),
+    **dict.fromkeys(LANGGRAPH_SCRIPTS, "langgraph"),
 }
 
 
@@ -507,11 +509,13 @@ def test_every_script_is_the_lua_files_and_nothing_else() -> None:
         assert script_source(name) == "\n".join(
             (files["_common.lua"], files[f"{family}/_prelude.lua"], files[f"{family}/{name}.lua"])
         )
-    preludes = {f"{family}/_prelude.lua" for family in ("state", "queue", "tx", "adk")}
+    families = ("state", "queue", "tx", "adk", "langgraph")
+    preludes = {f"{family}/_prelude.lua" for family in families}
     scripts = {f"{family}/{name}.lua" for name, family in FAMILIES.items()}
     assert set(files) == {"_common.lua", *preludes, *scripts}
-    assert len(FAMILIES) == (
-        len(STATE_SCRIPTS) + len(QUEUE_SCRIPTS) + len(TX_SCRIPTS) + len(ADK_SCRIPTS)
+    assert len(FAMILIES) == sum(
+        len(names)
+        for names in (STATE_SCRIPTS, QUEUE_SCRIPTS, TX_SCRIPTS, ADK_SCRIPTS, LANGGRAPH_SCRIPTS)
     )
     assert "put_run" in STATE_SCRIPTS and "claim" in QUEUE_SCRIPTS and "tx_commit" in TX_SCRIPTS
 

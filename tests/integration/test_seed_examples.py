@@ -46,7 +46,10 @@ async def statepact_tables(url: str) -> list[str]:
             rows = await conn.execute(
                 text(
                     "SELECT tablename FROM pg_tables WHERE tablename LIKE 'statepact\\_%' "
-                    "AND tablename <> 'statepact_alembic_version' ORDER BY tablename"
+                    "AND tablename <> 'statepact_alembic_version' "
+                    # The integrations' tables come with the same revisions; not the seed's.
+                    "AND tablename NOT LIKE 'statepact\\_lg\\_%' "
+                    "AND tablename NOT LIKE 'statepact\\_adk\\_%' ORDER BY tablename"
                 )
             )
             return [row[0] for row in rows]
@@ -55,10 +58,6 @@ async def statepact_tables(url: str) -> list[str]:
 
 
 SEED_TABLES = [
-    "statepact_adk_app_states",
-    "statepact_adk_events",
-    "statepact_adk_sessions",
-    "statepact_adk_user_states",
     "statepact_history",
     "statepact_idempotency",
     "statepact_leases",

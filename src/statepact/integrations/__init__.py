@@ -2,6 +2,8 @@
 
 - ``statepact.integrations.adk``: ``StatepactSessionService``, a Google ADK
   ``BaseSessionService`` (extra ``statepact[adk]``).
+- ``statepact.integrations.langgraph``: ``StatepactCheckpointSaver``, a LangGraph
+  ``BaseCheckpointSaver`` (extra ``statepact[langgraph]``).
 
 Each integration imports its framework, which ``import statepact`` never does;
 it reaches a backing through that backing's public names only. The layout and

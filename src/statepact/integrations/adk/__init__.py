@@ -8,7 +8,7 @@
     runner = Runner(agent=agent, app_name="support", session_service=service)
 
 Needs the extra ``statepact[adk]`` (google-adk 2.x); on PostgreSQL, the tables of
-revision ``statepact_0007`` (``alembic upgrade head`` / ``statepact db upgrade``).
+revision ``statepact_0006`` (``alembic upgrade head`` / ``statepact db upgrade``).
 Mapping, costs, conflicts, leases and retention: docs/agent-frameworks.md.
 """
 

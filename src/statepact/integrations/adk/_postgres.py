@@ -1,6 +1,6 @@
 """ADK sessions on PostgreSQL: one statement of ``_postgres_sql`` per call.
 
-The tables are revision ``statepact_0007``'s (``schema.AdkTables``, in the backing's
+The tables are revision ``statepact_0006``'s (``schema.AdkTables``, in the backing's
 ``db_schema``); the run of a session is a row of the state store's ``runs`` table.
 Each call runs through ``EngineExecutor``, the stores' own boundary (an AUTOCOMMIT
 connection, the failover of the backing's settings, its error translation): a
@@ -101,9 +101,9 @@ class PostgresSessions:
             )
             raise SchemaVersionError(
                 f"the ADK session service's tables ({names}) do not exist: they come with "
-                "statepact's Alembic revision statepact_0007; run `alembic upgrade head` "
+                "statepact's Alembic revision statepact_0006; run `alembic upgrade head` "
                 "(or `statepact db upgrade`) first. The service never creates them.",
-                expected="statepact_0007",
+                expected="statepact_0006",
             )
 
     async def create(self, new: NewSession) -> CreatedSession | None:

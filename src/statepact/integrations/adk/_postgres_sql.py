@@ -563,7 +563,7 @@ def prune_events(t: AdkTables) -> Select[Any]:
 
 
 def present(t: AdkTables) -> Any:
-    """Whether each of the four tables exists (revision ``statepact_0007``)."""
+    """Whether each of the four tables exists (revision ``statepact_0006``)."""
     names = (t.sessions, t.events, t.app_states, t.user_states)
     return select(
         *(

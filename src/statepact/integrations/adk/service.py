@@ -112,7 +112,7 @@ class StatepactSessionService(BaseSessionService):
     async def open(cls, backing: Backing[Any, Any, Any]) -> Self:
         """The service on ``backing`` (memory, Redis or PostgreSQL), sharing its clock and
         settings. On PostgreSQL it refuses (``SchemaVersionError``) a database without the
-        tables of revision ``statepact_0007``: run ``alembic upgrade head`` or
+        tables of revision ``statepact_0006``: run ``alembic upgrade head`` or
         ``statepact db upgrade`` first; it never creates them."""
         if not isinstance(backing, Backing):
             raise TypeError(f"backing: must be a statepact Backing, got {type(backing).__name__}")

@@ -11,9 +11,10 @@
   ``statepact db``; ``upgrade_from_env`` for an application's own Alembic
   ``env.py``), and :class:`AutogenerateFilter`, which hides statepact's objects
   from an application's autogenerate.
-
-The integrations (``statepact.integrations``) run their own statements through
-:class:`EngineExecutor`, the boundary the stores use (failover, error translation).
+- :class:`EngineExecutor` (SQLAlchemy), :class:`DirectExecutor` and
+  :class:`Prepared` (asyncpg, compiled statements): the executors the stores use
+  (their pool, failover and error translation), for an integration that keeps
+  tables of its own (``statepact.integrations``).
 
 Importing this package imports SQLAlchemy (and asyncpg when a connection is
 made), never Alembic: that is loaded only by the migration helpers. Nothing
@@ -28,6 +29,7 @@ from statepact.storage.postgres._client import (
     create_engine,
     refuse_closed_connections,
 )
+from statepact.storage.postgres._direct import DirectExecutor, Prepared
 from statepact.storage.postgres.backend import PostgresBackend
 from statepact.storage.postgres.backing import open_backing
 from statepact.storage.postgres.migrate import AutogenerateFilter
@@ -39,11 +41,13 @@ from statepact.storage.postgres.verify import verify
 __all__ = [
     "EXPECTED_SCHEMA",
     "AutogenerateFilter",
+    "DirectExecutor",
     "EngineExecutor",
     "PostgresBackend",
     "PostgresStateStore",
     "PostgresStoreSettings",
     "PostgresWorkQueue",
+    "Prepared",
     "StateTables",
     "asyncpg_url",
     "connect_refusal",

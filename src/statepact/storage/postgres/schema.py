@@ -30,6 +30,7 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     Numeric,
     PrimaryKeyConstraint,
@@ -58,11 +59,13 @@ __all__ = [
     "AdkTables",
     "ColumnShape",
     "IndexShape",
+    "LangGraphTables",
     "SchemaShape",
     "StateTables",
     "TableShape",
     "Tables",
     "adk_tables_for",
+    "langgraph_tables",
     "metadata",
     "tables_for",
 ]
@@ -436,16 +439,108 @@ def _define_backend_tables(meta: MetaData) -> None:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class LangGraphTables:
+    """The tables of ``statepact.integrations.langgraph`` (revision ``statepact_0007``).
+
+    Read and written by ``StatepactCheckpointSaver`` alone, under fixed names in
+    the default schema; ``SCHEMA_VERSION`` does not cover them (the saver's
+    ``open()`` checks they exist). Why each index is there:
+    docs/agent-frameworks.md#langgraph-on-postgresql.
+    """
+
+    checkpoints: Table
+    blobs: Table
+    writes: Table
+    threads: Table
+
+
+def _define_langgraph_tables(meta: MetaData) -> LangGraphTables:
+    checkpoints = Table(
+        "statepact_lg_checkpoints",
+        meta,
+        Column("tenant", _ident(), nullable=False),
+        Column("thread_id", _ident(), nullable=False),
+        Column("checkpoint_ns", _ident(), nullable=False),
+        Column("checkpoint_id", _ident(), nullable=False),
+        Column("parent_checkpoint_id", _ident(), nullable=True),
+        Column("run_id", _ident(), nullable=True),
+        Column("type", Text, nullable=False),
+        Column("checkpoint", LargeBinary, nullable=False),
+        Column("metadata", postgresql.JSONB, nullable=False),
+        # The (channel, version) pairs whose blobs hold the checkpoint's values.
+        Column("channels", postgresql.ARRAY(_ident()), nullable=False),
+        Column("versions", postgresql.ARRAY(_ident()), nullable=False),
+        Column("created_at", _tz(), nullable=False),
+        PrimaryKeyConstraint("tenant", "thread_id", "checkpoint_ns", "checkpoint_id"),
+        Index(
+            "ix_statepact_lg_checkpoints_run",
+            "tenant",
+            "run_id",
+            postgresql_where=text("run_id IS NOT NULL"),
+        ),
+    )
+    # alist's metadata filter (``metadata @> :filter``), any key, any JSON value.
+    Index(
+        "ix_statepact_lg_checkpoints_metadata",
+        checkpoints.c.metadata,
+        postgresql_using="gin",
+        postgresql_ops={"metadata": "jsonb_path_ops"},
+    )
+    blobs = Table(
+        "statepact_lg_blobs",
+        meta,
+        Column("tenant", _ident(), nullable=False),
+        Column("thread_id", _ident(), nullable=False),
+        Column("checkpoint_ns", _ident(), nullable=False),
+        Column("channel", _ident(), nullable=False),
+        Column("version", _ident(), nullable=False),
+        Column("type", Text, nullable=False),
+        Column("blob", LargeBinary, nullable=False),
+        PrimaryKeyConstraint("tenant", "thread_id", "checkpoint_ns", "channel", "version"),
+    )
+    writes = Table(
+        "statepact_lg_writes",
+        meta,
+        Column("tenant", _ident(), nullable=False),
+        Column("thread_id", _ident(), nullable=False),
+        Column("checkpoint_ns", _ident(), nullable=False),
+        Column("checkpoint_id", _ident(), nullable=False),
+        Column("task_id", _ident(), nullable=False),
+        Column("idx", Integer, nullable=False),
+        Column("channel", _ident(), nullable=False),
+        Column("type", Text, nullable=False),
+        Column("blob", LargeBinary, nullable=False),
+        Column("task_path", _ident(), nullable=False, server_default=text("''")),
+        PrimaryKeyConstraint(
+            "tenant", "thread_id", "checkpoint_ns", "checkpoint_id", "task_id", "idx"
+        ),
+    )
+    threads = Table(
+        "statepact_lg_threads",
+        meta,
+        Column("tenant", _ident(), nullable=False),
+        Column("thread_id", _ident(), nullable=False),
+        # The injected clock at the thread's last put: retention sweeps by it.
+        Column("written_at", _tz(), nullable=False),
+        PrimaryKeyConstraint("tenant", "thread_id"),
+        Index("ix_statepact_lg_threads_written", "tenant", "written_at"),
+    )
+    return LangGraphTables(checkpoints=checkpoints, blobs=blobs, writes=writes, threads=threads)
+
+
 #: The one ``MetaData``: every table statepact reads, under the default names.
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 _DEFAULT = _define_state_tables(metadata, StateTables(), None)
 _define_backend_tables(metadata)
+#: The tables of the LangGraph checkpoint saver (``statepact.integrations.langgraph``).
+langgraph_tables = _define_langgraph_tables(metadata)
 
 
 @dataclass(frozen=True, slots=True)
 class AdkTables:
     """The tables of the Google ADK session service (``statepact.integrations.adk``),
-    created by revision ``statepact_0007``; docs/agent-frameworks.md#adk-tables.
+    created by revision ``statepact_0006``; docs/agent-frameworks.md#adk-tables.
 
     A state column holds a JSON object whose values are the JSON text of each state
     value (a ``jsonb`` of strings): ``||`` merges a delta key by key on the server,

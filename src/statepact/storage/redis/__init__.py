@@ -13,11 +13,11 @@ data; the plain constructors skip it (tests do that). ``RedisBackend`` (the
 (``_keys``, whose ``StateKeys``/``QueueKeys``/``TxKeys`` this package re-exports
 for tools that name a namespace's keys), every multi-key change is one Lua
 script (``lua/``), and every redis-py error is translated at this package's
-boundary (``_client``).
-
-The integrations (``statepact.integrations``) reach the Redis boundary through
-the names re-exported here: ``AdkKeys``, ``ref``, ``parse_ref``, ``ADK_SCRIPTS`` and
-``ScriptRunner`` (their keys and scripts), ``Failover``, ``gate_of`` and ``as_text``.
+boundary (``_client``). An integration keeping keys of its own
+(``statepact.integrations``) uses the same pieces through the names re-exported
+here: its keys from the codec (``AdkKeys``, ``LangGraphKeys``, ``seg``, ``ref``,
+``parse_ref``), its scripts from the registry (``ScriptRunner``, ``ADK_SCRIPTS``,
+``LANGGRAPH_SCRIPTS``), its calls through ``Failover``, ``gate_of`` and ``as_text``.
 
 Importing this package imports redis-py; ``import statepact`` never does.
 """
@@ -26,14 +26,21 @@ from statepact.settings import RedisStoreSettings
 from statepact.storage.redis._client import Failover, as_text, create_client, gate_of
 from statepact.storage.redis._keys import (
     AdkKeys,
+    LangGraphKeys,
     QueueKeys,
     StateKeys,
     TxKeys,
     glob_escape,
     parse_ref,
     ref,
+    seg,
 )
-from statepact.storage.redis._scripts import ADK_SCRIPTS, ScriptRunner, load_scripts
+from statepact.storage.redis._scripts import (
+    ADK_SCRIPTS,
+    LANGGRAPH_SCRIPTS,
+    ScriptRunner,
+    load_scripts,
+)
 from statepact.storage.redis.backend import RedisBackend
 from statepact.storage.redis.backing import open_backing
 from statepact.storage.redis.preflight import preflight
@@ -42,8 +49,10 @@ from statepact.storage.redis.state import RedisStateStore
 
 __all__ = [
     "ADK_SCRIPTS",
+    "LANGGRAPH_SCRIPTS",
     "AdkKeys",
     "Failover",
+    "LangGraphKeys",
     "QueueKeys",
     "RedisBackend",
     "RedisStateStore",
@@ -61,4 +70,5 @@ __all__ = [
     "parse_ref",
     "preflight",
     "ref",
+    "seg",
 ]

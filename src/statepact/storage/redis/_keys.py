@@ -19,6 +19,7 @@ from statepact.models import RunStatus
 
 __all__ = [
     "AdkKeys",
+    "LangGraphKeys",
     "QueueKeys",
     "StateKeys",
     "TxKeys",
@@ -403,3 +404,68 @@ class AdkKeys:
 
     def op(self, app: str, op_id: str) -> str:
         return f"{self.prefix(app)}op:{seg(op_id)}"
+
+
+@lru_cache(maxsize=4096)
+def _langgraph_prefix(namespace: str, tenant: str) -> str:
+    """``LangGraphKeys.prefix``, built once per tenant."""
+    return f"{namespace}:lg:{{{seg(tenant)}}}:"
+
+
+@dataclass(frozen=True, slots=True)
+class LangGraphKeys:
+    """Keys of the LangGraph checkpoint store (``statepact.integrations.langgraph``).
+
+    Per tenant ``T`` (prefix ``P = <ns>:lg:{seg(T)}:``, one cluster slot), with a
+    thread ``TH``, a namespace ``NS`` and a checkpoint id ``CID``; index members
+    join ids with NUL, which no id holds, so lexical order is their tuple order:
+
+    ==================================  ======  ============================================
+    ``P cp:<seg(TH)>:<seg(NS)>:<seg(CID)>``  hash  the checkpoint (type, data, meta, at,
+                                                    refs, parent, run)
+    ``P wr:<seg(TH)>:<seg(NS)>:<seg(CID)>``  hash  its pending writes, by ``ref(task, idx)``
+    ``P bl:<seg(TH)>:<seg(NS)>``        hash    blobs by ``ref(channel, version)``
+    ``P ix:<seg(TH)>:<seg(NS)>``        zset    CID (lexical)
+    ``P ixt:<seg(TH)>``                 zset    ``CID\\0NS``
+    ``P ixw:<seg(TH)>``                 zset    ``CID\\0NS`` of every writes hash
+    ``P ixa``                           zset    ``CID\\0TH\\0NS``
+    ``P run:<seg(RUN)>``                set     ``TH\\0NS\\0CID`` of the run's checkpoints
+    ``P threads``                       zset    TH, scored by its last write (µs)
+    ==================================  ======  ============================================
+
+    ``lua/langgraph/_prelude.lua`` builds the data-dependent ones the same way.
+    """
+
+    namespace: str = "adk"
+
+    def prefix(self, tenant: str) -> str:
+        return _langgraph_prefix(self.namespace, tenant)
+
+    def checkpoint(
+        self, tenant: str, thread_id: str, checkpoint_ns: str, checkpoint_id: str
+    ) -> str:
+        return f"{self.prefix(tenant)}cp:{seg(thread_id)}:{seg(checkpoint_ns)}:{seg(checkpoint_id)}"
+
+    def writes(self, tenant: str, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> str:
+        return f"{self.prefix(tenant)}wr:{seg(thread_id)}:{seg(checkpoint_ns)}:{seg(checkpoint_id)}"
+
+    def blobs(self, tenant: str, thread_id: str, checkpoint_ns: str) -> str:
+        return f"{self.prefix(tenant)}bl:{seg(thread_id)}:{seg(checkpoint_ns)}"
+
+    def in_namespace(self, tenant: str, thread_id: str, checkpoint_ns: str) -> str:
+        return f"{self.prefix(tenant)}ix:{seg(thread_id)}:{seg(checkpoint_ns)}"
+
+    def in_thread(self, tenant: str, thread_id: str) -> str:
+        return f"{self.prefix(tenant)}ixt:{seg(thread_id)}"
+
+    def writes_of_thread(self, tenant: str, thread_id: str) -> str:
+        return f"{self.prefix(tenant)}ixw:{seg(thread_id)}"
+
+    def in_tenant(self, tenant: str) -> str:
+        return f"{self.prefix(tenant)}ixa"
+
+    def run(self, tenant: str, run_id: str) -> str:
+        return f"{self.prefix(tenant)}run:{seg(run_id)}"
+
+    def threads(self, tenant: str) -> str:
+        return f"{self.prefix(tenant)}threads"

@@ -1,6 +1,7 @@
 """The registry of the Redis backings' Lua scripts: one folder per protocol under ``lua/``.
 
-A script is a file of ``lua/state/``, ``lua/queue/``, ``lua/tx/`` or ``lua/adk/``; what is
+A script is a file of ``lua/state/``, ``lua/queue/``, ``lua/tx/``, ``lua/adk/`` (the ADK
+session service's) or ``lua/langgraph/`` (the LangGraph checkpoint store's); what is
 sent is ``lua/_common.lua``, its folder's ``_prelude.lua``, then the file. The
 registry is the folders' contents (a name in two folders is refused at
 import), read once with :mod:`importlib.resources`, so the scripts ship in the
@@ -24,6 +25,7 @@ from statepact.storage.redis._client import pooled_connection
 
 __all__ = [
     "ADK_SCRIPTS",
+    "LANGGRAPH_SCRIPTS",
     "QUEUE_SCRIPTS",
     "STATE_SCRIPTS",
     "TX_SCRIPTS",
@@ -31,7 +33,7 @@ __all__ = [
     "script_source",
 ]
 
-Family = Literal["state", "queue", "tx", "adk"]
+Family = Literal["state", "queue", "tx", "adk", "langgraph"]
 
 _LUA = files("statepact.storage.redis") / "lua"
 
@@ -52,6 +54,8 @@ QUEUE_SCRIPTS = _scripts_in("queue")
 TX_SCRIPTS = _scripts_in("tx")
 #: The Google ADK session service's (``statepact.integrations.adk``).
 ADK_SCRIPTS = _scripts_in("adk")
+#: The LangGraph checkpoint saver's (``statepact.integrations.langgraph``).
+LANGGRAPH_SCRIPTS = _scripts_in("langgraph")
 
 
 def _registry() -> dict[str, Family]:
@@ -60,6 +64,7 @@ def _registry() -> dict[str, Family]:
         "queue": QUEUE_SCRIPTS,
         "tx": TX_SCRIPTS,
         "adk": ADK_SCRIPTS,
+        "langgraph": LANGGRAPH_SCRIPTS,
     }
     families: dict[str, Family] = {}
     for family, names in folders.items():

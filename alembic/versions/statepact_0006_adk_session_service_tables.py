@@ -12,7 +12,7 @@ Generated with ``alembic revision --autogenerate`` from
 ``statepact.storage.postgres.schema.metadata`` and reviewed by hand. A
 revision is a frozen snapshot: it never imports statepact.
 
-Revision ID: statepact_0007
+Revision ID: statepact_0006
 Revises: statepact_0005
 Create Date: 2026-12-07 14:37:33.086028
 
@@ -27,7 +27,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 # revision identifiers, used by Alembic.
-revision: str = "statepact_0007"
+revision: str = "statepact_0006"
 down_revision: str | None = "statepact_0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
