@@ -68,6 +68,7 @@ __all__ = [
     "langgraph_tables",
     "metadata",
     "tables_for",
+    "worker_table_for",
 ]
 
 #: The version the head revision writes into ``adk_schema``; bump it in a new revision.
@@ -655,6 +656,44 @@ def tables_for(names: StateTables | None = None, db_schema: str | None = None) -
     if names == StateTables() and db_schema is None:
         return _DEFAULT
     return _define_state_tables(MetaData(naming_convention=NAMING_CONVENTION), names, db_schema)
+
+
+def _define_worker_table(meta: MetaData, db_schema: str | None) -> Table:
+    """Live workers for the dashboard (``statepact.dashboard.workers``, ``statepact_0010``).
+
+    One row per worker, rewritten by its beat; a row whose ``last_seen`` is older
+    than its ``ttl_seconds`` is a worker that went away. Only the registry reads it.
+    """
+    return Table(
+        "statepact_workers",
+        meta,
+        Column("worker_id", _ident(), nullable=False),
+        Column("host", Text, nullable=False),
+        Column("queues", postgresql.JSONB, nullable=False),
+        Column("concurrency", Integer, nullable=False),
+        Column("in_flight", Integer, nullable=False),
+        Column("failures", BigInteger, nullable=False),
+        Column("last_error", Text, nullable=True),
+        Column("ttl_seconds", Double, nullable=False),
+        Column("started_at", _tz(), nullable=False),
+        Column("last_seen", _tz(), nullable=False),
+        PrimaryKeyConstraint("worker_id"),
+        # The live listing and the sweep of the gone both read by last_seen.
+        Index("ix_statepact_workers_last_seen", "last_seen"),
+        schema=db_schema,
+    )
+
+
+#: The worker registry's table under the default schema, in :data:`metadata`.
+WORKER_TABLE = _define_worker_table(metadata, None)
+
+
+@lru_cache(maxsize=8)
+def worker_table_for(db_schema: str | None = None) -> Table:
+    """The worker registry's table in schema ``db_schema`` (default: the search_path)."""
+    if db_schema is None:
+        return WORKER_TABLE
+    return _define_worker_table(MetaData(naming_convention=NAMING_CONVENTION), db_schema)
 
 
 # -- EXPECTED_SCHEMA -----------------------------------------------------------

@@ -23,6 +23,7 @@ __all__ = [
     "QueueKeys",
     "StateKeys",
     "TxKeys",
+    "WorkerKeys",
     "glob_escape",
     "parse_ref",
     "ref",
@@ -469,3 +470,19 @@ class LangGraphKeys:
 
     def threads(self, tenant: str) -> str:
         return f"{self.prefix(tenant)}threads"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerKeys:
+    """The worker registry's one key (``statepact.dashboard.workers``).
+
+    ``<ns>:workers``: a hash, worker id -> the worker's JSON record (with its
+    ``last_seen`` and ``ttl_seconds``); the key itself expires when no worker
+    has beaten for longer than the longest time to live.
+    """
+
+    namespace: str
+
+    @property
+    def registry(self) -> str:
+        return f"{self.namespace}:workers"
