@@ -61,6 +61,11 @@ COMMANDS: tuple[Subcommand, ...] = (
         "inspect a queue, requeue or purge its dead letters",
         "statepact.cli.queue",
     ),
+    Subcommand(
+        "dashboard",
+        "serve the operator's web dashboard and /metrics for a queue",
+        "statepact.cli.dashboard",
+    ),
 )
 
 
