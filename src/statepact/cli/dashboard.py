@@ -154,9 +154,10 @@ async def open_dashboard_backing(args: argparse.Namespace) -> AsyncIterator[Any]
 async def _more_queues(backing: Any, names: list[str]) -> list[Any]:
     """The ``--also-queue`` queues, on the backing's own client and settings."""
     queue = backing.queue
+    settings = getattr(queue, "settings", None) or queue._settings
     return [
         await type(queue).open(
-            backing.client, clock=queue.clock, settings=queue.settings.replace(queue_name=name)
+            backing.client, clock=queue.clock, settings=settings.replace(queue_name=name)
         )
         for name in names
     ]

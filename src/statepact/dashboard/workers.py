@@ -274,7 +274,8 @@ def registry_for(queue: WorkQueue, *, client: Any = None) -> WorkerRegistry:
         if registry is None:
             registry = _MEMORY[queue] = MemoryWorkerRegistry(clock=clock)
         return registry
-    settings = getattr(queue, "settings", None)
+    # RedisWorkQueue has a public ``settings``; PostgresWorkQueue keeps its own private.
+    settings = getattr(queue, "settings", None) or getattr(queue, "_settings", None)
     if kind == "RedisWorkQueue":
         # The queue's own client: the registry lives on the server that holds the queue.
         redis = client if client is not None else queue._redis  # type: ignore[attr-defined]
@@ -353,14 +354,14 @@ def start_presence(
     async def run() -> None:
         try:
             while True:
-                info = replace(
-                    base,
-                    in_flight=in_flight(),
-                    last_seen=clock.now(),
-                    failures=tally.failures,
-                    last_error=tally.last_error,
-                )
                 try:
+                    info = replace(
+                        base,
+                        in_flight=in_flight(),
+                        last_seen=clock.now(),
+                        failures=tally.failures,
+                        last_error=tally.last_error,
+                    )
                     await where.beat(info)
                 except Exception as exc:
                     logger.warning("worker %s: registry beat failed: %s", worker_id, exc)
