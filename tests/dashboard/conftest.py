@@ -148,7 +148,9 @@ async def postgres_setup(statepact_postgres_database: str) -> AsyncIterator[Setu
 
 
 @pytest.fixture
-async def redis_setup(statepact_redis_url: str, statepact_redis_namespace: str) -> AsyncIterator[Setup]:
+async def redis_setup(
+    statepact_redis_url: str, statepact_redis_namespace: str
+) -> AsyncIterator[Setup]:
     from pydantic import SecretStr
 
     from statepact.queue import QueuePolicy

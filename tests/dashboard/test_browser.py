@@ -62,7 +62,9 @@ class Page:
 
     async def screenshot(self, name: str) -> None:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(self.driver.save_screenshot, str(SCREENSHOTS / f"dashboard-{name}.png"))
+        await asyncio.to_thread(
+            self.driver.save_screenshot, str(SCREENSHOTS / f"dashboard-{name}.png")
+        )
 
 
 async def _enqueued_item_appears(setup: Setup, chrome: Any) -> None:

@@ -48,7 +48,7 @@ as a Bearer token or as the password of HTTP Basic auth. --read-only turns every
 action (pause, cancel, requeue, purge) off. Passwords in URLs are never shown.
 """
 
-TOKEN_ENV = "STATEPACT_DASHBOARD_TOKEN"
+TOKEN_ENV = "STATEPACT_DASHBOARD_TOKEN"  # noqa: S105 - the variable's name, not a secret
 DEFAULT_PORT = 8765
 
 
@@ -142,11 +142,11 @@ async def open_dashboard_backing(args: argparse.Namespace) -> AsyncIterator[Any]
         raise CommandError(str(exc).splitlines()[0]) from None
     engine = create_engine(pg)
     try:
-        backing = await open_postgres(pg, clock=clock, client=engine)
+        pg_backing = await open_postgres(pg, clock=clock, client=engine)
         try:
-            yield backing
+            yield pg_backing
         finally:
-            await backing.close()
+            await pg_backing.close()
     finally:
         await finish(engine.dispose())
 

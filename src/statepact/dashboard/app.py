@@ -103,9 +103,7 @@ class _Guard(BaseHTTPMiddleware):
         if self._token is not None and not credential_ok(
             request.headers.get("authorization"), self._token
         ):
-            response: Response = PlainTextResponse(
-                "a credential is required", status_code=401
-            )
+            response: Response = PlainTextResponse("a credential is required", status_code=401)
             response.headers["www-authenticate"] = 'Basic realm="statepact dashboard"'
         else:
             cookie = request.cookies.get(CSRF_COOKIE)
@@ -169,7 +167,9 @@ class Dashboard:
             return self.render(request, "error.html", {"message": message}, 400)
         except Exception as exc:
             logger.exception("dashboard: %s %s failed", request.method, request.url.path)
-            message = f"{type(exc).__name__}: {redact_dsn(str(exc).splitlines()[0] if str(exc) else '')}"
+            message = (
+                f"{type(exc).__name__}: {redact_dsn(str(exc).splitlines()[0] if str(exc) else '')}"
+            )
             return self.render(request, "error.html", {"message": message}, 500)
 
     # -- pages -------------------------------------------------------------------
