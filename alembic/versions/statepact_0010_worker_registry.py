@@ -23,7 +23,7 @@ from sqlalchemy.dialects import postgresql
 
 # revision identifiers, used by Alembic.
 revision: str = "statepact_0010"
-down_revision: str | None = "statepact_0007"  # DEV-ONLY: 0009 at merge
+down_revision: str | None = "statepact_0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
