@@ -331,6 +331,7 @@ CALLS: tuple[CallSpec, ...] = (
     CallSpec(_MANAGER, "renew_lease", "tx", "renew_lease"),
     CallSpec(_MANAGER, "release_lease", "tx", "release_lease"),
     CallSpec(_MANAGER, "history", "tx", "history", _keyed),
+    CallSpec(_MANAGER, "prune_history", "tx", "prune_history"),
     CallSpec(_MANAGER, "register_resource", "tx", "register_resource", _named_resource),
     CallSpec(_MANAGER, "resource_info", "tx", "resource_info", _named_resource),
     CallSpec(_MANAGER, "health_check", "tx", "health_check"),

@@ -43,7 +43,13 @@ from sqlalchemy.sql.dml import ReturningDelete, ReturningInsert, ReturningUpdate
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import CTE
 
-from statepact.storage.postgres._sql import TZ, param, shared_lock_timeout, unseen_param
+from statepact.storage.postgres._sql import (
+    TZ,
+    param,
+    prune_step,
+    shared_lock_timeout,
+    unseen_param,
+)
 from statepact.storage.postgres.schema import Tables
 
 __all__ = ["COUNTERS", "StateStatements", "statements"]
@@ -455,22 +461,7 @@ def prune_runs(runs: Table, writes: Table, *, one_tenant: bool) -> Select[Any]:
         .where(writes.c.tenant == gone.c.tenant, writes.c.run_id == gone.c.run_id)
         .cte("forgotten")
     )
-    last = (
-        select(page.c.tenant, page.c.seq)
-        .order_by(page.c.tenant.desc(), page.c.seq.desc())
-        .limit(1)
-        .subquery("last")
-    )
-    return (
-        select(
-            select(func.count()).select_from(gone).scalar_subquery().label("deleted"),
-            select(func.count()).select_from(page).scalar_subquery().label("looked"),
-            last.c.tenant,
-            last.c.seq,
-        )
-        .select_from(last)
-        .add_cte(forgotten)
-    )
+    return prune_step(page, [page.c.tenant, page.c.seq], gone, forgotten)
 
 
 def delete_session(sessions: Table) -> ReturningDelete[Any]:
