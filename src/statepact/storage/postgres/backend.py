@@ -779,8 +779,8 @@ class PostgresBackend:
         async def work(conn: Statements) -> CommitResult:
             nonlocal attempts
             attempts += 1
-            # A second attempt may meet its first one applied (docs/backings.md, "Lost
-            # replies"): it says so, and the function looks for it.
+            # A second attempt may meet its first one applied (docs/backings.md, "The
+            # commit function"): it says so, and the function looks for it.
             sent = commit.text(resend=attempts > 1)
             try:
                 reply = (await conn.execute(COMMIT, {"request": sent})).scalar_one()
@@ -792,7 +792,8 @@ class PostgresBackend:
             return self._landed(commit, _commit_result(reply))
 
         try:
-            # Safe to send again (see "Lost replies" in the module docstring).
+            # Safe to send again: a resend finds its first attempt (docs/backings.md,
+            # "The commit function").
             return await self._run(work, idempotent=True)
         except DeadlockError as exc:
             raise ConflictError(
