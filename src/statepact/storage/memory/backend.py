@@ -20,8 +20,6 @@ from typing import Self
 from statepact.clock import Clock
 from statepact.errors import (
     ConflictError,
-    FencingError,
-    IdempotencyConflictError,
     LockTimeoutError,
 )
 from statepact.settings import MemoryStoreSettings
@@ -34,6 +32,7 @@ from statepact.tx import (
     Lease,
     LeaseRequest,
     LockMode,
+    Refusal,
     Snapshot,
     StoredResource,
     StoredValue,
@@ -267,7 +266,7 @@ class MemoryBackend:
 
     # -- commit ---------------------------------------------------------------------------
 
-    async def commit(self, request: CommitRequest) -> CommitResult:
+    async def commit(self, request: CommitRequest) -> CommitResult | Refusal:
         # Atomic in the event loop: nothing below awaits, so no other task runs between
         # the checks and the apply.
         if self._closed:
@@ -276,51 +275,52 @@ class MemoryBackend:
             fence = request.fencing
             highest = self._fence.get(fence.resource, 0)
             if fence.token < highest:
-                raise FencingError(resource=fence.resource, token=fence.token, highest=highest)
+                return Refusal("fenced", fence.resource, seen=fence.token, latest=highest)
         if request.idempotency_key is not None:
             seen = self._idempotency.get(request.idempotency_key)
             if seen is not None:
                 if seen[0] != request.fingerprint:
-                    raise IdempotencyConflictError(request.idempotency_key)
+                    return Refusal("idempotency", key=request.idempotency_key)
                 return replace(seen[1], replayed=True)
         snapshot = request.snapshot
         taken_at = self._seq if snapshot is None else snapshot.sequence
         if request.isolation is not _READ_COMMITTED:
-            self._validate(request, taken_at)
+            refusal = self._validate(request, taken_at)
+            if refusal is not None:
+                return refusal
         result = self._apply(request, taken_at)
         if request.idempotency_key is not None and request.fingerprint is not None:
             self._idempotency[request.idempotency_key] = (request.fingerprint, result)
         return result
 
-    def _validate(self, request: CommitRequest, taken_at: int) -> None:
+    def _validate(self, request: CommitRequest, taken_at: int) -> Refusal | None:
         chains = self._chains
         for write in request.writes:
             chain = chains.get((write.resource, write.key))
             if chain is not None and chain.versions[-1] > taken_at:
-                raise ConflictError.write_conflict(
-                    write.resource, write.key, latest=chain.versions[-1], taken_at=taken_at
+                return Refusal(
+                    "write", write.resource, write.key, latest=chain.versions[-1], taken_at=taken_at
                 )
         if request.isolation is not _SERIALIZABLE:
-            return
+            return None
         for read in request.reads:
             latest = self._latest((read.resource, read.key))
             if latest != read.version:
-                raise ConflictError.read_conflict(
-                    read.resource, read.key, seen=read.version, latest=latest
-                )
+                return Refusal("read", read.resource, read.key, seen=read.version, latest=latest)
         if not request.writes:
-            return  # a read-only commit takes no place in the commit order
+            return None  # a read-only commit takes no place in the commit order
         # The audit: a second, independent check. Backward validation above already
         # leaves the candidate no edge to a retained commit, so this is not expected to
         # refuse; it re-derives serializability from the footprints instead of trusting it.
         candidate = self._footprint(request, self._seq + 1)
         cycle = self._graph.cycle_through(candidate)
         if cycle is not None:
-            raise ConflictError(
-                "serialization-graph audit: committing would close the dependency cycle "
-                + " -> ".join([*cycle, cycle[0]])
-                + "; retry the transaction"
+            return Refusal(
+                "other",
+                reason="serialization-graph audit: committing would close the dependency "
+                "cycle " + " -> ".join([*cycle, cycle[0]]) + "; retry the transaction",
             )
+        return None
 
     @staticmethod
     def _footprint(request: CommitRequest, seq: int) -> Footprint:

@@ -16,6 +16,7 @@ password in a message.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
@@ -47,6 +48,7 @@ __all__ = [
     "connect_refusal",
     "constraint_of",
     "create_engine",
+    "detail_of",
     "is_connection_error",
     "is_rolled_back",
     "lacking_privilege",
@@ -115,6 +117,20 @@ def _chain(exc: BaseException) -> list[BaseException]:
         nested = getattr(current, "orig", None)
         current = nested if isinstance(nested, BaseException) else current.__cause__
     return out
+
+
+def detail_of(exc: BaseException) -> dict[str, Any]:
+    """The JSON object a server function raised its error with as DETAIL (``{}`` if none):
+    how ``statepact_commit`` says what it refused (``_commits.refusal_of``)."""
+    for link in _chain(exc):
+        detail = getattr(link, "detail", None)
+        if isinstance(detail, str) and detail:
+            try:
+                parsed = json.loads(detail)
+            except ValueError:
+                return {}
+            return parsed if isinstance(parsed, dict) else {}
+    return {}
 
 
 def lacking_privilege(what: str, exc: BaseException) -> str:

@@ -23,8 +23,6 @@ from statepact._retry import RetryPolicy
 from statepact.clock import Clock, from_micros, to_micros
 from statepact.errors import (
     ConflictError,
-    FencingError,
-    IdempotencyConflictError,
     StatepactError,
     StatePersistenceError,
 )
@@ -40,6 +38,7 @@ from statepact.tx import (
     Lease,
     LeaseRequest,
     LockMode,
+    Refusal,
     Snapshot,
     StoredResource,
     StoredValue,
@@ -337,7 +336,7 @@ class RedisBackend:
 
     # -- commit ---------------------------------------------------------------------------
 
-    async def commit(self, request: CommitRequest) -> CommitResult:
+    async def commit(self, request: CommitRequest) -> CommitResult | Refusal:
         keys = self._keys
         # Only serializable validates reads; the others need not send them.
         reads = request.reads if request.isolation is Isolation.SERIALIZABLE else ()
@@ -380,18 +379,18 @@ class RedisBackend:
             return CommitResult(int(reply[1]), replayed=True)
         if code == _FENCED:
             assert fence is not None
-            raise FencingError(resource=fence.resource, token=fence.token, highest=int(reply[1]))
+            return Refusal("fenced", fence.resource, seen=fence.token, latest=int(reply[1]))
         if code == _IDEMPOTENCY_CONFLICT:
             assert request.idempotency_key is not None
-            raise IdempotencyConflictError(request.idempotency_key)
+            return Refusal("idempotency", key=request.idempotency_key)
         which, index, latest = int(reply[1]), int(reply[2]) - 1, int(reply[3])
         if which == _WRITE:
             write = request.writes[index]
-            raise ConflictError.write_conflict(
-                write.resource, write.key, latest=latest, taken_at=request.taken_at
+            return Refusal(
+                "write", write.resource, write.key, latest=latest, taken_at=request.taken_at
             )
         read = reads[index]
-        raise ConflictError.read_conflict(read.resource, read.key, seen=read.version, latest=latest)
+        return Refusal("read", read.resource, read.key, seen=read.version, latest=latest)
 
     # -- locks ------------------------------------------------------------------------------
 
