@@ -14,6 +14,7 @@ __all__ = [
     "MAX_ENQUEUE_BATCH",
     "MAX_HISTORY",
     "MAX_PAGE",
+    "MAX_PRIORITY",
     "MAX_RETRY_DELAY",
     "MAX_SHARED_COMMITS",
     "MAX_SHARED_ENQUEUES",
@@ -30,6 +31,9 @@ MAX_ENQUEUE_BATCH = 10_000
 MAX_BATCH_BYTES = 64 * 1024 * 1024
 #: The most rows one page of ``list_runs``/``list_sessions``/``dead_letters`` returns.
 MAX_PAGE = 1000
+#: The bound of a work item's priority, either way: ``-MAX_PRIORITY..MAX_PRIORITY``
+#: (the front checks it; PostgreSQL's table holds it as a CHECK constraint).
+MAX_PRIORITY = 1000
 #: The most versions one ``history`` call returns.
 MAX_HISTORY = 1000
 #: The largest value a run counter holds (cost in nano-units): a signed 64-bit integer.

@@ -221,6 +221,11 @@ class Transaction:
         # The turn on a hot key its first read waited for (statepact._turns), until it ends.
         self._turn: Turn | None = None
 
+    @property
+    def manager(self) -> TransactionManager:
+        """The manager this transaction belongs to."""
+        return self._manager
+
     # -- lifecycle ---------------------------------------------------------------
 
     async def start(self) -> Transaction:

@@ -342,6 +342,11 @@ class Executor(Protocol):
     @property
     def bound(self) -> bool: ...
 
+    @property
+    def target(self) -> AsyncEngine | AsyncConnection | AsyncSession:
+        """What the calls run on (observability reads its URL, docs/observability.md)."""
+        ...
+
     async def run(
         self,
         work: Work[T],
@@ -391,6 +396,10 @@ class EngineExecutor:
         target = self._engine if self._engine is not None else self._connection
         assert target is not None
         return target
+
+    @property
+    def target(self) -> AsyncEngine | AsyncConnection:
+        return self.engine
 
     async def run(
         self,
@@ -468,6 +477,10 @@ class BoundExecutor:
         self._target = target
         self._kind = type(target).__name__
         self._failures = Failures(unavailable, what)
+
+    @property
+    def target(self) -> AsyncSession | AsyncConnection:
+        return self._target
 
     def _refuse(self, why: str) -> OutOfTurnError:
         return OutOfTurnError(

@@ -228,6 +228,10 @@ class DirectExecutor:
     def engine(self) -> AsyncEngine:
         return self._engine
 
+    @property
+    def target(self) -> AsyncEngine:
+        return self._engine
+
     async def _checkout(self) -> _Taken:
         # The engine's pool now: engine.dispose() replaces it, and a connection of the old
         # one goes back to the old one (which closes it) rather than on to the next call.

@@ -354,6 +354,11 @@ class PostgresBackend:
     def engine(self) -> AsyncEngine:
         return self._engine
 
+    @property
+    def client(self) -> AsyncEngine:
+        """The client the calls go through (observability reads where it points)."""
+        return self._executor.target
+
     def __repr__(self) -> str:
         return f"PostgresBackend(lock_timeout={self.lock_timeout:g})"
 

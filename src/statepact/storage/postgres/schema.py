@@ -45,8 +45,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.schema import CreateIndex, CreateSequence, CreateTable
 
+from statepact._limits import MAX_PRIORITY
 from statepact.models import ItemStatus, RunStatus
-from statepact.queue import MAX_PRIORITY
 
 __all__ = [
     "ADK_TABLES",

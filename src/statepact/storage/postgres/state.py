@@ -274,6 +274,11 @@ class PostgresStateStore(BaseStateStore):
     def tables(self) -> Tables:
         return self._tables
 
+    @property
+    def client(self) -> AsyncEngine | AsyncConnection | AsyncSession:
+        """The client the calls go through (observability reads where it points)."""
+        return self._executor.target
+
     def __repr__(self) -> str:
         mode = "bound" if self._executor.bound else "engine"
         return f"PostgresStateStore(runs={self._tables.runs.name!r}, {mode})"

@@ -24,6 +24,7 @@ __all__ = [
     "StateKeys",
     "TxKeys",
     "glob_escape",
+    "namespace_patterns",
     "parse_ref",
     "ref",
     "seg",
@@ -485,3 +486,25 @@ class LangGraphKeys:
 
     def threads(self, tenant: str) -> str:
         return f"{self.prefix(tenant)}threads"
+
+
+def namespace_patterns(namespace: str) -> tuple[str, ...]:
+    """SCAN ``MATCH`` patterns covering every key statepact writes under ``namespace`` (as
+    ``RedisStoreSettings.namespace``, and as a ``RedisBackend``'s ``tx_prefix``) and no
+    other namespace's: the per-tenant prefixes of the state store, the ADK sessions and
+    LangGraph up to their tenant tag, the queue's hash tag, and the transaction backend's
+    whole tag. Read off the builders above, so the patterns follow the layout."""
+    tenant_free = (
+        prefix[: prefix.rindex("{")]
+        for prefix in (
+            _state_prefix(namespace, ""),
+            _adk_prefix(namespace, ""),
+            _langgraph_prefix(namespace, ""),
+        )
+    )
+    queue = QueueKeys(namespace=namespace).prefix
+    return (
+        *(f"{glob_escape(prefix)}*" for prefix in tenant_free),
+        f"{glob_escape(queue[: queue.index('}') + 1])}:*",
+        TxKeys(namespace).match_all,
+    )

@@ -242,6 +242,11 @@ class RedisBackend:
     def prefix(self) -> str:
         return self._keys.prefix
 
+    @property
+    def client(self) -> Any:
+        """The client the calls go through (observability reads where it points)."""
+        return self._redis
+
     def __repr__(self) -> str:
         return f"RedisBackend(prefix={self._keys.prefix!r}, history_limit={self.history_limit})"
 

@@ -88,6 +88,11 @@ class RedisStateStore(BaseStateStore):
     def settings(self) -> RedisStoreSettings:
         return self._settings
 
+    @property
+    def client(self) -> Any:
+        """The client the calls go through (observability reads where it points)."""
+        return self._redis
+
     def __repr__(self) -> str:
         return f"RedisStateStore(namespace={self._settings.namespace!r})"
 
