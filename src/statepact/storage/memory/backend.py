@@ -15,7 +15,7 @@ import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Self
+from typing import Self, TypedDict, Unpack
 
 from statepact.clock import Clock
 from statepact.errors import (
@@ -101,6 +101,16 @@ class _Chain:
         self.until = [self.until[i] for i in indexes]
 
 
+class MemoryBackendOptions(TypedDict, total=False):
+    """The keyword forms of ``MemoryStoreSettings``' transaction fields; ``None`` keeps the
+    setting."""
+
+    lock_timeout: float | None
+    serialization_window: int | None
+    retain_versions: int | None
+    gc: bool | None
+
+
 class MemoryBackend:
     """The in-process ``StorageBackend`` (see the module docstring).
 
@@ -130,17 +140,9 @@ class MemoryBackend:
         *,
         clock: Clock | None = None,
         settings: MemoryStoreSettings | None = None,
-        lock_timeout: float | None = None,
-        serialization_window: int | None = None,
-        retain_versions: int | None = None,
-        gc: bool | None = None,
+        **options: Unpack[MemoryBackendOptions],
     ) -> None:
-        self._settings = (settings or MemoryStoreSettings()).replace(
-            lock_timeout=lock_timeout,
-            serialization_window=serialization_window,
-            retain_versions=retain_versions,
-            gc=gc,
-        )
+        self._settings = (settings or MemoryStoreSettings()).replace(**options)
         self.clock: Clock | None = clock
         self.lock_timeout = self._settings.lock_timeout
         self.serialization_window = self._settings.serialization_window

@@ -20,17 +20,14 @@ never print a DSN, and never let an SQLAlchemy or asyncpg exception out.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypedDict, TypeVar, Unpack
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
 from statepact._cancel import finish
-from statepact._limits import MAX_BATCH_BYTES, MAX_SHARED_READS
 from statepact._retry import RetryPolicy
-from statepact._shared import SharedRoundTrips
 from statepact.clock import Clock
 from statepact.errors import (
     ConflictError,
@@ -39,10 +36,11 @@ from statepact.errors import (
     StatePersistenceError,
 )
 from statepact.settings import PostgresStoreSettings
-from statepact.storage.postgres._client import asyncpg_url, create_engine
 from statepact.storage.postgres._commits import Commits
 from statepact.storage.postgres._direct import DirectExecutor, Prepared, Statements
+from statepact.storage.postgres._pool import own_engine
 from statepact.storage.postgres._predict import LocalOrder
+from statepact.storage.postgres._reads import FirstReads
 from statepact.storage.postgres._sql import tx as sql
 from statepact.tx import (
     CommitRequest,
@@ -62,8 +60,6 @@ __all__ = ["PostgresBackend"]
 # Compiled once for the driver (_direct.Prepared).
 ACQUIRE_LEASE = Prepared(sql.ACQUIRE_LEASE)
 BEGIN = Prepared(sql.BEGIN)
-BEGIN_READ = Prepared(sql.BEGIN_READ)
-BEGIN_READ_MANY = Prepared(sql.BEGIN_READ_MANY)
 HISTORY = Prepared(sql.HISTORY)
 PRUNE_HISTORY = Prepared(sql.PRUNE_HISTORY)
 READ_AT = Prepared(sql.READ_AT)
@@ -81,23 +77,29 @@ _ABSENT = StoredValue(None, 0)
 
 T = TypeVar("T")
 
-# Seconds to open a connection before calling the attempt failed (asyncpg waits 60).
-_CONNECT_TIMEOUT = 10.0
-_ACCEPTED_DRIVERS = ("postgresql", "postgres", "postgresql+asyncpg")
 
 # -- helpers ------------------------------------------------------------------------------
 
 
+class PostgresBackendOptions(TypedDict, total=False):
+    """The keyword forms of ``PostgresStoreSettings``' transaction fields (``failover`` the
+    three ``failover_*``); ``None`` keeps the setting."""
+
+    lock_timeout: float | None
+    lock_ttl_seconds: float | None
+    serialization_window: int | None
+    failover: RetryPolicy | None
+
+
+def _configured(
+    settings: PostgresStoreSettings | None, options: PostgresBackendOptions
+) -> PostgresStoreSettings:
+    """``settings`` with the keyword options applied: the one place they become settings."""
+    return (settings or PostgresStoreSettings()).replace(**options)
+
+
 def _unavailable(message: str) -> StatePersistenceError:
     return StatePersistenceError(message, reason="unavailable")
-
-
-@dataclass(frozen=True, slots=True)
-class _FirstRead:
-    """A transaction's first read, waiting to be sent (alone or with others)."""
-
-    resource: str
-    key: str
 
 
 class PostgresBackend:
@@ -138,21 +140,13 @@ class PostgresBackend:
         *,
         clock: Clock | None = None,
         settings: PostgresStoreSettings | None = None,
-        lock_timeout: float | None = None,
-        lock_ttl_seconds: float | None = None,
-        serialization_window: int | None = None,
-        failover: RetryPolicy | None = None,
+        **options: Unpack[PostgresBackendOptions],
     ) -> None:
         if not isinstance(engine, AsyncEngine):
             raise TypeError(
                 f"engine: must be an SQLAlchemy AsyncEngine, got {type(engine).__name__}"
             )
-        self._settings = settings = (settings or PostgresStoreSettings()).replace(
-            lock_timeout=lock_timeout,
-            lock_ttl_seconds=lock_ttl_seconds,
-            serialization_window=serialization_window,
-            failover=failover,
-        )
+        self._settings = settings = _configured(settings, options)
         self.lock_timeout = settings.lock_timeout
         self.lock_ttl_seconds = settings.lock_ttl_seconds
         self.history_retention: float | None = settings.history_retention_seconds
@@ -169,17 +163,7 @@ class PostgresBackend:
         # Transactions of this process that asked for a lock; end() releases theirs.
         self._locking: set[str] = set()
         self._closed = False
-        self._first_reads: SharedRoundTrips[_FirstRead, tuple[Snapshot, StoredValue]] = (
-            SharedRoundTrips(
-                self._first_read,
-                self._first_reads_together,
-                keys=lambda _read: (),
-                size=lambda read: len(read.resource) + len(read.key),
-                max_items=MAX_SHARED_READS,
-                max_bytes=MAX_BATCH_BYTES,
-                name="statepact-first-reads",
-            )
-        )
+        self._first_reads = FirstReads(self._read, lambda work: self._run(work, idempotent=True))
         self._commits = Commits(lambda work: self._run(work, idempotent=True), LocalOrder())
 
     @classmethod
@@ -190,10 +174,7 @@ class PostgresBackend:
         clock: Clock | None = None,
         settings: PostgresStoreSettings | None = None,
         create_schema: bool = False,
-        lock_timeout: float | None = None,
-        lock_ttl_seconds: float | None = None,
-        serialization_window: int | None = None,
-        failover: RetryPolicy | None = None,
+        **options: Unpack[PostgresBackendOptions],
     ) -> Self:
         """A backend on ``engine`` (which the caller keeps owning), after checking the schema.
 
@@ -202,15 +183,7 @@ class PostgresBackend:
         do not exist yet: then the packaged Alembic revisions are applied.
         The option keywords are the constructor's.
         """
-        backend = cls(
-            engine,
-            clock=clock,
-            settings=settings,
-            lock_timeout=lock_timeout,
-            lock_ttl_seconds=lock_ttl_seconds,
-            serialization_window=serialization_window,
-            failover=failover,
-        )
+        backend = cls(engine, clock=clock, settings=_configured(settings, options))
         await backend._ensure_schema(create_schema)
         return backend
 
@@ -245,39 +218,22 @@ class PostgresBackend:
         over); opening a connection may take 10 s (``connect_args={"timeout":
         ...}`` changes it). ``engine_options`` go to ``create_async_engine``.
         """
-        if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 0:
-            raise ValueError(f"min_size: must be a non-negative int, got {min_size!r}")
-        if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
-            raise ValueError(f"max_size: must be a positive int, got {max_size!r}")
-        if min_size > max_size:
-            raise ValueError(f"min_size: {min_size} is above max_size {max_size}")
-        if not statement_timeout > 0:
-            raise ValueError(f"statement_timeout: must be positive, got {statement_timeout}")
-        url = asyncpg_url(dsn)
-        settings = PostgresStoreSettings(
-            dsn=url.render_as_string(hide_password=False),
-            pool_size=max_size,
-            max_overflow=0,
+        base, engine = own_engine(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
             pool_timeout=pool_timeout,
-        ).replace(
-            lock_timeout=lock_timeout,
-            lock_ttl_seconds=lock_ttl_seconds,
-            serialization_window=serialization_window,
-            failover=failover,
+            statement_timeout=statement_timeout,
+            engine_options=engine_options,
         )
-        connect_args = dict(engine_options.pop("connect_args", {}))
-        server_settings = dict(connect_args.pop("server_settings", {}))
-        server_settings.setdefault("statement_timeout", str(round(statement_timeout * 1000)))
-        connect_args["server_settings"] = server_settings
-        # The client's own bound, a little longer than the server's: a partitioned
-        # server never answers, and a call must fail over instead of hanging.
-        connect_args.setdefault("command_timeout", statement_timeout + 5.0)
-        connect_args.setdefault("timeout", _CONNECT_TIMEOUT)
-        # No pre-ping (create_engine's default): it would add round trips to every
-        # checkout; a connection the server closed is refused at checkout for free,
-        # and every call here is safe to send again after one that went stale.
-        engine = create_engine(
-            settings, pool_pre_ping=False, connect_args=connect_args, **engine_options
+        settings = _configured(
+            base,
+            PostgresBackendOptions(
+                lock_timeout=lock_timeout,
+                lock_ttl_seconds=lock_ttl_seconds,
+                serialization_window=serialization_window,
+                failover=failover,
+            ),
         )
         try:
             backend = await cls.open(
@@ -394,45 +350,9 @@ class PostgresBackend:
     ) -> tuple[Snapshot, StoredValue]:
         if self._closed:
             raise RuntimeError("PostgresBackend: closed")
-        taken = await self._first_reads.send(_FirstRead(resource, key))
+        taken = await self._first_reads.send(resource, key)
         self._commits.order.taken(taken[0])
         return taken
-
-    async def _first_read(self, read: _FirstRead) -> tuple[Snapshot, StoredValue]:
-        params = {"resource": read.resource, "key": read.key}
-
-        async def work(conn: Statements) -> tuple[Snapshot, StoredValue]:
-            token, sequence, data, version = (await conn.execute(BEGIN_READ, params)).one()
-            # No row, or a version-0 placeholder: absent.
-            found = StoredValue(data, 0 if version is None else int(version))
-            return Snapshot(int(sequence), token), found
-
-        return await self._read(work)
-
-    async def _first_reads_together(
-        self, reads: list[_FirstRead]
-    ) -> list[tuple[Snapshot, StoredValue]]:
-        """Several transactions' first reads in one statement: one snapshot for all of them
-        (taken while each of their calls was on its way), each key as it sees it."""
-        params = {
-            "resources": [read.resource for read in reads],
-            "keys": [read.key for read in reads],
-        }
-
-        async def work(conn: Statements) -> list[tuple[Snapshot, StoredValue]]:
-            answers: list[tuple[Snapshot, StoredValue]] = []
-            snapshot: Snapshot | None = None
-            for _ord, token, sequence, data, version in (
-                await conn.execute(BEGIN_READ_MANY, params)
-            ).all():
-                if snapshot is None:
-                    snapshot = Snapshot(int(sequence), token)
-                answers.append(
-                    (snapshot, StoredValue(data, 0 if version is None else int(version)))
-                )
-            return answers
-
-        return await self._run(work, idempotent=True)
 
     async def end(self, txn_id: str) -> None:
         if txn_id not in self._locking:

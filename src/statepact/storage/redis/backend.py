@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from functools import partial
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypedDict, TypeVar, Unpack
 
 from statepact._cancel import finish
 from statepact._retry import RetryPolicy
@@ -59,6 +59,26 @@ _CLEAR_BATCH = 500
 # free connection before PoolExhaustedError (PostgresBackend.connect waits 30 s too).
 _POOL_SIZE = 50
 _POOL_WAIT = 30.0
+
+
+class RedisBackendOptions(TypedDict, total=False):
+    """The keyword forms of ``RedisStoreSettings``' transaction fields (``prefix`` is
+    ``tx_prefix``, ``failover`` the three ``failover_*``); ``None`` keeps the setting."""
+
+    prefix: str | None
+    history_limit: int | None
+    idempotency_ttl_seconds: int | None
+    lock_ttl_seconds: float | None
+    lock_timeout: float | None
+    failover: RetryPolicy | None
+
+
+def _configured(
+    settings: RedisStoreSettings | None, options: RedisBackendOptions
+) -> RedisStoreSettings:
+    """``settings`` with the keyword options applied: the one place they become settings."""
+    given: dict[str, Any] = dict(options)
+    return (settings or RedisStoreSettings()).replace(tx_prefix=given.pop("prefix", None), **given)
 
 
 def _unavailable(message: str) -> StatePersistenceError:
@@ -123,21 +143,9 @@ class RedisBackend:
         *,
         clock: Clock | None = None,
         settings: RedisStoreSettings | None = None,
-        prefix: str | None = None,
-        history_limit: int | None = None,
-        idempotency_ttl_seconds: int | None = None,
-        lock_ttl_seconds: float | None = None,
-        lock_timeout: float | None = None,
-        failover: RetryPolicy | None = None,
+        **options: Unpack[RedisBackendOptions],
     ) -> None:
-        self._settings = settings = (settings or RedisStoreSettings()).replace(
-            tx_prefix=prefix,
-            history_limit=history_limit,
-            idempotency_ttl_seconds=idempotency_ttl_seconds,
-            lock_ttl_seconds=lock_ttl_seconds,
-            lock_timeout=lock_timeout,
-            failover=failover,
-        )
+        self._settings = settings = _configured(settings, options)
         self.history_limit = settings.history_limit
         self.history_retention: float | None = settings.history_retention_seconds
         self.idempotency_ttl_seconds = settings.idempotency_ttl_seconds
@@ -211,15 +219,17 @@ class RedisBackend:
         from pydantic import SecretStr
 
         check_database(url, "url")
-        settings = RedisStoreSettings(
-            dsn=SecretStr(url), pool_size=_POOL_SIZE, durable=durable
-        ).replace(
-            tx_prefix=prefix,
-            history_limit=history_limit,
-            idempotency_ttl_seconds=idempotency_ttl_seconds,
-            lock_ttl_seconds=lock_ttl_seconds,
-            lock_timeout=lock_timeout,
-            failover=failover,
+        base = RedisStoreSettings(dsn=SecretStr(url), pool_size=_POOL_SIZE, durable=durable)
+        settings = _configured(
+            base,
+            RedisBackendOptions(
+                prefix=prefix,
+                history_limit=history_limit,
+                idempotency_ttl_seconds=idempotency_ttl_seconds,
+                lock_ttl_seconds=lock_ttl_seconds,
+                lock_timeout=lock_timeout,
+                failover=failover,
+            ),
         )
         wait = None if cluster else client_options.pop("timeout", _POOL_WAIT)
         try:
