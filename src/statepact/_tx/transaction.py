@@ -65,7 +65,7 @@ _log = logging.getLogger("statepact.tx")
 
 
 # The levels the hot paths compare against, read once: ``Isolation.X`` is a lookup through
-# the enum's metaclass (about 60 ns) at every use.
+# the enum's metaclass at every use.
 _READ_COMMITTED = Isolation.READ_COMMITTED
 _SERIALIZABLE = Isolation.SERIALIZABLE
 

@@ -607,8 +607,8 @@ def create_engine(settings: PostgresStoreSettings, **engine_kwargs: Any) -> Asyn
     connection is still open, which costs no round trip. SQLAlchemy's
     ``pool_pre_ping`` would ask the server instead, and on asyncpg, before a
     checkout is switched to AUTOCOMMIT, that is ``BEGIN``, ``;`` and
-    ``ROLLBACK``: three round trips in front of every one-statement call (the
-    bench measured 4 round trips per call with it, 1 without). It stays off
+    ``ROLLBACK``: three round trips in front of every one-statement call
+    (docs/benchmarks.md, "Round trips"). It stays off
     unless you pass ``pool_pre_ping=True``; a connection whose peer vanished
     without closing it is then found by its first statement, and the failover
     takes over. The pool hands out the connection checked in last
@@ -621,10 +621,10 @@ def create_engine(settings: PostgresStoreSettings, **engine_kwargs: Any) -> Asyn
     the role, the database or the connection's options (``connect_args``'
     ``server_settings``) set ``jit`` themselves. Every statement here is short, but
     a claim's estimated cost grows with the tenants waiting (a recursive walk of
-    the rotation): on a queue of 10,000 tenants it passed ``jit_above_cost`` and
-    each claim was compiled by LLVM before it ran, about 30 ms a claim that
-    otherwise takes 1 ms. The compiled code is not kept between calls, so JIT
-    only ever cost this workload. An engine you build yourself keeps its own
+    the rotation), and on many tenants it passes ``jit_above_cost``: each claim
+    is then compiled by LLVM before it runs, which costs far more than the claim
+    (docs/benchmarks.md, "JIT and the claim"). The compiled code is not kept
+    between calls, so JIT only ever costs this workload. An engine you build yourself keeps its own
     setting: set ``jit = off`` for the role or the database (docs/operations.md).
 
     ``settings.statement_timeout`` (30 s by default) is set on each new
