@@ -153,12 +153,23 @@ class QueueKeys:
     ``Q pending``               zset    claimed items whose record is not written yet (left
                                         by the two-script claim of earlier versions)
     ``Q dead:<seg(T)>``         zset    T's dead items; member item_id, score death µs
-    ``Q count:<status>``        hash    T -> how many items of T are queued/leased/dead
+    ``Q count:<status>``        hash    T -> how many items of T are queued/leased/dead/
+                                        cancelled (``stats``: never a scan)
+    ``Q finished:<status>``     zset    done / cancelled / dead items; member R, score the
+                                        time they finished, µs (what ``prune`` reads)
+    ``Q unique``                hash    ``ref(T, slot)`` -> the item_id holding that unique
+                                        slot while it blocks (queued, leased; done too for
+                                        a slot with a period)
+    ``Q paused``                string  present while the queue is paused (claims read it)
+    ``Q prune-lock``            string  the pruning process's token (SET NX PX), expiring
     ``Q op:<seg(call id)>``     string  a write's replay key, expiring (lua/_common.lua);
                                         for a claim a list of what it claimed
     ``Q wake``                  list    wake-up tokens: one per item made ready, at most 64
                                         (``RedisWorkQueue.watch`` pops them)
     ==========================  ======  ====================================================
+
+    ``Q ctl`` is not a key but a pub/sub channel: a cancel of a leased item
+    publishes ``<token>:R`` on it (``RedisWorkQueue.watch(on_cancel=...)``).
     """
 
     namespace: str = "adk"
@@ -187,6 +198,26 @@ class QueueKeys:
     def op(self, op_id: str) -> str:
         return f"{self.prefix}op:{seg(op_id)}"
 
+    def finished(self, status: str) -> str:
+        return f"{self.prefix}finished:{status}"
+
+    @property
+    def unique(self) -> str:
+        return f"{self.prefix}unique"
+
+    @property
+    def paused(self) -> str:
+        return f"{self.prefix}paused"
+
+    @property
+    def prune_lock(self) -> str:
+        return f"{self.prefix}prune-lock"
+
+    @property
+    def control(self) -> str:
+        """The pub/sub channel of control notices (a leased item cancelled)."""
+        return f"{self.prefix}ctl"
+
     def fixed(self) -> tuple[str, ...]:
         """The KEYS every queue script gets, in the order ``lua/queue/_prelude.lua`` names them."""
         return (
@@ -202,6 +233,12 @@ class QueueKeys:
             self.count("queued"),
             self.count("leased"),
             self.count("dead"),
+            self.count("cancelled"),
+            self.finished("done"),
+            self.finished("cancelled"),
+            self.finished("dead"),
+            self.unique,
+            self.paused,
         )
 
     @property

@@ -13,13 +13,15 @@ decision), and never let a redis-py exception out (``_client``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any, Self
 
 from redis.exceptions import RedisError
 
+from statepact._cancel import finish
 from statepact._codec import decode_json
 from statepact._retry import new_op_id
 from statepact.clock import Clock, from_micros, to_micros
@@ -33,10 +35,17 @@ from statepact.models import (
     stored,
     stored_lease,
 )
-from statepact.queue import BaseWorkQueue, FailOutcome, LapseOutcome, QueuePolicy, WorkWatch
+from statepact.queue import (
+    BaseWorkQueue,
+    FailOutcome,
+    LapseOutcome,
+    QueuePolicy,
+    WorkWatch,
+    unique_slot,
+)
 from statepact.settings import RedisStoreSettings
 from statepact.storage.redis._client import Failover, as_text, gate_of
-from statepact.storage.redis._keys import QueueKeys, ref
+from statepact.storage.redis._keys import QueueKeys, parse_ref, ref
 from statepact.storage.redis._scripts import QUEUE_SCRIPTS, ScriptRunner
 from statepact.storage.redis.preflight import check
 
@@ -45,6 +54,15 @@ __all__ = ["RedisWorkQueue"]
 # Most delayed items promoted, half-claims finished, leases reaped or dead items
 # purged by one script call: bounds how long one call can hold the server.
 _STEP = 1000
+
+# The prune lock's lifetime, started again by every batch: a pruner that dies frees
+# the queue for another this long after its last batch.
+_PRUNE_LOCK_MS = 30_000
+
+# What a finished status is indexed and cut off under in prune.lua's ARGV order.
+_FINISHED = (ItemStatus.DONE, ItemStatus.CANCELLED, ItemStatus.DEAD)
+
+_log = logging.getLogger("statepact.queue")
 
 
 def _unavailable(message: str) -> QueueUnavailableError:
@@ -111,11 +129,15 @@ class RedisWorkQueue(BaseWorkQueue):
         now: datetime | None,
         *args: str | int | bytes,
         op: str | None = None,
+        key: str | None = None,
     ) -> Any:
-        """Run a queue script; a write passes ``op``, the call id naming its replay key."""
+        """Run a queue script; a write passes ``op``, the call id naming its replay key
+        (or ``key``, the one key after the fixed ones a script names otherwise)."""
         # Scripts that only read take no time: this backing never reads a clock itself.
         argv = (self._keys.prefix, 0 if now is None else to_micros(now), *args)
-        keys = self._fixed if op is None else (*self._fixed, self._keys.op(op))
+        if op is not None:
+            key = self._keys.op(op)
+        keys = self._fixed if key is None else (*self._fixed, key)
         return await self._failover.run(
             f"{what} (queue {self.name!r})", lambda: self._scripts(script, keys, argv)
         )
@@ -128,34 +150,32 @@ class RedisWorkQueue(BaseWorkQueue):
             f"enqueue of item {item.item_id!r} (tenant {item.tenant!r})",
             "enqueue",
             item.created_at,
-            ref(item.tenant, item.item_id),
-            item.tenant,
-            item.item_id,
-            payload,
-            item.priority,
-            to_micros(item.available_at),
-            to_micros(item.created_at),
+            *_put_args(item, payload),
         )
         # Stored now: stored as sent (the front built the record); else the one already there.
         return item if int(reply[0]) == 1 else self._item(reply[1])
 
     @asynccontextmanager
-    async def _watch(self) -> AsyncIterator[WorkWatch]:
-        yield _RedisWatch(self._redis, self._keys.wake, self._settings.socket_timeout)
+    async def _watch(
+        self, on_cancel: Callable[[str, str, int], None] | None = None
+    ) -> AsyncIterator[WorkWatch]:
+        watch = _RedisWatch(self._redis, self._keys.wake, self._settings.socket_timeout)
+        if on_cancel is None:
+            yield watch
+            return
+        listener = _ControlListener(
+            self._redis, self._keys.control, self._settings.socket_timeout, on_cancel
+        )
+        await listener.start()
+        try:
+            yield watch
+        finally:
+            await finish(listener.stop())
 
     async def _enqueue_many(self, batch: list[tuple[WorkItem, bytes]]) -> list[WorkItem]:
         args: list[str | int | bytes] = []
         for item, payload in batch:
-            assert item.available_at is not None and item.created_at is not None  # the front's
-            args += (
-                ref(item.tenant, item.item_id),
-                item.tenant,
-                item.item_id,
-                payload,
-                item.priority,
-                to_micros(item.available_at),
-                to_micros(item.created_at),
-            )
+            args += _put_args(item, payload)
         # The latest clock reading of the batch (concurrent enqueues share one): an item due
         # at its own enqueue is due at it, so it goes to ready, not delayed.
         now = max(item.created_at for item, _ in batch)  # type: ignore[type-var]
@@ -243,9 +263,16 @@ class RedisWorkQueue(BaseWorkQueue):
             lease, now, "fail", status, available_at=outcome.available_at, error=error
         )
 
-    async def _release(self, lease: Lease, now: datetime) -> WorkItem | None:
+    async def _release(
+        self, lease: Lease, now: datetime, *, available_at: datetime, count_attempt: bool
+    ) -> WorkItem | None:
         return await self._settle(
-            lease, now, "release", ItemStatus.QUEUED, available_at=now, attempts_change=-1
+            lease,
+            now,
+            "release",
+            ItemStatus.QUEUED,
+            available_at=available_at,
+            attempts_change=0 if count_attempt else -1,
         )
 
     async def _settle(
@@ -286,6 +313,61 @@ class RedisWorkQueue(BaseWorkQueue):
             moved.extend(self._item(fields) for fields in reply[1:])
             if int(reply[0]) == 0:
                 return moved
+
+    # -- cancel, pause, prune ------------------------------------------------
+
+    async def _cancel_many(
+        self, tenant: str, item_ids: list[str], reason: str | None, now: datetime
+    ) -> list[WorkItem | None]:
+        reply = await self._run(
+            f"cancel of {len(item_ids)} item(s) (tenant {tenant!r})",
+            "cancel",
+            now,
+            "0" if reason is None else "1",
+            reason or "",
+            *(ref(tenant, item_id) for item_id in item_ids),
+        )
+        return [
+            self._item(reply[i + 1]) if int(reply[i]) == 1 else None
+            for i in range(0, len(reply), 2)
+        ]
+
+    async def _set_paused(self, paused: bool) -> None:
+        await self._run("pause" if paused else "resume", "set_paused", None, "1" if paused else "0")
+
+    async def _paused(self) -> bool:
+        key = self._keys.paused.encode("utf-8")
+        found = await self._failover.run(
+            f"paused (queue {self.name!r})", lambda: self._redis.exists(key)
+        )
+        return bool(found)
+
+    async def _prune(
+        self, now: datetime, cutoffs: Mapping[ItemStatus, datetime], batch: int
+    ) -> int:
+        lock = self._keys.prune_lock
+        token = new_op_id()
+        taken = await self._failover.run(
+            f"prune lock (queue {self.name!r})",
+            lambda: self._redis.set(lock.encode("utf-8"), token, nx=True, px=_PRUNE_LOCK_MS),
+        )
+        if not taken:
+            return 0  # another process prunes this queue now
+        limits = [
+            "" if cutoffs.get(status) is None else to_micros(cutoffs[status])
+            for status in _FINISHED
+        ]
+        pruned = 0
+        try:
+            while True:
+                more, deleted = await self._run(
+                    "prune", "prune", now, token, _PRUNE_LOCK_MS, batch, *limits, key=lock
+                )
+                pruned += int(deleted)
+                if int(more) != 1:
+                    return pruned
+        finally:
+            await self._run("prune unlock", "prune_unlock", None, token, key=lock)
 
     # -- inspect and recover ------------------------------------------------
 
@@ -340,8 +422,8 @@ class RedisWorkQueue(BaseWorkQueue):
 
     async def _stats(self) -> QueueStats:
         reply = await self._run("stats", "stats", None)
-        queued, leased, dead = (_counts(part) for part in reply)
-        tenants = sorted(set(queued) | set(leased) | set(dead))
+        queued, leased, dead, cancelled = (_counts(part) for part in reply)
+        tenants = sorted(set(queued) | set(leased) | set(dead) | set(cancelled))
         return QueueStats(
             queue=self.name,
             tenants={
@@ -349,6 +431,7 @@ class RedisWorkQueue(BaseWorkQueue):
                     queued=queued.get(tenant, 0),
                     leased=leased.get(tenant, 0),
                     dead=dead.get(tenant, 0),
+                    cancelled=cancelled.get(tenant, 0),
                 )
                 for tenant in tenants
             },
@@ -384,8 +467,32 @@ class RedisWorkQueue(BaseWorkQueue):
                 "last_error": record.get("error"),
                 "created_at": from_micros(int(record["created"])),
                 "updated_at": from_micros(int(record["updated"])),
+                "unique_key": record.get("ukey"),
+                "unique_for": (
+                    None if "ufor" not in record else timedelta(microseconds=int(record["ufor"]))
+                ),
+                "timeout": None if "timeout" not in record else float(record["timeout"]),
             },
         )
+
+
+def _put_args(item: WorkItem, payload: bytes) -> tuple[str | int | bytes, ...]:
+    """An item's ARGV in enqueue.lua's order (enqueue_many.lua's per item)."""
+    assert item.available_at is not None and item.created_at is not None  # set by the front
+    slot = unique_slot(item, item.created_at)
+    return (
+        ref(item.tenant, item.item_id),
+        item.tenant,
+        item.item_id,
+        payload,
+        item.priority,
+        to_micros(item.available_at),
+        to_micros(item.created_at),
+        item.unique_key or "",
+        "" if item.unique_for is None else item.unique_for // timedelta(microseconds=1),
+        "" if item.timeout is None else repr(float(item.timeout)),
+        slot or "",
+    )
 
 
 def _as_dict(fields: Any) -> dict[str, str]:
@@ -432,3 +539,94 @@ class _RedisWatch:
                 return False
             if popped is not None:
                 return True
+
+
+class _ControlListener:
+    """Calls ``on_cancel(tenant, item_id, token)`` for each control notice of the queue.
+
+    A task of its own reads the queue's control channel (``QueueKeys.control``,
+    published by cancel.lua) on a pub/sub connection of its own; on a
+    RESP2 client that is one more connection per watch with ``on_cancel``. A lost
+    connection is subscribed again after a pause; a notice published meanwhile is
+    missed, and the worker learns of the cancel at its next heartbeat (the
+    fallback). A callback that raises is logged and the listener goes on.
+    """
+
+    __slots__ = ("_channel", "_on_cancel", "_read_for", "_redis", "_task")
+
+    def __init__(
+        self,
+        redis: Any,
+        channel: str,
+        socket_timeout: float | None,
+        on_cancel: Callable[[str, str, int], None],
+    ) -> None:
+        self._redis = redis
+        self._channel = channel
+        self._on_cancel = on_cancel
+        self._read_for = (
+            1.0 if socket_timeout is None else max(0.05, min(1.0, socket_timeout - 0.5))
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Subscribe, and return once the server confirmed it (a cancel after this is heard)."""
+        pubsub = await self._subscribe()
+        self._task = asyncio.get_running_loop().create_task(
+            self._listen(pubsub), name="statepact-queue-control"
+        )
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _subscribe(self) -> Any:
+        pubsub = self._redis.pubsub()
+        try:
+            await pubsub.subscribe(self._channel.encode("utf-8"))
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10 * self._read_for
+            while loop.time() < deadline:
+                message = await pubsub.get_message(timeout=self._read_for)
+                if message is not None and as_text(message["type"]) == "subscribe":
+                    return pubsub
+            raise RedisError("no confirmation of SUBSCRIBE")
+        except BaseException:
+            await finish(pubsub.aclose())
+            raise
+
+    async def _listen(self, pubsub: Any) -> None:
+        try:
+            while True:
+                try:
+                    message = await pubsub.get_message(
+                        ignore_subscribe_messages=True, timeout=self._read_for
+                    )
+                except RedisError:
+                    await finish(pubsub.aclose())
+                    pubsub = await self._resubscribe()
+                    continue
+                if message is not None and as_text(message["type"]) == "message":
+                    self._deliver(message["data"])
+        finally:
+            await finish(pubsub.aclose())
+
+    async def _resubscribe(self) -> Any:
+        pause = 0.1
+        while True:
+            await asyncio.sleep(pause)
+            try:
+                return await self._subscribe()
+            except RedisError:
+                pause = min(2.0, pause * 2)
+
+    def _deliver(self, data: Any) -> None:
+        raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        token, _, reference = raw.partition(b":")
+        try:
+            tenant, item_id = parse_ref(reference)
+            self._on_cancel(tenant, item_id, int(token))
+        except Exception:
+            _log.exception("queue control notice %r: on_cancel failed", raw[:200])
