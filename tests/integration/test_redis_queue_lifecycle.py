@@ -1,0 +1,276 @@
+"""RedisWorkQueue's lifecycle calls against real servers: what only Redis shows (issue 33).
+
+The behaviour shared with every backing (cancel, release with a delay, pause,
+unique keys, prune) is the conformance suite's; this module checks the Redis
+specifics: prune runs in bounded scripts however many items finished (measured
+by the server's own SLOWLOG), a cancel's control notice reaches a watching
+process, and a pause is seen by another client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from statepact.clock import ManualClock
+from statepact.models import ItemStatus, WorkItem
+from statepact.storage.redis import RedisStoreSettings, RedisWorkQueue
+from statepact.storage.redis._keys import QueueKeys
+from statepact.storage.redis._scripts import script_source
+from statepact.testing.plugin import RedisServerFactory
+from tests._processes import Worker, reap_all, spawn
+
+pytestmark = pytest.mark.integration
+
+LEASE = 30.0
+FINISHED = 50_000
+CHUNK = 1000
+
+
+async def _finish(queue: RedisWorkQueue, tenant: str, prefix: str, count: int) -> None:
+    """Enqueue, claim and ack ``count`` items of ``tenant``, a thousand per script."""
+    for start in range(0, count, CHUNK):
+        await queue.enqueue_many(
+            [
+                WorkItem(tenant=tenant, item_id=f"{prefix}{n}", payload={"n": n})
+                for n in range(start, min(start + CHUNK, count))
+            ]
+        )
+        leases = await queue.claim_batch("filler", lease_for=LEASE, limit=CHUNK)
+        await queue.ack_many(leases)
+
+
+async def test_prune_deletes_fifty_thousand_finished_items_in_bounded_scripts(
+    statepact_redis_server_factory: RedisServerFactory,
+) -> None:
+    """50k done items are pruned in scripts of at most PRUNE_BATCH items, each well under
+    100 ms by the server's SLOWLOG; live work, young items and another pruner are spared."""
+    server = statepact_redis_server_factory(["--slowlog-max-len", "100000"])
+    client = Redis.from_url(server.url)
+    clock = ManualClock()
+    queue = RedisWorkQueue(
+        client, clock=clock, settings=RedisStoreSettings(namespace="prune", durable=False)
+    )
+    try:
+        await _finish(queue, "acme", "old", FINISHED)
+        dead = await queue.enqueue(WorkItem(tenant="acme", item_id="dead"))
+        lease = await queue.claim("w", lease_for=LEASE)
+        assert lease is not None and lease.item.item_id == dead.item_id
+        await queue.fail(lease, "boom", retryable=False)
+        clock.advance(2 * 86_400)  # past keep_done (1 day), not past keep_dead (7 days)
+        await queue.enqueue(WorkItem(tenant="acme", item_id="live"))
+        await _finish(queue, "acme", "young", 10)
+        stats_before = await _timed_stats(queue)
+
+        await client.config_set("slowlog-log-slower-than", 0)
+        await client.slowlog_reset()
+        sha = client.register_script(script_source("prune")).sha
+        started = time.perf_counter()
+        pruned, other = await asyncio.gather(queue.prune(), _second_pruner(queue))
+        elapsed = time.perf_counter() - started
+        await client.config_set("slowlog-log-slower-than", 10_000)
+        entries = await client.slowlog_get(100_000)
+        scripts = [
+            entry["duration"]
+            for entry in entries
+            if _text(entry["command"]).upper().startswith(f"EVALSHA {sha}".upper())
+        ]
+        slowest_ms = max(scripts) / 1000
+        print(
+            f"\nprune of {FINISHED} done items: {len(scripts)} scripts, slowest "
+            f"{slowest_ms:.2f} ms, mean {sum(scripts) / len(scripts) / 1000:.2f} ms "
+            f"(server time), whole prune {elapsed:.2f} s; stats() "
+            f"{stats_before * 1000:.2f} ms before"
+        )
+        assert pruned == FINISHED
+        assert other == 0  # the try-lock: the second caller gets 0 at once
+        assert len(scripts) == FINISHED // 500 + 1  # batches of 500, the last finds none left
+        assert slowest_ms < 100
+        assert await queue.get_item("acme", "old0") is None
+        assert (await queue.get_item("acme", "dead")).status == ItemStatus.DEAD  # type: ignore[union-attr]
+        assert (await queue.get_item("acme", "young3")).status == ItemStatus.DONE  # type: ignore[union-attr]
+        assert (await queue.get_item("acme", "live")).status == ItemStatus.QUEUED  # type: ignore[union-attr]
+        keys = QueueKeys("prune", "default")
+        assert await client.zcard(keys.finished("done")) == 10
+        # A pruned id is free: enqueued again, it is a new item that runs.
+        again = await queue.enqueue(WorkItem(tenant="acme", item_id="old0", payload={"n": -1}))
+        assert again.payload == {"n": -1} and again.status == ItemStatus.QUEUED
+        # The lock was given back: a later prune runs (nothing left past the cutoff).
+        assert await queue.prune() == 0
+        assert await client.exists(keys.prune_lock) == 0
+    finally:
+        await client.aclose()
+
+
+async def _second_pruner(queue: RedisWorkQueue) -> int:
+    await asyncio.sleep(0.05)  # the first holds the lock by now
+    return await queue.prune()
+
+
+async def _timed_stats(queue: RedisWorkQueue) -> float:
+    started = time.perf_counter()
+    await queue.stats()
+    return time.perf_counter() - started
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, list | tuple):
+        return " ".join(_text(part) for part in value)
+    return str(value)
+
+
+async def test_stats_cost_does_not_grow_with_finished_items(
+    redis_client: Redis, clock: ManualClock
+) -> None:
+    """stats() reads the per-tenant counts: the same commands with 0 and 20k finished items,
+    and cancelled items are counted without listing them."""
+    queue = RedisWorkQueue(redis_client, clock=clock)
+    empty = await _best_of(queue)
+    await _finish(queue, "acme", "i", 20_000)
+    await queue.enqueue(WorkItem(tenant="acme", item_id="c"))
+    await queue.cancel("acme", "c", reason="not needed")
+    full = await _best_of(queue)
+    stats = await queue.stats()
+    print(f"\nstats(): {empty * 1000:.3f} ms empty, {full * 1000:.3f} ms with 20k done")
+    assert stats.tenants["acme"].cancelled == 1
+    assert stats.queued == 0 and stats.leased == 0
+    assert full < max(2 * empty, empty + 0.002)
+
+
+async def _best_of(queue: RedisWorkQueue) -> float:
+    best = float("inf")
+    for _ in range(20):
+        started = time.perf_counter()
+        await queue.stats()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+async def test_a_cancel_reaches_a_watching_process_in_under_a_second(
+    statepact_redis_url: str, redis_client: Redis
+) -> None:
+    """A leased item cancelled here: the watch of another process hears (tenant, item_id,
+    token) within a second, and the old lease's ack and heartbeat are refused."""
+    namespace = f"ctl{uuid.uuid4().hex[:8]}"
+    settings = RedisStoreSettings(namespace=namespace, queue_name="jobs", durable=False)
+    queue = RedisWorkQueue(redis_client, settings=settings)
+    workers: list[Worker] = []
+    try:
+        watcher = await spawn(
+            workers,
+            "tests.integration._redis_control_watch",
+            {"url": statepact_redis_url, "namespace": namespace, "queue": "jobs"},
+        )
+        await watcher.expect("ready")
+        await queue.enqueue(WorkItem(tenant="acme", item_id="long"))
+        await queue.enqueue(WorkItem(tenant="acme", item_id="waiting"))
+        lease = await queue.claim("w1", lease_for=LEASE)
+        assert lease is not None and lease.item.item_id == "long"
+        sent = time.time()
+        cancelled = await queue.cancel("acme", "long", reason="user asked")
+        assert cancelled is not None and cancelled.status == ItemStatus.CANCELLED
+        heard = await watcher.expect("cancel", timeout=5)
+        latency = heard["at"] - sent
+        print(f"\ncancel notice across processes: {latency * 1000:.1f} ms")
+        assert (heard["tenant"], heard["item_id"], heard["token"]) == ("acme", "long", lease.token)
+        assert latency < 1.0
+        # A queued item's cancel sends no notice: nothing runs it.
+        await queue.cancel("acme", "waiting")
+        await watcher.send("paused")
+        assert (await watcher.expect("paused", timeout=5))["paused"] is False
+        assert [e["event"] for e in watcher.events].count("cancel") == 1
+        with pytest.raises(Exception, match="lease"):
+            await queue.ack(lease)
+        with pytest.raises(Exception, match="lease"):
+            await queue.heartbeat(lease)
+    finally:
+        for worker in workers:
+            if worker.process.stdin is not None:
+                worker.process.stdin.close()
+        await reap_all(workers)
+
+
+async def test_a_pause_is_seen_by_another_client_and_resume_wakes_its_watch(
+    statepact_redis_url: str, redis_client: Redis, clock: ManualClock
+) -> None:
+    """pause() on one client: another client's queue sees paused() and claims nothing; resume()
+    wakes that client's blocked watch at once and it claims again."""
+    other_client = Redis.from_url(statepact_redis_url)
+    try:
+        mine = RedisWorkQueue(redis_client, clock=clock)
+        theirs = RedisWorkQueue(other_client, clock=clock)
+        await mine.enqueue(WorkItem(tenant="acme", item_id="a"))
+        await mine.pause()
+        assert await theirs.paused() is True
+        assert await theirs.claim("w", lease_for=LEASE) is None
+        async with theirs.watch() as watch:
+            while await watch.wait(0.01):  # drain the enqueue's wake-up tokens
+                pass
+            waiting = asyncio.create_task(watch.wait(10.0))
+            await asyncio.sleep(0.1)
+            started = time.perf_counter()
+            await mine.resume()
+            assert await waiting is True
+            woke = time.perf_counter() - started
+        print(f"\nresume to a blocked watch waking: {woke * 1000:.1f} ms")
+        assert woke < 1.0
+        assert await theirs.paused() is False
+        lease = await theirs.claim("w", lease_for=LEASE)
+        assert lease is not None and lease.item.item_id == "a"
+    finally:
+        await other_client.aclose()
+
+
+async def test_concurrent_enqueues_of_one_unique_key_store_one_item(
+    statepact_redis_url: str, redis_client: Redis, clock: ManualClock
+) -> None:
+    """Ten clients enqueue ten ids under one unique key at once: one item is stored, and all
+    ten get it back; once it is done the key is free again."""
+    clients = [Redis.from_url(statepact_redis_url) for _ in range(10)]
+    try:
+        queues = [RedisWorkQueue(client, clock=clock) for client in clients]
+        got = await asyncio.gather(
+            *(
+                q.enqueue(WorkItem(tenant="acme", item_id=f"i{n}", unique_key="summarise:c1"))
+                for n, q in enumerate(queues)
+            )
+        )
+    finally:
+        for client in clients:
+            await client.aclose()
+    assert len({item.item_id for item in got}) == 1
+    queue = RedisWorkQueue(redis_client, clock=clock)
+    stats = await queue.stats()
+    assert stats.queued == 1
+    lease = await queue.claim("w", lease_for=LEASE)
+    assert lease is not None
+    await queue.ack(lease)
+    fresh = await queue.enqueue(WorkItem(tenant="acme", item_id="next", unique_key="summarise:c1"))
+    assert fresh.item_id == "next"
+    # With a period, a done item keeps its slot to the end of the period.
+    period = timedelta(hours=1)
+    first = await queue.enqueue(
+        WorkItem(tenant="acme", item_id="p1", unique_key="hourly", unique_for=period)
+    )
+    assert first.item_id == "p1"
+    await queue.cancel("acme", "next")
+    lease = await queue.claim("w", lease_for=LEASE)
+    assert lease is not None and lease.item.item_id == "p1"
+    await queue.ack(lease)
+    blocked = await queue.enqueue(
+        WorkItem(tenant="acme", item_id="p2", unique_key="hourly", unique_for=period)
+    )
+    assert blocked.item_id == "p1" and blocked.status == ItemStatus.DONE
+    clock.advance(3600)
+    later = await queue.enqueue(
+        WorkItem(tenant="acme", item_id="p3", unique_key="hourly", unique_for=period)
+    )
+    assert later.item_id == "p3"
