@@ -6,7 +6,7 @@ ARGV[3]  R
 
 Returns  {1, item} requeued (a retry of a call that requeued gets the item as
          it is now), {0} no such item, {0, status} the item is not dead
-         (nothing written). The item takes its unique slot back if it is free.
+         (nothing written). A requeued item holds no unique slot.
 ]]
 local ikey = item_key(ARGV[3])
 if op_done(OP) then
@@ -22,15 +22,8 @@ end
 local tenant, id = f[2], f[3]
 redis.call('ZREM', dead_key(tenant), id)
 redis.call('ZREM', FINISHED.dead, ARGV[3])
--- Its unique slot again, if no other item took it meanwhile (else it runs unslotted).
-local slot = redis.call('HGET', ikey, 'slot')
-if slot then
-  if slot_holder(tenant, slot) then
-    redis.call('HDEL', ikey, 'slot')
-  else
-    redis.call('HSET', UNIQUE, ref(tenant, slot), id)
-  end
-end
+-- Going dead freed its unique slot for good: a requeued item holds none.
+redis.call('HDEL', ikey, 'slot')
 count(N_DEAD, tenant, -1)
 count(N_QUEUED, tenant, 1)
 redis.call('HSET', ikey, 'status', 'queued', 'attempts', 0, 'available', NOW, 'updated', NOW)
