@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any, Self
@@ -39,6 +39,7 @@ from statepact.queue import (
     BaseWorkQueue,
     FailOutcome,
     LapseOutcome,
+    OnCancel,
     QueuePolicy,
     WorkWatch,
     unique_slot,
@@ -156,9 +157,7 @@ class RedisWorkQueue(BaseWorkQueue):
         return item if int(reply[0]) == 1 else self._item(reply[1])
 
     @asynccontextmanager
-    async def _watch(
-        self, on_cancel: Callable[[str, str, int], None] | None = None
-    ) -> AsyncIterator[WorkWatch]:
+    async def _watch(self, on_cancel: OnCancel | None = None) -> AsyncIterator[WorkWatch]:
         watch = _RedisWatch(self._redis, self._keys.wake, self._settings.socket_timeout)
         if on_cancel is None:
             yield watch
@@ -559,7 +558,7 @@ class _ControlListener:
         redis: Any,
         channel: str,
         socket_timeout: float | None,
-        on_cancel: Callable[[str, str, int], None],
+        on_cancel: OnCancel,
     ) -> None:
         self._redis = redis
         self._channel = channel
