@@ -15,6 +15,7 @@ cancels, pauses, resumes and prunes at INFO.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 from abc import ABC, abstractmethod
@@ -48,7 +49,7 @@ from statepact._limits import (
 from statepact._shared import SharedRoundTrips
 from statepact.clock import Clock, SystemClock, read_clock
 from statepact.errors import LeaseLostError, StatePersistenceError
-from statepact.models import ItemStatus, Lease, QueueStats, WorkItem, stored
+from statepact.models import ItemStatus, Lease, Page, QueueStats, WorkItem, stored
 from statepact.settings import redact_dsn
 
 __all__ = [
@@ -422,6 +423,17 @@ def _unique_for(field: str, item: WorkItem) -> timedelta | None:
         raise ValueError(f"{field}unique_for: is only meaningful with a unique_key")
     seconds = require_seconds(f"{field}unique_for", period)
     return period if isinstance(period, timedelta) else timedelta(seconds=seconds)
+
+
+def _dead_cursor(after: object) -> tuple[str, str]:
+    """``dead_letters_all``'s ``after``: the ``next`` of a page, ``["tenant", "item_id"]``."""
+    if not isinstance(after, str):
+        raise TypeError(f"after: must be a str (a page's next), got {type(after).__name__}")
+    try:
+        tenant, item_id = json.loads(after)
+        return require_id("after", tenant), require_id("after", item_id)
+    except (ValueError, TypeError):
+        raise ValueError("after: is not the next of a dead_letters_all page") from None
 
 
 def _require_lease(lease: object, field: str = "lease") -> Lease:
@@ -822,6 +834,36 @@ class BaseWorkQueue(ABC):
             )
         return pruned
 
+    # -- the operator's reads (statepact queue ...); not part of the WorkQueue protocol --
+
+    async def prunable(self) -> dict[ItemStatus, int]:
+        """How many items ``prune`` would delete now, per finished status (``--dry-run``).
+
+        Counts every such item, so it costs what counting them costs; nothing is deleted.
+        """
+        cutoffs = self._policy.prune_cutoffs(read_clock(self._clock))
+        if not cutoffs:
+            return {}
+        return await self._count_prunable(cutoffs)
+
+    async def dead_letters_all(
+        self, *, after: str | None = None, limit: int = 100
+    ) -> Page[WorkItem]:
+        """Dead items of every tenant, by ``(tenant, item_id)``, a page at a time: pass
+        ``next`` back as ``after``. ``after`` is refused (naming it) unless a page gave it."""
+        count = require_limit(limit, MAX_BATCH)
+        start = None if after is None else _dead_cursor(after)
+        items = await self._dead_letters_all(start, count + 1)
+        if len(items) <= count:
+            return Page(items=items)
+        shown = items[:count]
+        return Page(items=shown, next=json.dumps([shown[-1].tenant, shown[-1].item_id]))
+
+    async def queues(self) -> list[QueueStats]:
+        """Every queue that holds items on this queue's storage (done ones included), by
+        name, each with ``stats()``'s counts."""
+        return await self._queues()
+
     async def reap(self) -> list[WorkItem]:
         moved = await self._reap(read_clock(self._clock), self._policy.after_lapse())
         for item in moved:
@@ -1047,6 +1089,21 @@ class BaseWorkQueue(ABC):
         then delete items of each status in ``cutoffs`` whose ``updated_at`` is before its
         cutoff, at most ``batch`` per statement/script, until none is left; return how many."""
         raise self._missing("prune")
+
+    async def _count_prunable(
+        self, cutoffs: Mapping[ItemStatus, datetime]
+    ) -> dict[ItemStatus, int]:
+        """Per status of ``cutoffs``, how many items of it have ``updated_at`` before its cutoff."""
+        raise self._missing("prunable")
+
+    async def _dead_letters_all(self, after: tuple[str, str] | None, limit: int) -> list[WorkItem]:
+        """Up to ``limit`` dead items of any tenant with ``(tenant, item_id)`` after ``after``,
+        in that order."""
+        raise self._missing("dead_letters_all")
+
+    async def _queues(self) -> list[QueueStats]:
+        """The stats of every queue with items on this storage, by queue name."""
+        raise self._missing("queues")
 
     def _missing(self, call: str) -> NotImplementedError:
         return NotImplementedError(f"{type(self).__name__} does not implement {call} yet")

@@ -68,7 +68,9 @@ from statepact.testing.queue_suite.claim import ClaimConformance
 from statepact.testing.queue_suite.enqueue import EnqueueConformance
 from statepact.testing.queue_suite.inputs import InputConformance
 from statepact.testing.queue_suite.lifecycle import LifecycleConformance
+from statepact.testing.queue_suite.retention import RetentionConformance
 from statepact.testing.queue_suite.settle import SettleConformance
+from statepact.testing.queue_suite.unique import UniqueConformance
 
 __all__ = ["SUITE_POLICY", "WorkQueueConformance"]
 
@@ -79,6 +81,8 @@ class WorkQueueConformance(
     SettleConformance,
     InputConformance,
     LifecycleConformance,
+    UniqueConformance,
+    RetentionConformance,
 ):
     """One test per promise of ``WorkQueue``; see the module docstring for the fixtures.
 
