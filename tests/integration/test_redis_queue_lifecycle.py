@@ -263,3 +263,52 @@ async def test_concurrent_enqueues_of_one_unique_key_store_one_item(
         WorkItem(tenant="acme", item_id="p3", unique_key="hourly", unique_for=period)
     )
     assert later.item_id == "p3"
+
+
+async def test_operator_reads_prunable_dead_letters_across_tenants_and_queues(
+    redis_client: Redis, clock: ManualClock
+) -> None:
+    """prunable() counts from the finished indexes, dead_letters_all() pages every tenant's
+    dead items by (tenant, item_id), queues() lists each queue with items, done ones too."""
+    settings = RedisStoreSettings(namespace="ops", queue_name="jobs")
+    queue = RedisWorkQueue(redis_client, clock=clock, settings=settings)
+    other = RedisWorkQueue(
+        redis_client, clock=clock, settings=settings.model_copy(update={"queue_name": "mail"})
+    )
+    for tenant, item_id in (("b", "2"), ("a", "9"), ("a", "10"), ("ab", "1")):
+        await queue.enqueue(WorkItem(tenant=tenant, item_id=item_id))
+    for lease in await queue.claim_batch("w", lease_for=LEASE, limit=4):
+        await queue.fail(lease, "boom", retryable=False)
+    await other.enqueue(WorkItem(tenant="a", item_id="m"))
+    lease = await other.claim("w", lease_for=LEASE)
+    assert lease is not None
+    await other.ack(lease)
+
+    first = await queue.dead_letters_all(limit=3)
+    assert [(i.tenant, i.item_id) for i in first.items] == [("a", "10"), ("a", "9"), ("ab", "1")]
+    assert first.next is not None
+    rest = await queue.dead_letters_all(after=first.next, limit=3)
+    assert [(i.tenant, i.item_id) for i in rest.items] == [("b", "2")] and rest.next is None
+
+    assert await other.prunable() == {
+        ItemStatus.DONE: 0,
+        ItemStatus.CANCELLED: 0,
+        ItemStatus.DEAD: 0,
+    }
+    clock.advance(8 * 86_400)
+    assert await queue.prunable() == {
+        ItemStatus.DONE: 0,
+        ItemStatus.CANCELLED: 0,
+        ItemStatus.DEAD: 4,
+    }
+    assert await other.prunable() == {
+        ItemStatus.DONE: 1,
+        ItemStatus.CANCELLED: 0,
+        ItemStatus.DEAD: 0,
+    }
+
+    listed = await queue.queues()
+    assert [(s.queue, s.dead) for s in listed] == [("jobs", 4), ("mail", 0)]
+    assert await queue.prune() == 4
+    assert (await queue.dead_letters_all()).items == []
+    assert [s.queue for s in await queue.queues()] == ["mail"]

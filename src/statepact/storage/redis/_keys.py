@@ -160,6 +160,8 @@ class QueueKeys:
     ``Q unique``                hash    ``ref(T, slot)`` -> the item_id holding that unique
                                         slot while it blocks (queued, leased; done too for
                                         a slot with a period)
+    ``Q dead-ids``              zset    every dead item as ``T NUL item_id``, all scored 0:
+                                        ``dead_letters_all`` pages it by (tenant, id)
     ``Q paused``                string  present while the queue is paused (claims read it)
     ``Q prune-lock``            string  the pruning process's token (SET NX PX), expiring
     ``Q op:<seg(call id)>``     string  a write's replay key, expiring (lua/_common.lua);
@@ -206,6 +208,10 @@ class QueueKeys:
         return f"{self.prefix}unique"
 
     @property
+    def dead_ids(self) -> str:
+        return f"{self.prefix}dead-ids"
+
+    @property
     def paused(self) -> str:
         return f"{self.prefix}paused"
 
@@ -217,6 +223,23 @@ class QueueKeys:
     def control(self) -> str:
         """The pub/sub channel of control notices (a leased item cancelled)."""
         return f"{self.prefix}ctl"
+
+    def match_queues(self) -> str:
+        """A SCAN ``MATCH`` pattern for the ``order`` key of every queue of the namespace
+        (each queue that ever held an item has one); :meth:`queue_of` reads its name."""
+        return f"{glob_escape(f'{{{self.namespace}:queue}}:')}*:order"
+
+    def queue_of(self, order_key: str | bytes) -> str | None:
+        """The queue whose ``order`` key this is, or ``None`` for another key."""
+        raw = order_key.encode("utf-8") if isinstance(order_key, str) else order_key
+        head = f"{{{self.namespace}:queue}}:".encode()
+        if not raw.startswith(head) or not raw.endswith(b":order"):
+            return None
+        try:
+            name, end = _take(raw, len(head))
+        except ValueError:
+            return None
+        return name if raw[end:] == b":order" else None
 
     def fixed(self) -> tuple[str, ...]:
         """The KEYS every queue script gets, in the order ``lua/queue/_prelude.lua`` names them."""
@@ -239,6 +262,7 @@ class QueueKeys:
             self.finished("dead"),
             self.unique,
             self.paused,
+            self.dead_ids,
         )
 
     @property

@@ -352,10 +352,7 @@ class RedisWorkQueue(BaseWorkQueue):
         )
         if not taken:
             return 0  # another process prunes this queue now
-        limits = [
-            "" if cutoffs.get(status) is None else to_micros(cutoffs[status])
-            for status in _FINISHED
-        ]
+        limits = _cutoff_args(cutoffs)
         pruned = 0
         try:
             while True:
@@ -367,6 +364,54 @@ class RedisWorkQueue(BaseWorkQueue):
                     return pruned
         finally:
             await self._run("prune unlock", "prune_unlock", None, token, key=lock)
+
+    async def _count_prunable(
+        self, cutoffs: Mapping[ItemStatus, datetime]
+    ) -> dict[ItemStatus, int]:
+        reply = await self._run("prunable", "prunable", None, *_cutoff_args(cutoffs))
+        return {
+            status: int(counted)
+            for status, counted in zip(_FINISHED, reply, strict=True)
+            if int(counted) >= 0
+        }
+
+    async def _dead_letters_all(self, after: tuple[str, str] | None, limit: int) -> list[WorkItem]:
+        start = "" if after is None else f"{after[0]}\x00{after[1]}"
+        reply = await self._run("dead_letters_all", "dead_letters_all", None, start, limit)
+        return [self._item(fields) for fields in reply]
+
+    async def _queues(self) -> list[QueueStats]:
+        # Each queue that ever held an item has its enqueue-order key: found by SCAN (an
+        # operator's call; its cost follows the keys of the namespace, once).
+        pattern = self._keys.match_queues().encode("utf-8")
+        names: set[str] = set()
+
+        async def scan() -> None:
+            async for key in self._redis.scan_iter(match=pattern, count=1000):
+                name = self._keys.queue_of(key)
+                if name is not None:
+                    names.add(name)
+
+        await self._failover.run(f"queues (namespace {self._settings.namespace!r})", scan)
+        found: list[QueueStats] = []
+        for name in sorted(names):
+            other = RedisWorkQueue(
+                self._redis,
+                clock=self._clock,
+                settings=self._settings.model_copy(update={"queue_name": name}),
+                policy=self._policy,
+            )
+            stats = await other._stats()
+            if stats.tenants or await other._holds_done():
+                found.append(stats)
+        return found
+
+    async def _holds_done(self) -> bool:
+        key = self._keys.finished("done").encode("utf-8")
+        held = await self._failover.run(
+            f"done items (queue {self.name!r})", lambda: self._redis.exists(key)
+        )
+        return bool(held)
 
     # -- inspect and recover ------------------------------------------------
 
@@ -473,6 +518,13 @@ class RedisWorkQueue(BaseWorkQueue):
                 "timeout": None if "timeout" not in record else float(record["timeout"]),
             },
         )
+
+
+def _cutoff_args(cutoffs: Mapping[ItemStatus, datetime]) -> list[str | int]:
+    """The cutoffs of done, cancelled and dead items in µs, '' for a status kept forever."""
+    return [
+        "" if cutoffs.get(status) is None else to_micros(cutoffs[status]) for status in _FINISHED
+    ]
 
 
 def _put_args(item: WorkItem, payload: bytes) -> tuple[str | int | bytes, ...]:

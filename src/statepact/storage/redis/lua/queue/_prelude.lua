@@ -25,7 +25,8 @@
 --   Q unique          hash   ref(T, slot) -> id of the item holding that unique slot
 --                            (queued or leased; done too when the slot has a period)
 --   Q paused          string present while paused: claim.lua claims nothing
---   Q op:<seg(id)>    string/list  a write's replay key (_common.lua), KEYS[19]
+--   Q dead-ids        zset   every dead item as "T\0id", score 0 (by tenant, then id)
+--   Q op:<seg(id)>    string/list  a write's replay key (_common.lua), KEYS[20]
 --   Q wake            list   wake-up tokens for watchers (make_ready below)
 --   Q ctl             pub/sub channel: "<token>:R" when a leased item is cancelled
 --
@@ -34,7 +35,7 @@
 -- under); each absent when not set.
 --
 -- Every queue script gets the same KEYS (QueueKeys.fixed() in _keys.py), a
--- write its replay key after them as KEYS[19], and ARGV[1] = Q, ARGV[2] = now
+-- write its replay key after them as KEYS[20], and ARGV[1] = Q, ARGV[2] = now
 -- in µs (the caller's injected clock, never TIME).
 -- Invariants: a queued item is in exactly one of ready/delayed; a leased one
 -- is in leases and lease-tokens; T is in rotation iff ready:T is not empty; a
@@ -44,8 +45,8 @@ local DELAYED, ROTATION, TURNS, TURN, ORDER, TOKEN = KEYS[1], KEYS[2], KEYS[3], 
 local LEASES, LEASE_TOKENS, PENDING = KEYS[7], KEYS[8], KEYS[9]
 local N_QUEUED, N_LEASED, N_DEAD, N_CANCELLED = KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local FINISHED = { done = KEYS[14], cancelled = KEYS[15], dead = KEYS[16] }
-local UNIQUE, PAUSED = KEYS[17], KEYS[18]
-local OP = KEYS[19]
+local UNIQUE, PAUSED, DEAD_IDS = KEYS[17], KEYS[18], KEYS[19]
+local OP = KEYS[20]
 local Q, NOW = ARGV[1], ARGV[2]
 
 -- Priorities run from -1000 to 1000 and the enqueue order stays below 2^42 (four
@@ -164,6 +165,8 @@ local function finish(r, tenant, id, ikey, status)
   redis.call('ZADD', FINISHED[status], NOW, r)
   if status == 'cancelled' then
     count(N_CANCELLED, tenant, 1)
+  elseif status == 'dead' then
+    redis.call('ZADD', DEAD_IDS, 0, tenant .. '\0' .. id)
   end
   if status ~= 'done' or not redis.call('HGET', ikey, 'ufor') then
     free_slot(tenant, id, ikey)

@@ -3,8 +3,8 @@
 KEYS     QueueKeys.fixed(): delayed, rotation, turns, turn, order, token,
          leases, lease-tokens, pending, count:queued, count:leased, count:dead,
          count:cancelled, finished:done, finished:cancelled, finished:dead,
-         unique, paused;
-         KEYS[19] Q op:<seg(call id)>, this call's replay key (a list)
+         unique, paused, dead-ids;
+         KEYS[20] Q op:<seg(call id)>, this call's replay key (a list)
 ARGV[1]  Q, the queue prefix        ARGV[2]  now, µs
 ARGV[3]  expires_at of the new leases, µs
 ARGV[4]  limit                      ARGV[5]  most delayed items to promote in one call

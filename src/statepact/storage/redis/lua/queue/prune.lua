@@ -1,6 +1,6 @@
 --[[ prune: delete up to a batch of finished items past their retention, oldest first.
 
-KEYS     QueueKeys.fixed(), then KEYS[19] Q prune-lock
+KEYS     QueueKeys.fixed(), then KEYS[20] Q prune-lock
 ARGV[1]  Q                 ARGV[2]  now, µs (unused: the cutoffs are the front's)
 ARGV[3]  this pruner's lock token     ARGV[4]  the lock's lifetime, ms
 ARGV[5]  most items to delete in this call (PRUNE_BATCH)
@@ -16,7 +16,7 @@ free again), its index entries (finished:<status>, dead:T), its share of
 count:<status> and its unique slot (a done item with a period held it until
 now). The lock's lifetime starts again with every call.
 ]]
-local LOCK = KEYS[19]
+local LOCK = KEYS[20]
 if redis.call('GET', LOCK) ~= ARGV[3] then
   return { -1, 0 }
 end
@@ -41,6 +41,7 @@ for _, entry in ipairs(cutoffs) do
         redis.call('DEL', ikey)
         if status == 'dead' then
           redis.call('ZREM', dead_key(tenant), id)
+          redis.call('ZREM', DEAD_IDS, tenant .. '\0' .. id)
           count(N_DEAD, tenant, -1)
         elseif status == 'cancelled' then
           count(N_CANCELLED, tenant, -1)

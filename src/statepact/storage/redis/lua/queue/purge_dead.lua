@@ -1,6 +1,6 @@
 --[[ purge_dead: delete up to a batch of a tenant's dead items, oldest death first.
 
-KEYS     QueueKeys.fixed(), then KEYS[19] this call's replay key
+KEYS     QueueKeys.fixed(), then KEYS[20] this call's replay key
 ARGV[1]  Q                 ARGV[2]  now, µs (unused)
 ARGV[3]  tenant            ARGV[4]  most items to delete in this call
 
@@ -26,6 +26,7 @@ for _, id in ipairs(ids) do
   if redis.call('HGET', ikey, 'status') == 'dead' then
     redis.call('DEL', ikey)
     redis.call('ZREM', FINISHED.dead, ref(tenant, id))
+    redis.call('ZREM', DEAD_IDS, tenant .. '\0' .. id)
     purged = purged + 1
   end
 end

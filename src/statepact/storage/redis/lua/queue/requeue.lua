@@ -1,6 +1,6 @@
 --[[ requeue: bring a dead item back, due now, attempts reset, last error kept.
 
-KEYS     QueueKeys.fixed(), then KEYS[19] this call's replay key
+KEYS     QueueKeys.fixed(), then KEYS[20] this call's replay key
 ARGV[1]  Q                 ARGV[2]  now, µs
 ARGV[3]  R
 
@@ -22,6 +22,7 @@ end
 local tenant, id = f[2], f[3]
 redis.call('ZREM', dead_key(tenant), id)
 redis.call('ZREM', FINISHED.dead, ARGV[3])
+redis.call('ZREM', DEAD_IDS, tenant .. '\0' .. id)
 -- Going dead freed its unique slot for good: a requeued item holds none.
 redis.call('HDEL', ikey, 'slot')
 count(N_DEAD, tenant, -1)
