@@ -286,7 +286,7 @@ async def test_schema_names_the_postgres_schema_holding_the_tables(pg_database_u
         code, out, err = await run(options, "stats")
         assert code == 0, err
         assert out.splitlines()[0].endswith(", schema 'ops'")
-        assert out.splitlines()[5].split() == ["total", "2", "1", "3"]
+        assert out.splitlines()[5].split() == ["total", "2", "1", "3", "0"]
         code, out, _ = await run(["--postgres", pg_database_url], "stats")
         empty = "queue 'default': no queued, leased, dead or cancelled items"
         assert (code, out.splitlines()[1]) == (0, empty)
