@@ -10,9 +10,11 @@ process, and a pause is seen by another client.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -312,3 +314,70 @@ async def test_operator_reads_prunable_dead_letters_across_tenants_and_queues(
     assert await queue.prune() == 4
     assert (await queue.dead_letters_all()).items == []
     assert [s.queue for s in await queue.queues()] == ["mail"]
+
+
+async def _drain(queue: RedisWorkQueue, worker_id: str, stop: asyncio.Event) -> int:
+    """Claim and ack one item at a time until ``stop``; how many were acked."""
+    acked = 0
+    while not stop.is_set():
+        lease = await queue.claim(worker_id, lease_for=LEASE)
+        if lease is None:
+            await asyncio.sleep(0.001)
+            continue
+        await queue.ack(lease)
+        acked += 1
+    return acked
+
+
+async def _rate(queues: list[RedisWorkQueue], seconds: float, during: Any = None) -> float:
+    """Claim+ack per second of ten workers over ``seconds`` (or while ``during`` runs)."""
+    stop = asyncio.Event()
+    workers = [asyncio.create_task(_drain(q, f"w{n}", stop)) for n, q in enumerate(queues)]
+    started = time.perf_counter()
+    if during is None:
+        await asyncio.sleep(seconds)
+    else:
+        await during
+    elapsed = time.perf_counter() - started
+    stop.set()
+    return sum(await asyncio.gather(*workers)) / elapsed
+
+
+async def test_prune_while_ten_workers_drain_keeps_their_throughput(
+    statepact_redis_server_factory: RedisServerFactory,
+) -> None:
+    """A prune of many finished items while ten workers claim and ack: their throughput
+    during the prune stays within 20% of what it is without one."""
+    finished = int(os.environ.get("STATEPACT_TEST_PRUNE_ITEMS", "50000"))
+    server = statepact_redis_server_factory()
+    settings = RedisStoreSettings(namespace="drain", durable=False)
+    clock = ManualClock()
+    clients = [Redis.from_url(server.url) for _ in range(11)]
+    try:
+        queues = [RedisWorkQueue(c, clock=clock, settings=settings) for c in clients]
+        pruner = queues.pop()
+        await _finish(pruner, "old", "o", finished)
+        clock.advance(2 * 86_400)
+        for start in range(0, 60_000, CHUNK):
+            await pruner.enqueue_many(
+                [
+                    WorkItem(tenant=f"t{n % 10}", item_id=f"n{n}")
+                    for n in range(start, start + CHUNK)
+                ]
+            )
+        before = await _rate(queues, 3.0)
+        started = time.perf_counter()
+        prune = asyncio.ensure_future(pruner.prune())
+        during = await _rate(queues, 0, prune)
+        took = time.perf_counter() - started
+        after = await _rate(queues, 3.0)
+        pruned = prune.result()
+        print(
+            f"\n10 workers claim+ack: {before:.0f}/s before, {during:.0f}/s during the prune "
+            f"of {pruned} items ({took:.1f} s), {after:.0f}/s after"
+        )
+        assert pruned == finished
+        assert during >= 0.8 * min(before, after)
+    finally:
+        for client in clients:
+            await client.aclose()
