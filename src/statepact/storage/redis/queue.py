@@ -347,10 +347,16 @@ class RedisWorkQueue(BaseWorkQueue):
     ) -> int:
         lock = self._keys.prune_lock
         token = new_op_id()
-        taken = await self._failover.run(
-            f"prune lock (queue {self.name!r})",
-            lambda: self._redis.set(lock.encode("utf-8"), token, nx=True, px=_PRUNE_LOCK_MS),
-        )
+        key = lock.encode("utf-8")
+
+        async def take() -> bool:
+            if await self._redis.set(key, token, nx=True, px=_PRUNE_LOCK_MS):
+                return True
+            # Held: by another pruner, or by this one when the reply of a SET that took
+            # it was lost and the failover sent it again.
+            return as_text(await self._redis.get(key) or b"") == token
+
+        taken = await self._failover.run(f"prune lock (queue {self.name!r})", take)
         if not taken:
             return 0  # another process prunes this queue now
         limits = _cutoff_args(cutoffs)
