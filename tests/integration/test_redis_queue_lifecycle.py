@@ -381,3 +381,28 @@ async def test_prune_while_ten_workers_drain_keeps_their_throughput(
     finally:
         for client in clients:
             await client.aclose()
+
+
+async def test_a_watch_subscribes_again_after_its_connection_is_killed(
+    redis_client: Redis, clock: ManualClock
+) -> None:
+    """The server drops the watch's pub/sub connection: the watch subscribes again on its
+    own, and a cancel after that is heard."""
+    queue = RedisWorkQueue(redis_client, clock=clock)
+    heard: list[tuple[str, str, int]] = []
+    async with queue.watch(on_cancel=lambda *notice: heard.append(notice)):
+        assert await redis_client.client_kill_filter(_type="pubsub") >= 1
+        for n in range(2):
+            await queue.enqueue(WorkItem(tenant="acme", item_id=f"i{n}"))
+        deadline = time.perf_counter() + 5
+        # Cancel leased items until one is heard: those cancelled while the watch was
+        # away are missed (their worker's heartbeat is the fallback), none after.
+        while not heard and time.perf_counter() < deadline:
+            await queue.enqueue(WorkItem(tenant="acme", item_id=f"x{time.perf_counter()}"))
+            lease = await queue.claim("w", lease_for=LEASE)
+            assert lease is not None
+            await queue.cancel("acme", lease.item.item_id)
+            await asyncio.sleep(0.2)
+        assert heard and heard[-1][0] == "acme"
+        subscribers = await redis_client.pubsub_numsub(QueueKeys("adk", "default").control)
+        assert subscribers[0][1] == 1
