@@ -49,6 +49,7 @@ LEASE_EXPIRED = "lease expired"
 #: The longest a failed item's retry may be put off, in seconds (30 days): ``Retry(delay)``
 #: raised by a worker's handler and ``WorkQueue.fail(retry_in=)`` alike.
 MAX_RETRY_DELAY = 30 * 86_400.0
-#: The most rows (PostgreSQL) or records (Redis) one prune statement or script looks at:
-#: a prune is many short steps, never one that holds the server for long.
+#: The most rows (PostgreSQL) or records (Redis) one prune statement or script looks at
+#: (``WorkQueue.prune``, ``StateStore.prune_runs``, a transaction history prune): a prune
+#: of a million rows is many short steps, none holding the server for long.
 PRUNE_BATCH = 500

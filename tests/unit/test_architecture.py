@@ -27,6 +27,7 @@ FOUNDATION = frozenset(
         "statepact._shared",
         "statepact._turns",
         "statepact._observe",
+        "statepact._queue_policy",
     }
 )
 FRONTS = frozenset({"statepact.state", "statepact.queue", "statepact.tx"})
@@ -359,8 +360,9 @@ DRIVER_CATCH_ALLOWED = {
     # Its three asyncpg catches move behind _client's predicates with the lc-pg branch of
     # issue 33/34 (the queue files are that branch's); delete this entry when it lands.
     "statepact.storage.postgres.queue",
-    # The Redis queue file is the lc-redis branch's; same as above.
-    "statepact.storage.redis.queue",
+    # The Redis queue's pub/sub watch (the lc-redis branch's), which subscribes again
+    # after a RedisError; same as above.
+    "statepact.storage.redis._queue_watch",
     # Reloading a script the server lost (NOSCRIPT) is the script registry's own job.
     "statepact.storage.redis._scripts",
     # Preflight reads CONFIG and falls back to INFO where CONFIG is refused: a diagnosis.

@@ -28,6 +28,7 @@ from statepact.cli._common import (
     queue_where,
     run_command,
 )
+from statepact.cli._common.supervisor import CHILD_ENV, Supervisor, child_arguments
 from statepact.clock import SystemClock
 from statepact.queue import QueuePolicy, WorkQueue
 from statepact.worker import Worker
@@ -79,6 +80,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--grace-period", type=float, metavar="S", help="seconds handlers get on SIGTERM"
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="worker processes under one supervisor, each with its own pool (default 1)",
     )
     default = QueuePolicy()
     for option, field, kind, help_text in POLICY_OPTIONS:
@@ -176,6 +184,9 @@ async def load_worker(found: object, queue: WorkQueue) -> Worker:
 
 def command(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
     stream = out or sys.stdout
+    if args.processes > 1 and os.environ.get(CHILD_ENV) is None:
+        arguments = child_arguments(getattr(args, "arguments", sys.argv[1:]))
+        return Supervisor(arguments, args.processes, out=stream).run()
 
     async def body() -> int:
         where = queue_where(args)
@@ -186,6 +197,8 @@ def command(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
             concurrency = found.concurrency
         if concurrency is not None and concurrency < 1:
             raise CommandError(f"--concurrency: must be 1 or more, got {concurrency}")
+        if args.processes < 1:
+            raise CommandError(f"--processes: must be 1 or more, got {args.processes}")
         # A worker holds at most concurrency + 2 connections (its items and claim, the
         # LISTEN, the reaper), + 3 with schedules (docs/worker.md): size for the most.
         pool_size = (concurrency or 10) + 3

@@ -1,8 +1,10 @@
 --[[ claim: lease up to `limit` due items, tenants served in rotation, in one script.
 
 KEYS     QueueKeys.fixed(): delayed, rotation, turns, turn, order, token,
-         leases, lease-tokens, pending, count:queued, count:leased, count:dead;
-         KEYS[13] Q op:<seg(call id)>, this call's replay key (a list)
+         leases, lease-tokens, pending, count:queued, count:leased, count:dead,
+         count:cancelled, finished:done, finished:cancelled, finished:dead,
+         unique, paused, dead-ids;
+         KEYS[20] Q op:<seg(call id)>, this call's replay key (a list)
 ARGV[1]  Q, the queue prefix        ARGV[2]  now, µs
 ARGV[3]  expires_at of the new leases, µs
 ARGV[4]  limit                      ARGV[5]  most delayed items to promote in one call
@@ -19,7 +21,8 @@ Each item moves from its tenant's ready set to the lease set, its token goes
 into lease-tokens, and its record is written (status leased, attempts + 1,
 updated, ctok = token). Cost per claimed item: O(log n) in the tenant's ready
 set and O(log t) in the rotation; idle tenants and the backlog are never
-scanned. Delayed items are promoted lazily here, each once.
+scanned. Delayed items are promoted lazily here, each once. While Q paused
+exists the claim answers {0} at once.
 ]]
 local done = redis.call('LRANGE', OP, 0, -1)
 if #done > 0 then
@@ -33,6 +36,11 @@ if #done > 0 then
     end
   end
   return out
+end
+
+-- Paused (queue.pause()): nothing is claimed, nothing promoted; one key read.
+if redis.call('EXISTS', PAUSED) == 1 then
+  return { 0 }
 end
 
 local cap = tonumber(ARGV[5])
