@@ -90,26 +90,11 @@ __all__ = [
 ]
 
 # Defined in the private modules, public here: named as this module's (repr, docs, pickle).
-for _public in (
-    CommitRequest,
-    CommitResult,
-    Isolation,
-    Lease,
-    LeaseRequest,
-    LockMode,
-    ReadRecord,
-    Refusal,
-    ResourceInfo,
-    Snapshot,
-    StoredResource,
-    StoredValue,
-    StoredVersion,
-    Transaction,
-    VersionEntry,
-    WriteRecord,
-):
-    _public.__module__ = __name__
-del _public
+for _name in __all__:
+    _public = globals().get(_name)
+    if isinstance(_public, type) and _public.__module__.startswith("statepact._tx."):
+        _public.__module__ = __name__
+del _name, _public
 
 
 @runtime_checkable
