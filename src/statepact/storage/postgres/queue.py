@@ -2,7 +2,7 @@
 
 It implements the ``_``-methods of :class:`~statepact.queue.BaseWorkQueue`
 with the memory reference's semantics, by running the statements of
-``_sql/queue.py``: a claim, a batch claim and every settle is one statement.
+``_sql/queue/``: a claim, a batch claim and every settle is one statement.
 How the claim walks the rotation and why claims never deadlock:
 docs/backings.md#the-claim.
 
@@ -19,12 +19,10 @@ import copy
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from functools import cache
 from typing import Any, Protocol, Self, TypeVar, overload
 
-import asyncpg
 from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
@@ -52,9 +50,14 @@ from statepact.queue import (
     WorkWatch,
 )
 from statepact.settings import PostgresStoreSettings
-from statepact.storage.postgres._client import BoundExecutor, EngineExecutor
+from statepact.storage.postgres._client import (
+    BoundExecutor,
+    EngineExecutor,
+    is_database_error,
+    is_unique_violation,
+)
 from statepact.storage.postgres._direct import DirectExecutor, Prepared
-from statepact.storage.postgres._sql.queue import QueueStatements
+from statepact.storage.postgres._sql.queue import CoreStatement, QueueStatements
 from statepact.storage.postgres._sql.queue import statements as _statements
 from statepact.storage.postgres.schema import StateTables, Tables, tables_for
 from statepact.storage.postgres.sync import SyncBoundWorkQueue, SyncSession
@@ -83,25 +86,14 @@ class _Runs(Protocol):
     async def run(self, work: Callable[[Any], Awaitable[T]], *, idempotent: bool) -> T: ...
 
 
-@dataclass(frozen=True, slots=True)
-class _PreparedStatements:
-    """``QueueStatements`` compiled once for the driver (``_direct.Prepared``), by name."""
-
-    by_name: dict[str, Prepared]
-
-    def __getattr__(self, name: str) -> Prepared:
-        try:
-            return self.by_name[name]
-        except KeyError:
-            raise AttributeError(name) from None
+#: The statements a queue runs: Core expressions, or compiled once for the driver.
+_Statements = QueueStatements[CoreStatement] | QueueStatements[Prepared]
 
 
 @cache
-def _prepared(tables: Tables) -> _PreparedStatements:
-    core = _statements(tables)
-    return _PreparedStatements(
-        {field.name: Prepared(getattr(core, field.name)) for field in fields(QueueStatements)}
-    )
+def _prepared(tables: Tables) -> QueueStatements[Prepared]:
+    """``QueueStatements`` compiled once for the driver (``_direct.Prepared``)."""
+    return _statements(tables).map(Prepared)
 
 
 def _channel(tables: Tables, queue: str) -> str:
@@ -155,7 +147,9 @@ class _ListenWatch:
             await finish(self.close())
             try:
                 await finish(self._listen())  # a connect cut short would tear asyncpg's handshake
-            except (OSError, SQLAlchemyError, asyncpg.PostgresError):
+            except Exception as exc:
+                if not is_database_error(exc):
+                    raise
                 await asyncio.sleep(max(0.0, deadline - loop.time()))
                 return False
             # Listening only from now: what was sent before (while the caller claimed for
@@ -183,7 +177,9 @@ class _ListenWatch:
                 return
             await driver.remove_listener(self._channel, self._notified)
             await conn.close()
-        except (OSError, SQLAlchemyError, asyncpg.PostgresError):
+        except Exception as exc:
+            if not is_database_error(exc):
+                raise
             await conn.invalidate()
 
 
@@ -213,7 +209,8 @@ def _item(row: RowMapping) -> WorkItem:
 
 
 # Items from which a batch is first sent as ``enqueue_new`` (no ON CONFLICT): the probe of
-# the unique index ON CONFLICT makes for every row is a fifth of a bulk load's statement.
+# the unique index ON CONFLICT makes for every row is a large part of a bulk load's
+# statement (docs/benchmarks.md#queue-statement-plans).
 # A batch naming a stored item then costs a failed statement, and the server logs it as an
 # ERROR (a unique violation): smaller batches, which idempotent re-enqueues and the shared
 # single enqueues make, always go as ``enqueue_many``, which fails nothing.
@@ -252,7 +249,7 @@ class PostgresWorkQueue(BaseWorkQueue):
         # The statements the executor runs: compiled once for the driver on an engine (the
         # DirectExecutor, a fraction of SQLAlchemy's cost per statement), Core expressions on
         # one AsyncConnection and inside a caller's transaction (bound).
-        self._sql: Any
+        self._sql: _Statements
         if isinstance(engine, AsyncEngine):
             self._shares_enqueues = True
             self._sql = _prepared(self._tables)
@@ -389,8 +386,9 @@ class PostgresWorkQueue(BaseWorkQueue):
                 try:
                     await conn.execute(self._sql.enqueue_new, params)
                     return answer
-                except asyncpg.UniqueViolationError:
-                    pass
+                except Exception as exc:
+                    if not is_unique_violation(exc):
+                        raise
             # Only the items the insert skipped come back; every other one was stored as sent.
             rows = (await conn.execute(self._sql.enqueue_many, params)).mappings().all()
             for row in rows:
@@ -452,7 +450,7 @@ class PostgresWorkQueue(BaseWorkQueue):
         return {**self._key(lease.item.tenant, lease.item.item_id), "p_token": lease.token}
 
     async def _settle(
-        self, lease: Lease, statement: Any, extra: Mapping[str, Any]
+        self, lease: Lease, statement: CoreStatement | Prepared, extra: Mapping[str, Any]
     ) -> RowMapping | None:
         """Run a fenced write; its row, or ``None`` when the lease no longer holds the item."""
         fence = self._fence(lease)
