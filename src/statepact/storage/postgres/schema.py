@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -30,6 +31,7 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    Interval,
     LargeBinary,
     MetaData,
     Numeric,
@@ -71,7 +73,7 @@ __all__ = [
 ]
 
 #: The version the head revision writes into ``adk_schema``; bump it in a new revision.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: Versions this release reads; ``verify()`` refuses anything else.
 COMPATIBLE_SCHEMA_VERSIONS: frozenset[int] = frozenset({SCHEMA_VERSION})
 #: The ``adk_schema.component`` of statepact's row.
@@ -109,6 +111,10 @@ RUNS_TABLE_OPTIONS: dict[str, Any] = {"fillfactor": 80}
 WRITE_RETENTION = timedelta(minutes=10)
 
 
+#: The statuses of a finished item (prune's, and the finished index's predicate).
+_FINISHED = ["done", "dead", "cancelled"]
+
+
 def _ident() -> Text:
     return Text(collation="C")
 
@@ -137,6 +143,8 @@ class StateTables:
     queue_turns: str = "adk_queue_turns"
     schema: str = "adk_schema"
     run_writes: str = "adk_run_writes"
+    queue_control: str = "adk_queue_control"
+    queue_removed: str = "adk_queue_removed"
 
     def __post_init__(self) -> None:
         seen: set[str] = set()
@@ -165,6 +173,8 @@ class Tables:
     schema: Table
     run_writes: Table
     token_seq: Sequence
+    queue_control: Table
+    queue_removed: Table
 
 
 def _define_state_tables(meta: MetaData, names: StateTables, db_schema: str | None) -> Tables:
@@ -242,11 +252,18 @@ def _define_state_tables(meta: MetaData, names: StateTables, db_schema: str | No
         Column("expires_at", _tz(), nullable=True),
         Column("created_at", _tz(), nullable=False),
         Column("updated_at", _tz(), nullable=False),
+        Column("unique_key", _ident(), nullable=True),
+        Column("unique_for", Interval, nullable=True),
+        Column("timeout", Double, nullable=True),
+        # The slot the item holds while it blocks others of its unique key (the front's
+        # unique_slot()); NULL once it leaves its blocking states.
+        Column("unique_slot", _ident(), nullable=True),
         PrimaryKeyConstraint("id"),
         UniqueConstraint("queue", "tenant", "item_id"),
         CheckConstraint(_in("status", [s.value for s in ItemStatus]), name="status"),
         CheckConstraint(f"priority BETWEEN -{MAX_PRIORITY} AND {MAX_PRIORITY}", name="priority"),
         CheckConstraint("attempts >= 0", name="attempts"),
+        CheckConstraint("timeout IS NULL OR timeout > 0", name="timeout"),
         CheckConstraint(
             "status <> 'leased' OR (token IS NOT NULL AND expires_at IS NOT NULL "
             "AND worker_id IS NOT NULL)",
@@ -274,6 +291,25 @@ def _define_state_tables(meta: MetaData, names: StateTables, db_schema: str | No
             "item_id",
             postgresql_where=text("status = 'dead'"),
         ),
+        # Unique keys, enforced by the server: one holder per slot.
+        Index(
+            f"ix_{names.work}_unique_slot",
+            "queue",
+            "tenant",
+            "unique_slot",
+            unique=True,
+            postgresql_where=text("unique_slot IS NOT NULL"),
+        ),
+        # Prune walks each finished status oldest first; stats counts the exceptional
+        # ones (dead, cancelled) per tenant from it without reading the heap.
+        Index(
+            f"ix_{names.work}_finished",
+            "queue",
+            "status",
+            "updated_at",
+            postgresql_include=["tenant"],
+            postgresql_where=text(_in("status", _FINISHED)),
+        ),
         postgresql_with=dict(WORK_TABLE_OPTIONS),
         schema=db_schema,
     )
@@ -296,6 +332,9 @@ def _define_state_tables(meta: MetaData, names: StateTables, db_schema: str | No
         Column("next_due_at", _tz(), nullable=True),
         Column("checked_at", _tz(), nullable=False),
         Column("additions", BigInteger, nullable=False, server_default=text("0")),
+        # Items ever stored for the tenant (their inserts, not their re-queues): with
+        # adk_queue_removed's count, what stats() derives the done count from.
+        Column("enqueued", BigInteger, nullable=False, server_default=text("0")),
         PrimaryKeyConstraint("queue", "tenant"),
         CheckConstraint("queued >= 0", name="queued"),
         Index(
@@ -336,7 +375,31 @@ def _define_state_tables(meta: MetaData, names: StateTables, db_schema: str | No
         PrimaryKeyConstraint("tenant", "run_id", "applied_at", "op_id"),
         schema=db_schema,
     )
+    # One row per queue: whether it is paused, and the pruner's lease (its try-lock).
+    queue_control = Table(
+        names.queue_control,
+        meta,
+        Column("queue", _ident(), nullable=False),
+        Column("paused", Boolean, nullable=False, server_default=text("false")),
+        Column("pruner", Text, nullable=True),
+        Column("pruner_until", _tz(), nullable=True),
+        PrimaryKeyConstraint("queue"),
+        schema=db_schema,
+    )
+    # Items deleted per tenant (prune, purge_dead): written only by those, never by an
+    # enqueue, claim or settle.
+    queue_removed = Table(
+        names.queue_removed,
+        meta,
+        Column("queue", _ident(), nullable=False),
+        Column("tenant", _ident(), nullable=False),
+        Column("removed", BigInteger, nullable=False, server_default=text("0")),
+        PrimaryKeyConstraint("queue", "tenant"),
+        schema=db_schema,
+    )
     return Tables(
+        queue_control=queue_control,
+        queue_removed=queue_removed,
         names=names,
         runs=runs,
         sessions=sessions,
