@@ -2,8 +2,8 @@
 
 :mod:`.enqueue` (insert an item or a batch), :mod:`.claim` (the rotation and the
 ``FOR UPDATE SKIP LOCKED`` claims), :mod:`.settle` (fenced writes, the reaper, requeue
-and cancel) and :mod:`.reads` (reads, stats, prune, the queue's control row); what they
-share is in :mod:`._parts`. :class:`QueueStatements` holds every statement by name,
+and cancel), :mod:`.reads` (reads, stats) and :mod:`.maintain` (purge, prune, pause);
+what they share is in :mod:`._parts`. :class:`QueueStatements` holds every statement by name,
 built once per table naming; :meth:`QueueStatements.map` turns the whole set into
 another form (the driver's prepared statements) with every name still checked.
 """
@@ -15,15 +15,21 @@ from dataclasses import dataclass, fields
 from functools import cache
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import Select, Update
+from sqlalchemy import CompoundSelect, Select, Update
 
-from statepact.storage.postgres._sql.queue import claim, enqueue, reads, settle
+from statepact.storage.postgres._sql.queue import (
+    claim,
+    enqueue,
+    maintain,
+    reads,
+    settle,
+)
 from statepact.storage.postgres.schema import Tables
 
 __all__ = ["CoreStatement", "QueueStatements", "statements"]
 
-#: A statement as built: a SELECT (with data-modifying CTEs) or an UPDATE.
-CoreStatement = Select[Any] | Update
+#: A statement as built: a SELECT (with data-modifying CTEs, or a UNION) or an UPDATE.
+CoreStatement = Select[Any] | CompoundSelect[Any] | Update
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -50,6 +56,13 @@ class QueueStatements(Generic[S]):
     purge_dead: S
     stats: S
     next_due: S
+    slot_holder: S
+    cancel_many: S
+    prune: S
+    prune_lock: S
+    prune_unlock: S
+    set_paused: S
+    paused: S
 
     @property
     def by_name(self) -> dict[str, S]:
@@ -79,9 +92,16 @@ class QueueStatements(Generic[S]):
             requeue=settle.requeue(tables),
             reap=settle.reap(tables),
             dead_letters=reads.dead_letters(work),
-            purge_dead=reads.purge_dead(work),
-            stats=reads.stats(work),
+            purge_dead=maintain.purge_dead(tables),
+            stats=reads.stats(tables),
             next_due=reads.next_due(tables.queue_turns),
+            slot_holder=reads.slot_holder(work),
+            cancel_many=settle.cancel_many(tables),
+            prune=maintain.prune(tables),
+            prune_lock=maintain.prune_lock(tables.queue_control),
+            prune_unlock=maintain.prune_unlock(tables.queue_control),
+            set_paused=maintain.set_paused(tables.queue_control),
+            paused=maintain.paused(tables.queue_control),
         )
 
 

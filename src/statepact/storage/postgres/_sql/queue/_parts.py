@@ -33,6 +33,7 @@ QUEUED: ColumnElement[str] = literal_column("'queued'")
 LEASED: ColumnElement[str] = literal_column("'leased'")
 DONE: ColumnElement[str] = literal_column("'done'")
 DEAD: ColumnElement[str] = literal_column("'dead'")
+CANCELLED: ColumnElement[str] = literal_column("'cancelled'")
 # A constant LIMIT, so a generic plan of the prepared claim knows it is one row.
 ONE = literal_column("1", Integer)
 # Every other number in a statement is a literal too, never a bound parameter: a prepared
@@ -92,6 +93,9 @@ def item_columns(work: Table, source: Any = None) -> list[ColumnElement[Any]]:
         "updated_at",
         "token",
         "expires_at",
+        "unique_key",
+        "unique_for",
+        "timeout",
     )
     return [cast(source.c.payload, Text).label("payload"), *(source.c[name] for name in names)]
 
@@ -136,15 +140,16 @@ def lease_ended() -> dict[str, Any]:
     }
 
 
-def turn_added(turns: Table, source: CTE, *, grouped: bool) -> Any:
+def turn_added(turns: Table, source: CTE, *, grouped: bool, new: bool = False) -> Any:
     """Upsert the turns rows of the items ``source`` put (back) in the queue.
 
     ``queued`` grows by their number, ``next_due_at`` can only move earlier
     (``LEAST``), ``checked_at`` only later, and ``additions`` counts the change
-    so a concurrent claim can tell its snapshot missed it. Rows are written in
-    ``(queue, tenant)`` order.
+    so a concurrent claim can tell its snapshot missed it; ``new`` items (inserted, not
+    put back) also count in ``enqueued``. Rows are written in ``(queue, tenant)`` order.
     """
     added = source.c.status == QUEUED
+    stored = func.count().cast(BigInteger) if new else ZERO
     if grouped:
         rows = (
             select(
@@ -155,6 +160,7 @@ def turn_added(turns: Table, source: CTE, *, grouped: bool) -> Any:
                 func.min(source.c.available_at),
                 param("now", TZ),
                 func.count().cast(BigInteger),
+                stored,
             )
             .where(added)
             .group_by(source.c.queue, source.c.tenant)
@@ -169,9 +175,20 @@ def turn_added(turns: Table, source: CTE, *, grouped: bool) -> Any:
             source.c.available_at,
             param("now", TZ),
             literal_column("1", BigInteger),
+            literal_column("1", BigInteger) if new else ZERO,
         ).where(added)
     statement = pg_insert(turns).from_select(
-        ["queue", "tenant", "last_turn", "queued", "next_due_at", "checked_at", "additions"], rows
+        [
+            "queue",
+            "tenant",
+            "last_turn",
+            "queued",
+            "next_due_at",
+            "checked_at",
+            "additions",
+            "enqueued",
+        ],
+        rows,
     )
     return statement.on_conflict_do_update(
         index_elements=[turns.c.queue, turns.c.tenant],
@@ -180,5 +197,6 @@ def turn_added(turns: Table, source: CTE, *, grouped: bool) -> Any:
             "next_due_at": func.least(turns.c.next_due_at, statement.excluded.next_due_at),
             "checked_at": func.greatest(turns.c.checked_at, statement.excluded.checked_at),
             "additions": turns.c.additions + statement.excluded.additions,
+            "enqueued": turns.c.enqueued + statement.excluded.enqueued,
         },
     )

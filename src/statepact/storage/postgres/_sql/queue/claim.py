@@ -50,7 +50,9 @@ from statepact.storage.postgres._sql.queue._parts import (
 from statepact.storage.postgres.schema import Tables
 
 
-def _next_turn(turns: Table, after: Any = None) -> Select[Any]:
+def _next_turn(
+    turns: Table, after: Any = None, *, held: ColumnElement[bool] | None = None
+) -> Select[Any]:
     """The first tenant in turn order ``(last_turn, tenant)`` after ``after`` that may have work.
 
     Two index probes, each LIMIT 1: the ``ready`` index in order, and the
@@ -58,7 +60,7 @@ def _next_turn(turns: Table, after: Any = None) -> Select[Any]:
     tenant moves it to ``ready``), the earlier of the two winning.
     """
     columns = (turns.c.tenant, turns.c.last_turn, turns.c.additions)
-    past: list[ColumnElement[bool]] = []
+    past: list[ColumnElement[bool]] = [] if held is None else [held]
     if after is not None:
         past.append(
             tuple_(turns.c.last_turn, turns.c.tenant) > tuple_(after.c.last_turn, after.c.tenant)
@@ -97,14 +99,23 @@ def _next_turn(turns: Table, after: Any = None) -> Select[Any]:
     )
 
 
-def rotation(turns: Table) -> CTE:
+def _not_paused(control: Table) -> ColumnElement[bool]:
+    """The queue is not paused: one probe of its control row by primary key, evaluated
+    once per statement (an InitPlan) before the walk reads any tenant."""
+    return ~(
+        select(control.c.queue).where(control.c.queue == queue_name(), control.c.paused).exists()
+    )
+
+
+def rotation(turns: Table, control: Table) -> CTE:
     """Tenants that may have due work, served longest ago first (ties: tenant, byte order).
 
     A recursive walk, one index probe per tenant, read lazily: the claim pulls
     tenants only until one yields an item, so its cost does not grow with the
-    number of tenants waiting behind that one.
+    number of tenants waiting behind that one. A paused queue yields no tenant: the walk
+    never starts.
     """
-    walk = _next_turn(turns).cte("rotation", recursive=True)
+    walk = _next_turn(turns, held=_not_paused(control)).cte("rotation", recursive=True)
     previous = walk.alias("previous")
     step = _next_turn(turns, after=previous).lateral("step")
     return walk.union_all(
@@ -207,7 +218,7 @@ def _served(
 def claim(tables: Tables) -> Select[Any]:
     """Lease the best due item of the tenant served longest ago, and send that tenant back."""
     work, turns = tables.work, tables.queue_turns
-    order = rotation(turns)
+    order = rotation(turns, tables.queue_control)
     best = _due_items(work, order.c.tenant, ONE, "best", row_ctid=True)
     # No ORDER BY in either branch: the rotation's order drives the nested loop,
     # and LIMIT 1 stops it at the first tenant whose probe locked an item. The
@@ -288,7 +299,7 @@ def claim_many(tables: Tables) -> Select[Any]:
     (SKIP LOCKED), never taking one item twice.
     """
     work, turns = tables.work, tables.queue_turns
-    order = rotation(turns)
+    order = rotation(turns, tables.queue_control)
     front = (
         select(order.c.tenant, order.c.last_turn, order.c.additions)
         .limit(param("limit", BigInteger()))

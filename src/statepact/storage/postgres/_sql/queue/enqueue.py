@@ -13,13 +13,16 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Double,
     Integer,
+    Interval,
     Select,
     Text,
     cast,
     column,
     func,
     literal_column,
+    or_,
     select,
     text,
     true,
@@ -42,7 +45,8 @@ from statepact.storage.postgres.schema import Tables
 
 
 def enqueue(tables: Tables) -> Select[Any]:
-    """Insert the item unless ``(queue, tenant, item_id)`` exists, and wake its tenant."""
+    """Insert the item unless ``(queue, tenant, item_id)`` exists or another item holds its
+    unique slot, and wake its tenant (a new tenant's turns row counts the insert)."""
     work, turns = tables.work, tables.queue_turns
     inserted = (
         pg_insert(work)
@@ -57,12 +61,17 @@ def enqueue(tables: Tables) -> Select[Any]:
             available_at=param("available_at", TZ),
             created_at=param("now", TZ),
             updated_at=param("now", TZ),
+            unique_key=param("unique_key", Text()),
+            unique_for=param("unique_for", Interval()),
+            timeout=param("timeout", Double()),
+            unique_slot=param("unique_slot", Text()),
         )
-        .on_conflict_do_nothing(index_elements=[work.c.queue, work.c.tenant, work.c.item_id])
+        # No conflict target: the item's key or its unique slot, whichever is held.
+        .on_conflict_do_nothing()
         .returning(work.c.queue, work.c.tenant, work.c.available_at, work.c.status)
         .cte("inserted")
     )
-    woken = turn_added(turns, inserted, grouped=False).cte("woken")
+    woken = turn_added(turns, inserted, grouped=False, new=True).cte("woken")
     # Watchers LISTEN on the queue's channel; PostgreSQL delivers at commit (the caller's,
     # for a bound enqueue), once per transaction and channel.
     return (
@@ -73,7 +82,18 @@ def enqueue(tables: Tables) -> Select[Any]:
 
 
 # The columns of a batch, each a JSON array of one value per item, in this order.
-_BATCH_COLUMNS = ("tenants", "item_ids", "payloads", "priorities", "available", "created")
+_BATCH_COLUMNS = (
+    "tenants",
+    "item_ids",
+    "payloads",
+    "priorities",
+    "available",
+    "created",
+    "unique_keys",
+    "unique_fors",
+    "timeouts",
+    "slots",
+)
 
 
 def _batch_insert(tables: Tables, *, skip_stored: bool) -> tuple[CTE, CTE]:
@@ -102,7 +122,8 @@ def _batch_insert(tables: Tables, *, skip_stored: bool) -> tuple[CTE, CTE]:
     batch = (
         text(
             f"SELECT * FROM ROWS FROM ({elements}) WITH ORDINALITY AS unnested("
-            "tenant, item_id, payload, priority, available_place, created_place, ord)"
+            "tenant, item_id, payload, priority, available_place, created_place, "
+            "unique_key, unique_for, timeout, unique_slot, ord)"
         )
         .bindparams(*(param(name, Text()) for name in _BATCH_COLUMNS))
         .columns(
@@ -112,6 +133,10 @@ def _batch_insert(tables: Tables, *, skip_stored: bool) -> tuple[CTE, CTE]:
             column("priority", Text),
             column("available_place", Text),
             column("created_place", Text),
+            column("unique_key", Text),
+            column("unique_for", Text),
+            column("timeout", Text),
+            column("unique_slot", Text),
             column("ord", BigInteger),
         )
         # Read by the insert and by the anti-join of the skipped items: unnested once.
@@ -132,12 +157,31 @@ def _batch_insert(tables: Tables, *, skip_stored: bool) -> tuple[CTE, CTE]:
             cast(batch.c.priority, Integer).label("priority"),
             times[cast(batch.c.available_place, Integer)].label("available_at"),
             created.label("created_at"),
+            batch.c.unique_key,
+            # Seconds, as the JSON number the queue sent.
+            (cast(batch.c.unique_for, Double) * literal_column("INTERVAL '1 second'")).label(
+                "unique_for"
+            ),
+            cast(batch.c.timeout, Double).label("timeout"),
+            batch.c.unique_slot,
         )
         .order_by(batch.c.ord)
         .cte("numbered")
         .prefix_with("MATERIALIZED")
     )
-    names = ("id", "queue", "tenant", "item_id", "payload", "priority", "available_at")
+    names = (
+        "id",
+        "queue",
+        "tenant",
+        "item_id",
+        "payload",
+        "priority",
+        "available_at",
+        "unique_key",
+        "unique_for",
+        "timeout",
+        "unique_slot",
+    )
     rows = text(
         f"OVERRIDING SYSTEM VALUE SELECT {', '.join(names)}, {QUEUED}, {ZERO}, "
         "created_at, created_at FROM numbered "
@@ -158,9 +202,8 @@ def _batch_insert(tables: Tables, *, skip_stored: bool) -> tuple[CTE, CTE]:
         .add_cte(numbered)  # the text above reads it: named here, so that WITH holds it
     )
     if skip_stored:
-        insert = insert.on_conflict_do_nothing(
-            index_elements=[work.c.queue, work.c.tenant, work.c.item_id]
-        )
+        # No conflict target: an item's key or its unique slot, whichever is held.
+        insert = insert.on_conflict_do_nothing()
     inserted = insert.returning(
         work.c.queue, work.c.tenant, work.c.item_id, work.c.available_at, work.c.status
     ).cte("inserted")
@@ -175,7 +218,7 @@ def enqueue_new(tables: Tables) -> Select[Any]:
     transaction, which the failure would abort). Answers one row, the insert's count.
     """
     _, inserted = _batch_insert(tables, skip_stored=False)
-    woken = turn_added(tables.queue_turns, inserted, grouped=True).cte("woken")
+    woken = turn_added(tables.queue_turns, inserted, grouped=True, new=True).cte("woken")
     return (
         select(func.count(), func.pg_notify(param("channel"), literal_column("''")))
         .select_from(inserted)
@@ -199,14 +242,14 @@ def enqueue_many(tables: Tables) -> Select[Any]:
     """
     work, turns = tables.work, tables.queue_turns
     batch, inserted = _batch_insert(tables, skip_stored=True)
-    woken = turn_added(turns, inserted, grouped=True).cte("woken")
+    woken = turn_added(turns, inserted, grouped=True, new=True).cte("woken")
     # The items the insert skipped (usually none): an anti-join of two small sets, run only
     # when the insert stored fewer rows than the batch holds (a one-time filter).
     some_skipped = select(func.count()).select_from(
         inserted
     ).scalar_subquery() < func.json_array_length(cast(param("tenants", Text()), JSON))
     skipped = (
-        select(batch.c.ord, batch.c.tenant, batch.c.item_id)
+        select(batch.c.ord, batch.c.tenant, batch.c.item_id, batch.c.unique_slot)
         .where(
             some_skipped,
             ~select(inserted.c.item_id)
@@ -221,8 +264,10 @@ def enqueue_many(tables: Tables) -> Select[Any]:
         .where(
             old.c.queue == param("queue"),
             old.c.tenant == skipped.c.tenant,
-            old.c.item_id == skipped.c.item_id,
+            # Its own row first (item_id is the idempotency key), else its slot's holder.
+            or_(old.c.item_id == skipped.c.item_id, old.c.unique_slot == skipped.c.unique_slot),
         )
+        .order_by((old.c.item_id == skipped.c.item_id).desc())
         # One row by key; the LIMIT keeps the lateral a probe per skipped item (unlimited,
         # the planner may flatten it into a join that reads every row of the queue).
         .limit(ONE)

@@ -1,5 +1,7 @@
-"""Reads and maintenance: one item, dead letters, stats, the next due time, purge,
-prune, and the queue's control row (pause, the pruner's try-lock).
+"""Reads: one item, a unique slot's holder, dead letters, stats, the next due time.
+
+``stats`` must never read done rows: its cost is the open and exceptional items (and
+a row per tenant), whatever the number of finished items (docs/backings.md#stats).
 """
 
 from __future__ import annotations
@@ -8,15 +10,19 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    CompoundSelect,
     Select,
     Table,
-    delete,
+    Text,
     func,
+    literal_column,
     select,
+    union_all,
 )
 
 from statepact.storage.postgres._sql import TZ, param
 from statepact.storage.postgres._sql.queue._parts import (
+    CANCELLED,
     DEAD,
     LEASED,
     QUEUED,
@@ -24,10 +30,21 @@ from statepact.storage.postgres._sql.queue._parts import (
     item_columns,
     item_key,
 )
+from statepact.storage.postgres.schema import Tables
 
 
 def get_item(work: Table) -> Select[Any]:
     return select(*item_columns(work)).where(*item_key(work))
+
+
+def slot_holder(work: Table) -> Select[Any]:
+    """The item holding unique slot ``p_unique_slot`` of the tenant, if any (a probe of
+    the unique slot index)."""
+    return select(*item_columns(work)).where(
+        work.c.queue == param("queue"),
+        work.c.tenant == param("tenant"),
+        work.c.unique_slot == param("unique_slot", Text()),
+    )
 
 
 def dead_letters(work: Table) -> Select[Any]:
@@ -38,30 +55,6 @@ def dead_letters(work: Table) -> Select[Any]:
         )
         .order_by(work.c.updated_at, work.c.item_id)
         .limit(param("limit", BigInteger()))
-    )
-
-
-def purge_dead(work: Table) -> Select[Any]:
-    """Delete the tenant's dead items (the ``dead`` partial index finds them) and count them.
-
-    No ``adk_queue_turns`` row changes: it counts queued items only.
-    """
-    purged = (
-        delete(work)
-        .where(
-            work.c.queue == param("queue"), work.c.tenant == param("tenant"), work.c.status == DEAD
-        )
-        .returning(work.c.id)
-        .cte("purged")
-    )
-    return select(func.count()).select_from(purged)
-
-
-def stats(work: Table) -> Select[Any]:
-    return (
-        select(work.c.tenant, work.c.status, func.count())
-        .where(work.c.queue == param("queue"), work.c.status.in_([QUEUED, LEASED, DEAD]))
-        .group_by(work.c.tenant, work.c.status)
     )
 
 
@@ -78,4 +71,33 @@ def next_due(turns: Table) -> Select[Any]:
         turns.c.queued > ZERO,
         turns.c.next_due_at > turns.c.checked_at,
         turns.c.next_due_at > param("now", TZ),
+    )
+
+
+def stats(tables: Tables) -> CompoundSelect[Any]:
+    """``(tenant, kind, count)`` rows: ``queued``, ``leased``, ``dead`` and ``cancelled``
+    counted per tenant, each through its partial index (dead and cancelled from the
+    finished index's ``tenant``, without the heap), then each tenant's ``enqueued`` (turns)
+    and ``removed`` totals. The caller derives ``done`` as enqueued - removed - the rest:
+    no done row is read."""
+    work, turns, removed = tables.work, tables.queue_turns, tables.queue_removed
+
+    def counted(status: Any, kind: str) -> Select[Any]:
+        return (
+            select(work.c.tenant, literal_column(f"'{kind}'"), func.count().cast(BigInteger))
+            .where(work.c.queue == param("queue"), work.c.status == status)
+            .group_by(work.c.tenant)
+        )
+
+    return union_all(
+        counted(QUEUED, "queued"),
+        counted(LEASED, "leased"),
+        counted(DEAD, "dead"),
+        counted(CANCELLED, "cancelled"),
+        select(turns.c.tenant, literal_column("'enqueued'"), turns.c.enqueued).where(
+            turns.c.queue == param("queue"), turns.c.enqueued > ZERO
+        ),
+        select(removed.c.tenant, literal_column("'removed'"), removed.c.removed).where(
+            removed.c.queue == param("queue")
+        ),
     )
