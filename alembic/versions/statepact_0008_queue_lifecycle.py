@@ -7,16 +7,12 @@ version 3.
   on ``(queue, tenant, unique_slot)``; a partial index ``ix_adk_work_finished`` on
   ``(queue, status, updated_at) INCLUDE (tenant)`` over done, dead and cancelled items,
   which prune walks oldest first and ``stats()`` counts dead and cancelled items from.
-- ``adk_queue_turns.enqueued``: items ever stored per tenant, filled here from
-  ``adk_work``; with ``adk_queue_removed`` it gives the done count without reading
-  done rows.
 - ``adk_queue_control``: one row per queue, whether it is paused and the pruner's
   lease.
-- ``adk_queue_removed``: items deleted per tenant by prune and purge.
 
 The tables and columns follow ``statepact.storage.postgres.schema.metadata``
-(compared by ``tests/integration/test_migrations.py``); the backfill and the
-``adk_schema`` version update were written by hand. The indexes are built inside
+(compared by ``tests/integration/test_migrations.py``); the check constraint's
+replacement and the ``adk_schema`` version update were written by hand. The indexes are built inside
 the migration's transaction (no ``CONCURRENTLY``), which locks ``adk_work`` against
 writes while they build: on a large queue, run it in a quiet moment. A revision is
 a frozen snapshot: it never imports statepact.
@@ -71,17 +67,6 @@ def upgrade() -> None:
         sa.Column("pruner_until", sa.DateTime(timezone=True), nullable=True),
         sa.PrimaryKeyConstraint("queue", name=op.f("pk_adk_queue_control")),
     )
-    op.create_table(
-        "adk_queue_removed",
-        sa.Column("queue", sa.Text(collation="C"), nullable=False),
-        sa.Column("tenant", sa.Text(collation="C"), nullable=False),
-        sa.Column("removed", sa.BigInteger(), server_default=sa.text("0"), nullable=False),
-        sa.PrimaryKeyConstraint("queue", "tenant", name=op.f("pk_adk_queue_removed")),
-    )
-    op.add_column(
-        "adk_queue_turns",
-        sa.Column("enqueued", sa.BigInteger(), server_default=sa.text("0"), nullable=False),
-    )
     op.add_column("adk_work", sa.Column("unique_key", sa.Text(collation="C"), nullable=True))
     op.add_column("adk_work", sa.Column("unique_for", sa.Interval(), nullable=True))
     op.add_column("adk_work", sa.Column("timeout", sa.Double(), nullable=True))
@@ -104,14 +89,6 @@ def upgrade() -> None:
         ["queue", "status", "updated_at"],
         postgresql_include=["tenant"],
         postgresql_where=sa.text("status IN ('done', 'dead', 'cancelled')"),
-    )
-    # Every tenant with stored items gets its count (a tenant with no turns row yet gets one).
-    op.execute(
-        """
-        INSERT INTO adk_queue_turns AS t (queue, tenant, checked_at, enqueued)
-        SELECT queue, tenant, now(), count(*) FROM adk_work GROUP BY queue, tenant
-        ON CONFLICT (queue, tenant) DO UPDATE SET enqueued = excluded.enqueued
-        """
     )
     _set_version(SCHEMA_VERSION, revision)
 
@@ -138,6 +115,4 @@ def downgrade() -> None:
     op.drop_column("adk_work", "timeout")
     op.drop_column("adk_work", "unique_for")
     op.drop_column("adk_work", "unique_key")
-    op.drop_column("adk_queue_turns", "enqueued")
-    op.drop_table("adk_queue_removed")
     op.drop_table("adk_queue_control")

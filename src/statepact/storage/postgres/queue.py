@@ -13,24 +13,24 @@ inside a caller's transaction (``bound``).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
+import json
+import uuid
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from functools import cache
 from typing import Any, Protocol, Self, TypeVar, overload
 
 from sqlalchemy.engine import Connection, RowMapping
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session, scoped_session
 
 from statepact._cancel import finish
 from statepact._codec import decode_json, json_array, json_array_of_encoded
-from statepact.clock import Clock
+from statepact.clock import Clock, read_clock
 from statepact.errors import QueueUnavailableError
 from statepact.models import (
     ItemStatus,
@@ -45,18 +45,20 @@ from statepact.queue import (
     BaseWorkQueue,
     FailOutcome,
     LapseOutcome,
+    OnCancel,
     QueuePolicy,
     SleepWatch,
     WorkWatch,
+    unique_slot,
 )
 from statepact.settings import PostgresStoreSettings
 from statepact.storage.postgres._client import (
     BoundExecutor,
     EngineExecutor,
-    is_database_error,
     is_unique_violation,
 )
 from statepact.storage.postgres._direct import DirectExecutor, Prepared
+from statepact.storage.postgres._listen import ListenWatch, control_channel
 from statepact.storage.postgres._sql.queue import CoreStatement, QueueStatements
 from statepact.storage.postgres._sql.queue import statements as _statements
 from statepact.storage.postgres.schema import StateTables, Tables, tables_for
@@ -104,85 +106,6 @@ def _channel(tables: Tables, queue: str) -> str:
     return f"statepact_work_{zlib.crc32(f'{name}/{queue}'.encode()):08x}"
 
 
-class _ListenWatch:
-    """LISTEN on the queue's channel, on one connection of the engine held while watching.
-
-    A notification sets an event the next ``wait`` returns on. The connection is
-    opened on the first ``wait`` and again after it drops, and given back on
-    ``close``; a ``wait`` that (re)opened it returns True at once, since a
-    notification sent before it listened is lost (the caller claims again).
-    """
-
-    def __init__(self, engine: AsyncEngine, channel: str) -> None:
-        self._engine = engine
-        self._channel = channel
-        self._arrived = asyncio.Event()
-        self._conn: AsyncConnection | None = None
-        self._driver: Any = None
-
-    def _notified(self, *_args: Any) -> None:
-        self._arrived.set()
-
-    def _dropped(self, *_args: Any) -> None:
-        self._driver = None
-
-    async def _listen(self) -> None:
-        conn = await self._engine.connect()
-        try:
-            raw = await conn.get_raw_connection()
-            driver: Any = raw.driver_connection
-            if driver is None:  # pragma: no cover - a checked-out connection has its driver's
-                raise SQLAlchemyError("the pooled connection has no driver connection")
-            await driver.add_listener(self._channel, self._notified)
-            driver.add_termination_listener(self._dropped)
-        except BaseException:
-            await finish(conn.invalidate())
-            raise
-        self._conn, self._driver = conn, driver
-
-    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - the fallback poll
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        if self._driver is None or self._driver.is_closed():
-            await finish(self.close())
-            try:
-                await finish(self._listen())  # a connect cut short would tear asyncpg's handshake
-            except Exception as exc:
-                if not is_database_error(exc):
-                    raise
-                await asyncio.sleep(max(0.0, deadline - loop.time()))
-                return False
-            # Listening only from now: what was sent before (while the caller claimed for
-            # the first time, or while the connection was down) may be waiting.
-            return True
-        if self._arrived.is_set():
-            self._arrived.clear()
-            return True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._arrived.wait(), max(0.0, deadline - loop.time()))
-        woken = self._arrived.is_set()
-        self._arrived.clear()
-        return woken
-
-    async def close(self) -> None:
-        conn, driver = self._conn, self._driver
-        self._conn = self._driver = None
-        if conn is None:
-            return
-        try:
-            if driver is None or driver.is_closed():
-                # Dropped under us: never back into the pool, where the next checkout
-                # (no pre-ping) would send a statement on it.
-                await conn.invalidate()
-                return
-            await driver.remove_listener(self._channel, self._notified)
-            await conn.close()
-        except Exception as exc:
-            if not is_database_error(exc):
-                raise
-            await conn.invalidate()
-
-
 def _item_or_none(row: RowMapping | None) -> WorkItem | None:
     return None if row is None else _item(row)
 
@@ -204,6 +127,9 @@ def _item(row: RowMapping) -> WorkItem:
             "last_error": row["last_error"],
             "created_at": row["created_at"],
             "updated_at": row["updated_at"],
+            "unique_key": row["unique_key"],
+            "unique_for": row["unique_for"],
+            "timeout": row["timeout"],
         },
     )
 
@@ -215,6 +141,15 @@ def _item(row: RowMapping) -> WorkItem:
 # ERROR (a unique violation): smaller batches, which idempotent re-enqueues and the shared
 # single enqueues make, always go as ``enqueue_many``, which fails nothing.
 _NEW_FIRST_FROM = 1_000
+
+# Inserts of one item whose conflicting holder was gone when read (pruned, or its slot
+# freed in between) before the enqueue gives up: each try needs another writer between
+# its two statements.
+_HOLDER_TRIES = 5
+
+# How long a pruner's lease on a queue lasts past each batch: far above one batch, so only
+# a pruner that died leaves it to lapse.
+_PRUNE_LEASE = timedelta(seconds=60)
 
 
 class PostgresWorkQueue(BaseWorkQueue):
@@ -312,7 +247,7 @@ class PostgresWorkQueue(BaseWorkQueue):
         return {"p_queue": self.name, "p_tenant": tenant, "p_item_id": item_id}
 
     @asynccontextmanager
-    async def _watch(self) -> AsyncIterator[WorkWatch]:
+    async def _watch(self, on_cancel: OnCancel | None) -> AsyncIterator[WorkWatch]:
         # A watcher claims and settles in quick succession (a worker's acks follow its
         # claim's answer by a few loop steps): the executor keeps its connections between
         # them for a few idle steps while it watches (DirectExecutor.warm).
@@ -321,8 +256,10 @@ class PostgresWorkQueue(BaseWorkQueue):
             if self._listen_on is None:
                 yield SleepWatch()
                 return
-            watch = _ListenWatch(self._listen_on, self._channel)
+            watch = ListenWatch(self._listen_on, self._channel, on_cancel)
             try:
+                if on_cancel is not None:
+                    await watch.open()  # cancel notices are heard from the start
                 yield watch
             finally:
                 await finish(watch.close())
@@ -330,6 +267,14 @@ class PostgresWorkQueue(BaseWorkQueue):
     # -- enqueue and claim ------------------------------------------------
 
     async def _enqueue(self, item: WorkItem, payload: bytes) -> WorkItem:
+        async def work(conn: _Conn) -> WorkItem:
+            return await self._store_one(conn, item, payload)
+
+        return await self._executor.run(work, idempotent=True)
+
+    async def _store_one(self, conn: _Conn, item: WorkItem, payload: bytes) -> WorkItem:
+        """Insert one item, or answer the stored item its id or unique slot names."""
+        slot = unique_slot(item, item.created_at)  # type: ignore[arg-type]
         params = {
             **self._key(item.tenant, item.item_id),
             "p_channel": self._channel,
@@ -337,23 +282,39 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_priority": item.priority,
             "p_available_at": item.available_at,
             "p_now": item.created_at,
+            "p_unique_key": item.unique_key,
+            "p_unique_for": item.unique_for,
+            "p_timeout": item.timeout,
+            "p_unique_slot": slot,
         }
-
-        async def work(conn: _Conn) -> WorkItem:
+        for _ in range(_HOLDER_TRIES):
             inserted = (await conn.execute(self._sql.enqueue, params)).scalar()
             if inserted:
                 return item  # stored as sent: the front built the record
-            row = (await conn.execute(self._sql.get_item, params)).mappings().first()
-            if row is None:  # pragma: no cover - the conflicting row cannot vanish: no deletes
-                raise QueueUnavailableError(
-                    f"enqueue of item {item.item_id!r}: it existed, then could not be read"
-                )
-            return _item(row)
+            found = await self._holder(conn, item.tenant, item.item_id, slot)
+            if found is not None:
+                return found
+        raise QueueUnavailableError(
+            f"enqueue of item {item.item_id!r}: its id or unique slot was held, and the "
+            f"holder gone when read, {_HOLDER_TRIES} times"
+        )
 
-        return await self._executor.run(work, idempotent=True)
+    async def _holder(
+        self, conn: _Conn, tenant: str, item_id: str, slot: str | None
+    ) -> WorkItem | None:
+        """The stored item an insert conflicted with: the item itself (its id is the
+        idempotency key, checked first), else the holder of its unique slot; ``None``
+        when neither is there any more (pruned, or the slot freed: insert again)."""
+        key = self._key(tenant, item_id)
+        row = (await conn.execute(self._sql.get_item, key)).mappings().first()
+        if row is None and slot is not None:
+            holder = {**key, "p_unique_slot": slot}
+            row = (await conn.execute(self._sql.slot_holder, holder)).mappings().first()
+        return None if row is None else _item(row)
 
     async def _enqueue_many(self, batch: list[tuple[WorkItem, bytes]]) -> list[WorkItem]:
         # Each moment once, each item naming its own by place (from 1): see _batch_insert.
+        slots = [unique_slot(item, item.created_at) for item, _ in batch]  # type: ignore[arg-type]
         places: dict[datetime | None, int] = {}
         available = [places.setdefault(item.available_at, len(places) + 1) for item, _ in batch]
         created = [places.setdefault(item.created_at, len(places) + 1) for item, _ in batch]
@@ -371,6 +332,13 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_times": times,
             "p_available": json_array(available),
             "p_created": json_array(created),
+            # Optional columns (null where unset), of values the front checked.
+            "p_unique_keys": _optional_json([item.unique_key for item, _ in batch]),
+            "p_unique_fors": _optional_json(
+                [None if i.unique_for is None else i.unique_for.total_seconds() for i, _ in batch]
+            ),
+            "p_timeouts": _optional_json([item.timeout for item, _ in batch]),
+            "p_slots": _optional_json(slots),
         }
 
         # Only on the driver (autocommit), where a failed statement aborts nothing else;
@@ -398,15 +366,12 @@ class PostgresWorkQueue(BaseWorkQueue):
                 if row["status"] is not None:
                     answer[place] = _item(row)
                     continue
-                # Inserted by a concurrent enqueue after this statement's snapshot.
-                item = batch[place][0]
-                key = self._key(item.tenant, item.item_id)
-                found = (await conn.execute(self._sql.get_item, key)).mappings().first()
-                if found is None:  # pragma: no cover - no deletes: it cannot vanish
-                    raise QueueUnavailableError(
-                        f"enqueue of item {item.item_id!r}: it existed, then could not be read"
-                    )
-                answer[place] = _item(found)
+                # Inserted after this statement's snapshot (by a concurrent enqueue, or by
+                # this batch: two items of one unique slot), or gone since (then stored
+                # again, alone).
+                item, payload = batch[place]
+                found = await self._holder(conn, item.tenant, item.item_id, slots[place])
+                answer[place] = found or await self._store_one(conn, item, payload)
             return answer
 
         return await self._executor.run(work, idempotent=True)
@@ -513,8 +478,15 @@ class PostgresWorkQueue(BaseWorkQueue):
         }
         return _item_or_none(await self._settle(lease, self._sql.fail, extra))
 
-    async def _release(self, lease: Lease, now: datetime) -> WorkItem | None:
-        extra = {"p_now": now, "p_channel": self._channel}
+    async def _release(
+        self, lease: Lease, now: datetime, *, available_at: datetime, count_attempt: bool
+    ) -> WorkItem | None:
+        extra = {
+            "p_now": now,
+            "p_available_at": available_at,
+            "p_count_attempt": count_attempt,
+            "p_channel": self._channel,
+        }
         return _item_or_none(await self._settle(lease, self._sql.release, extra))
 
     async def _reap(self, now: datetime, outcome: LapseOutcome) -> list[WorkItem]:
@@ -585,8 +557,10 @@ class PostgresWorkQueue(BaseWorkQueue):
         return await self._executor.run(work, idempotent=True)
 
     async def _stats(self) -> QueueStats:
+        params = {"p_queue": self.name}
+
         async def work(conn: _Conn) -> list[Any]:
-            return list(await conn.execute(self._sql.stats, {"p_queue": self.name}))
+            return list(await conn.execute(self._sql.stats, params))
 
         counts: dict[str, dict[str, int]] = {}
         for tenant, status, count in await self._executor.run(work, idempotent=True):
@@ -596,10 +570,100 @@ class PostgresWorkQueue(BaseWorkQueue):
                 queued=found.get("queued", 0),
                 leased=found.get("leased", 0),
                 dead=found.get("dead", 0),
+                cancelled=found.get("cancelled", 0),
             )
             for tenant, found in sorted(counts.items())
         }
         return QueueStats(queue=self.name, tenants=tenants)
+
+    # -- cancel, pause, prune ---------------------------------------------
+
+    async def _cancel_many(
+        self, tenant: str, item_ids: list[str], reason: str | None, now: datetime
+    ) -> list[WorkItem | None]:
+        params = {
+            "p_queue": self.name,
+            "p_tenant": tenant,
+            "p_item_ids": item_ids,
+            "p_reason": reason,
+            "p_now": now,
+            "p_ctl_channel": control_channel(self._channel),
+        }
+
+        async def work(conn: _Conn) -> list[WorkItem | None]:
+            found: dict[str, WorkItem] = {}
+            for row in (await conn.execute(self._sql.cancel_many, params)).mappings():
+                found[row["item_id"]] = _item(row)
+            # An item neither cancelled nor seen finished moved on while the statement
+            # waited for it (a settle finished it first): read it as it is now.
+            for item_id in item_ids:
+                if item_id not in found:
+                    key = self._key(tenant, item_id)
+                    row = (await conn.execute(self._sql.get_item, key)).mappings().first()
+                    if row is not None:
+                        found[item_id] = _item(row)
+            return [found.get(item_id) for item_id in item_ids]
+
+        # Not resent: a cancel whose reply was lost answers, when called again, with the
+        # items as the first attempt left them (cancelled), which is the same answer.
+        return await self._executor.run(work, idempotent=True)
+
+    async def _set_paused(self, paused: bool) -> None:
+        params = {"p_queue": self.name, "p_paused": paused, "p_channel": self._channel}
+
+        async def work(conn: _Conn) -> None:
+            await conn.execute(self._sql.set_paused, params)
+
+        await self._executor.run(work, idempotent=True)
+
+    async def _paused(self) -> bool:
+        async def work(conn: _Conn) -> bool:
+            result = await conn.execute(self._sql.paused, {"p_queue": self.name})
+            return bool(result.scalar())
+
+        return await self._executor.run(work, idempotent=True)
+
+    async def _prune(
+        self, now: datetime, cutoffs: Mapping[ItemStatus, datetime], batch: int
+    ) -> int:
+        pruner = uuid.uuid4().hex
+        lease = {"p_queue": self.name, "p_pruner": pruner}
+
+        async def take(conn: _Conn) -> bool:
+            until = {**lease, "p_now": now, "p_until": now + _PRUNE_LEASE}
+            return (await conn.execute(self._sql.prune_lock, until)).first() is not None
+
+        if not await self._executor.run(take, idempotent=False):
+            return 0  # another process is pruning this queue
+        pruned = 0
+        try:
+            params = {
+                **lease,
+                "p_batch": batch,
+                "p_done_before": cutoffs.get(ItemStatus.DONE),
+                "p_cancelled_before": cutoffs.get(ItemStatus.CANCELLED),
+                "p_dead_before": cutoffs.get(ItemStatus.DEAD),
+            }
+            while True:
+                # Each batch is its own statement (and transaction, outside a caller's):
+                # the lease is extended from the clock's reading as it goes.
+                step = {**params, "p_until": read_clock(self.clock) + _PRUNE_LEASE}
+
+                async def one(conn: _Conn, step: dict[str, Any] = step) -> tuple[int, int]:
+                    row = (await conn.execute(self._sql.prune, step)).first()
+                    return int(row[0]), int(row[1])
+
+                deleted, held = await self._executor.run(one, idempotent=True)
+                pruned += deleted
+                if not held or deleted < batch:
+                    return pruned
+        finally:
+
+            async def give_back(conn: _Conn) -> None:
+                await conn.execute(self._sql.prune_unlock, lease)
+
+            # Given back even when cancelled; if it cannot be, it lapses.
+            await finish(self._executor.run(give_back, idempotent=True))
 
     async def _next_due(self, now: datetime) -> datetime | None:
         async def work(conn: _Conn) -> datetime | None:
@@ -609,6 +673,11 @@ class PostgresWorkQueue(BaseWorkQueue):
             return due
 
         return await self._executor.run(work, idempotent=True)
+
+
+def _optional_json(values: Sequence[str | float | None]) -> str:
+    """A batch's optional column as one JSON text, ``null`` where unset."""
+    return json.dumps(values, allow_nan=False, separators=(",", ":"))
 
 
 def _unavailable(message: str) -> QueueUnavailableError:

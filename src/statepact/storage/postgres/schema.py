@@ -144,7 +144,6 @@ class StateTables:
     schema: str = "adk_schema"
     run_writes: str = "adk_run_writes"
     queue_control: str = "adk_queue_control"
-    queue_removed: str = "adk_queue_removed"
 
     def __post_init__(self) -> None:
         seen: set[str] = set()
@@ -174,7 +173,6 @@ class Tables:
     run_writes: Table
     token_seq: Sequence
     queue_control: Table
-    queue_removed: Table
 
 
 def _define_state_tables(meta: MetaData, names: StateTables, db_schema: str | None) -> Tables:
@@ -332,9 +330,6 @@ def _define_state_tables(meta: MetaData, names: StateTables, db_schema: str | No
         Column("next_due_at", _tz(), nullable=True),
         Column("checked_at", _tz(), nullable=False),
         Column("additions", BigInteger, nullable=False, server_default=text("0")),
-        # Items ever stored for the tenant (their inserts, not their re-queues): with
-        # adk_queue_removed's count, what stats() derives the done count from.
-        Column("enqueued", BigInteger, nullable=False, server_default=text("0")),
         PrimaryKeyConstraint("queue", "tenant"),
         CheckConstraint("queued >= 0", name="queued"),
         Index(
@@ -386,20 +381,8 @@ def _define_state_tables(meta: MetaData, names: StateTables, db_schema: str | No
         PrimaryKeyConstraint("queue"),
         schema=db_schema,
     )
-    # Items deleted per tenant (prune, purge_dead): written only by those, never by an
-    # enqueue, claim or settle.
-    queue_removed = Table(
-        names.queue_removed,
-        meta,
-        Column("queue", _ident(), nullable=False),
-        Column("tenant", _ident(), nullable=False),
-        Column("removed", BigInteger, nullable=False, server_default=text("0")),
-        PrimaryKeyConstraint("queue", "tenant"),
-        schema=db_schema,
-    )
     return Tables(
         queue_control=queue_control,
-        queue_removed=queue_removed,
         names=names,
         runs=runs,
         sessions=sessions,

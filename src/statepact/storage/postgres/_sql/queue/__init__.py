@@ -93,7 +93,7 @@ class QueueStatements(Generic[S]):
             reap=settle.reap(tables),
             dead_letters=reads.dead_letters(work),
             purge_dead=maintain.purge_dead(tables),
-            stats=reads.stats(tables),
+            stats=reads.stats(work),
             next_due=reads.next_due(tables.queue_turns),
             slot_holder=reads.slot_holder(work),
             cancel_many=settle.cancel_many(tables),

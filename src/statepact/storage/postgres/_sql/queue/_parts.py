@@ -140,16 +140,15 @@ def lease_ended() -> dict[str, Any]:
     }
 
 
-def turn_added(turns: Table, source: CTE, *, grouped: bool, new: bool = False) -> Any:
+def turn_added(turns: Table, source: CTE, *, grouped: bool) -> Any:
     """Upsert the turns rows of the items ``source`` put (back) in the queue.
 
     ``queued`` grows by their number, ``next_due_at`` can only move earlier
     (``LEAST``), ``checked_at`` only later, and ``additions`` counts the change
-    so a concurrent claim can tell its snapshot missed it; ``new`` items (inserted, not
-    put back) also count in ``enqueued``. Rows are written in ``(queue, tenant)`` order.
+    so a concurrent claim can tell its snapshot missed it. Rows are written in
+    ``(queue, tenant)`` order.
     """
     added = source.c.status == QUEUED
-    stored = func.count().cast(BigInteger) if new else ZERO
     if grouped:
         rows = (
             select(
@@ -160,7 +159,6 @@ def turn_added(turns: Table, source: CTE, *, grouped: bool, new: bool = False) -
                 func.min(source.c.available_at),
                 param("now", TZ),
                 func.count().cast(BigInteger),
-                stored,
             )
             .where(added)
             .group_by(source.c.queue, source.c.tenant)
@@ -175,20 +173,9 @@ def turn_added(turns: Table, source: CTE, *, grouped: bool, new: bool = False) -
             source.c.available_at,
             param("now", TZ),
             literal_column("1", BigInteger),
-            literal_column("1", BigInteger) if new else ZERO,
         ).where(added)
     statement = pg_insert(turns).from_select(
-        [
-            "queue",
-            "tenant",
-            "last_turn",
-            "queued",
-            "next_due_at",
-            "checked_at",
-            "additions",
-            "enqueued",
-        ],
-        rows,
+        ["queue", "tenant", "last_turn", "queued", "next_due_at", "checked_at", "additions"], rows
     )
     return statement.on_conflict_do_update(
         index_elements=[turns.c.queue, turns.c.tenant],
@@ -197,6 +184,5 @@ def turn_added(turns: Table, source: CTE, *, grouped: bool, new: bool = False) -
             "next_due_at": func.least(turns.c.next_due_at, statement.excluded.next_due_at),
             "checked_at": func.greatest(turns.c.checked_at, statement.excluded.checked_at),
             "additions": turns.c.additions + statement.excluded.additions,
-            "enqueued": turns.c.enqueued + statement.excluded.enqueued,
         },
     )

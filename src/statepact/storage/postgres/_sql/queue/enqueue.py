@@ -71,7 +71,7 @@ def enqueue(tables: Tables) -> Select[Any]:
         .returning(work.c.queue, work.c.tenant, work.c.available_at, work.c.status)
         .cte("inserted")
     )
-    woken = turn_added(turns, inserted, grouped=False, new=True).cte("woken")
+    woken = turn_added(turns, inserted, grouped=False).cte("woken")
     # Watchers LISTEN on the queue's channel; PostgreSQL delivers at commit (the caller's,
     # for a bound enqueue), once per transaction and channel.
     return (
@@ -218,7 +218,7 @@ def enqueue_new(tables: Tables) -> Select[Any]:
     transaction, which the failure would abort). Answers one row, the insert's count.
     """
     _, inserted = _batch_insert(tables, skip_stored=False)
-    woken = turn_added(tables.queue_turns, inserted, grouped=True, new=True).cte("woken")
+    woken = turn_added(tables.queue_turns, inserted, grouped=True).cte("woken")
     return (
         select(func.count(), func.pg_notify(param("channel"), literal_column("''")))
         .select_from(inserted)
@@ -242,7 +242,7 @@ def enqueue_many(tables: Tables) -> Select[Any]:
     """
     work, turns = tables.work, tables.queue_turns
     batch, inserted = _batch_insert(tables, skip_stored=True)
-    woken = turn_added(turns, inserted, grouped=True, new=True).cte("woken")
+    woken = turn_added(turns, inserted, grouped=True).cte("woken")
     # The items the insert skipped (usually none): an anti-join of two small sets, run only
     # when the insert stored fewer rows than the batch holds (a one-time filter).
     some_skipped = select(func.count()).select_from(

@@ -1,8 +1,7 @@
 """Maintenance: purge a tenant's dead items, prune finished items in bounded batches
 under the queue's pruner lease, and the queue's control row (pause).
 
-Every delete counts what it removed per tenant in ``adk_queue_removed`` in the same
-statement (stats derives the done count from it). A prune statement deletes at most
+A prune statement deletes at most
 ``p_batch`` rows, found oldest first through the finished index, and only while the
 caller still holds the pruner lease; no statement here waits on another's rows
 (``SKIP LOCKED``), and none scans done rows.
@@ -29,26 +28,10 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.sql.selectable import CTE
 
 from statepact.storage.postgres._sql import TZ, param
 from statepact.storage.postgres._sql.queue._parts import CANCELLED, DEAD, DONE
 from statepact.storage.postgres.schema import Tables
-
-
-def _counted_removed(removed: Table, deleted: CTE) -> Any:
-    """Add the rows ``deleted`` (its ``tenant`` column) to each tenant's removed total,
-    rows written in tenant order."""
-    rows = (
-        select(param("queue", Text()), deleted.c.tenant, func.count().cast(BigInteger))
-        .group_by(deleted.c.tenant)
-        .order_by(deleted.c.tenant)
-    )
-    statement = pg_insert(removed).from_select(["queue", "tenant", "removed"], rows)
-    return statement.on_conflict_do_update(
-        index_elements=[removed.c.queue, removed.c.tenant],
-        set_={"removed": removed.c.removed + statement.excluded.removed},
-    )
 
 
 def purge_dead(tables: Tables) -> Select[Any]:
@@ -62,11 +45,10 @@ def purge_dead(tables: Tables) -> Select[Any]:
         .where(
             work.c.queue == param("queue"), work.c.tenant == param("tenant"), work.c.status == DEAD
         )
-        .returning(work.c.tenant)
+        .returning(work.c.id)
         .cte("purged")
     )
-    counted = _counted_removed(tables.queue_removed, purged).cte("counted")
-    return select(func.count()).select_from(purged).add_cte(counted)
+    return select(func.count()).select_from(purged)
 
 
 def prune_lock(control: Table) -> Select[Any]:
@@ -149,14 +131,13 @@ def prune(tables: Tables) -> Select[Any]:
     deleted = (
         delete(work)
         .where(work.c.id == doomed.c.id, select(held.c.queue).exists())
-        .returning(work.c.tenant)
+        .returning(work.c.id)
         .cte("deleted")
     )
-    counted = _counted_removed(tables.queue_removed, deleted).cte("counted")
     return select(
         select(func.count()).select_from(deleted).scalar_subquery().label("deleted"),
         select(func.count()).select_from(held).scalar_subquery().label("held"),
-    ).add_cte(counted)
+    )
 
 
 def set_paused(control: Table) -> Select[Any]:
