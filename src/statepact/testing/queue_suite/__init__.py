@@ -8,6 +8,10 @@ Subclass it in a test module and provide these fixtures:
 - ``clock``: the ``ManualClock`` the queue was built with. The class defines it
   as the plugin's ``statepact_clock``, so a fixture built with
   ``statepact_clock`` (or with ``clock``, inside the class) needs nothing more.
+- ``work_queue_peer`` (optional): a second queue object on the same storage, as
+  another process holds it (same server, namespace, clock and policy). The class
+  defines it as ``work_queue`` itself; a server backing should override it, so
+  pause and cancel notices are shown to cross objects.
 
 ``queue_policy`` is defined by this class (:data:`SUITE_POLICY`: three attempts,
 backoff 10 s doubling, capped at 40 s, no jitter), so a backing fixture only has
@@ -63,7 +67,10 @@ from statepact.testing.queue_suite._common import SUITE_POLICY
 from statepact.testing.queue_suite.claim import ClaimConformance
 from statepact.testing.queue_suite.enqueue import EnqueueConformance
 from statepact.testing.queue_suite.inputs import InputConformance
+from statepact.testing.queue_suite.lifecycle import LifecycleConformance
+from statepact.testing.queue_suite.retention import RetentionConformance
 from statepact.testing.queue_suite.settle import SettleConformance
+from statepact.testing.queue_suite.unique import UniqueConformance
 
 __all__ = ["SUITE_POLICY", "WorkQueueConformance"]
 
@@ -73,6 +80,9 @@ class WorkQueueConformance(
     ClaimConformance,
     SettleConformance,
     InputConformance,
+    LifecycleConformance,
+    UniqueConformance,
+    RetentionConformance,
 ):
     """One test per promise of ``WorkQueue``; see the module docstring for the fixtures.
 

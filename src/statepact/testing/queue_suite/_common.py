@@ -47,10 +47,14 @@ async def _claim(queue: WorkQueue, worker: str = "w1", lease_for: float = LEASE)
     return lease
 
 
-def _stats(**tenants: tuple[int, int, int]) -> dict[str, TenantQueueStats]:
+_COUNTS = ("queued", "leased", "dead", "cancelled")
+
+
+def _stats(**tenants: tuple[int, ...]) -> dict[str, TenantQueueStats]:
+    """``acme=(queued, leased, dead)`` or ``acme=(queued, leased, dead, cancelled)``."""
     return {
-        tenant: TenantQueueStats(queued=queued, leased=leased, dead=dead)
-        for tenant, (queued, leased, dead) in tenants.items()
+        tenant: TenantQueueStats(**dict(zip(_COUNTS[: len(counts)], counts, strict=True)))
+        for tenant, counts in tenants.items()
     }
 
 
@@ -71,3 +75,10 @@ class SuiteBase:
     def statepact_queue_policy(self, queue_policy: QueuePolicy) -> QueuePolicy:
         """The plugin's ``statepact_*_work_queue`` fixtures get the suite's policy too."""
         return queue_policy
+
+    @pytest.fixture
+    def work_queue_peer(self, work_queue: WorkQueue) -> WorkQueue:
+        """A second queue object on ``work_queue``'s storage, as another process would
+        hold: the wired server classes build one on the same server and namespace. The
+        default is ``work_queue`` itself (a memory queue is its own storage)."""
+        return work_queue
