@@ -1,7 +1,7 @@
 """The queue's lifecycle (issue 33): cancel, unique keys, timeouts, pause, prune; schema
 version 3.
 
-- ``adk_work``: status ``cancelled`` allowed; ``unique_key``, ``unique_for``,
+- ``adk_work``: status ``cancelled`` allowed (the column widened to 16); ``unique_key``, ``unique_for``,
   ``timeout`` (the item's own fields) and ``unique_slot`` (the slot the item holds
   while it blocks others of its key, NULL once it stops), with a partial unique index
   on ``(queue, tenant, unique_slot)``; a partial index ``ix_adk_work_finished`` on
@@ -71,6 +71,14 @@ def upgrade() -> None:
     op.add_column("adk_work", sa.Column("unique_for", sa.Interval(), nullable=True))
     op.add_column("adk_work", sa.Column("timeout", sa.Double(), nullable=True))
     op.add_column("adk_work", sa.Column("unique_slot", sa.Text(collation="C"), nullable=True))
+    # Longer: 'cancelled' is nine characters (a longer varchar is a catalog change only).
+    op.alter_column(
+        "adk_work",
+        "status",
+        existing_type=sa.String(length=8),
+        type_=sa.String(length=16),
+        existing_nullable=False,
+    )
     op.drop_constraint(op.f("ck_adk_work_status"), "adk_work", type_="check")
     op.create_check_constraint(op.f("ck_adk_work_status"), "adk_work", STATUSES)
     op.create_check_constraint(
@@ -111,6 +119,13 @@ def downgrade() -> None:
     op.drop_constraint(op.f("ck_adk_work_timeout"), "adk_work", type_="check")
     op.drop_constraint(op.f("ck_adk_work_status"), "adk_work", type_="check")
     op.create_check_constraint(op.f("ck_adk_work_status"), "adk_work", PREVIOUS_STATUSES)
+    op.alter_column(
+        "adk_work",
+        "status",
+        existing_type=sa.String(length=16),
+        type_=sa.String(length=8),
+        existing_nullable=False,
+    )
     op.drop_column("adk_work", "unique_slot")
     op.drop_column("adk_work", "timeout")
     op.drop_column("adk_work", "unique_for")

@@ -241,7 +241,7 @@ def _define_state_tables(meta: MetaData, names: StateTables, db_schema: str | No
         Column("item_id", _ident(), nullable=False),
         Column("payload", JSON, nullable=False),
         Column("priority", SmallInteger, nullable=False, server_default=text("0")),
-        Column("status", String(8), nullable=False),
+        Column("status", String(16), nullable=False),
         Column("attempts", Integer, nullable=False, server_default=text("0")),
         Column("available_at", _tz(), nullable=False),
         Column("last_error", Text, nullable=True),
