@@ -1,9 +1,10 @@
 """The queue's lifecycle (issue 33): cancel, unique keys, timeouts, pause, prune; schema
 version 3.
 
-- ``adk_work``: status ``cancelled`` allowed (the column widened to 16); ``unique_key``, ``unique_for``,
-  ``timeout`` (the item's own fields) and ``unique_slot`` (the slot the item holds
-  while it blocks others of its key, NULL once it stops), with a partial unique index
+- ``adk_work``: status ``cancelled`` allowed (the column widened to 16);
+  ``unique_key``, ``unique_for``, ``timeout`` (the item's own fields) and
+  ``unique_slot`` (the slot the item holds while it blocks others of its key, NULL
+  once it stops), with a partial unique index
   on ``(queue, tenant, unique_slot)``; a partial index ``ix_adk_work_finished`` on
   ``(queue, status, updated_at) INCLUDE (tenant)`` over done, dead and cancelled items,
   which prune walks oldest first and ``stats()`` counts dead and cancelled items from.

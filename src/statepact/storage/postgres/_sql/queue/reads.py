@@ -1,7 +1,7 @@
 """Reads: one item, a unique slot's holder, dead letters, stats, the next due time.
 
-``stats`` must never read done rows: its cost is the open and exceptional items (and
-a row per tenant), whatever the number of finished items (docs/backings.md#stats).
+``stats`` must never read done rows: its cost is the open and exceptional items,
+whatever the number of finished items (docs/backings.md#stats-without-done-items).
 """
 
 from __future__ import annotations
