@@ -15,16 +15,13 @@ cancels, pauses, resumes and prunes at INFO.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-import random
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Protocol, TypeAlias, runtime_checkable
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from datetime import datetime, timedelta
+from typing import Protocol, runtime_checkable
 
 from statepact import _observe
 from statepact._codec import (
@@ -38,17 +35,25 @@ from statepact._codec import (
 )
 from statepact._limits import (
     DEFAULT_MAX_VALUE_BYTES,
-    LEASE_EXPIRED,
     MAX_BATCH_BYTES,
     MAX_ENQUEUE_BATCH,
     MAX_RETRY_DELAY,
     MAX_SHARED_ENQUEUES,
     PRUNE_BATCH,
 )
+from statepact._queue_policy import (
+    FailOutcome,
+    LapseOutcome,
+    OnCancel,
+    QueuePolicy,
+    WorkWatch,
+    holds_unique_slot,
+    unique_slot,
+)
 from statepact._shared import SharedRoundTrips
 from statepact.clock import Clock, SystemClock, read_clock
 from statepact.errors import LeaseLostError, StatePersistenceError
-from statepact.models import ItemStatus, Lease, QueueStats, WorkItem, stored
+from statepact.models import ItemStatus, Lease, Page, QueueStats, WorkItem, stored
 from statepact.settings import redact_dsn
 
 __all__ = [
@@ -69,139 +74,6 @@ MAX_ERROR_CHARS = 4096
 MAX_BATCH = 1000
 
 _log = logging.getLogger("statepact.queue")
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-#: What ``watch(on_cancel=...)`` calls when a leased item is cancelled anywhere:
-#: ``on_cancel(tenant, item_id, token)``, ``token`` being the voided lease's.
-OnCancel: TypeAlias = Callable[[str, str, int], None]
-
-
-def unique_slot(item: WorkItem, now: datetime) -> str | None:
-    """The slot an item enqueued at ``now`` holds: the one rule of unique keys, every backing's.
-
-    ``None`` without a ``unique_key``; the key itself without ``unique_for`` (held
-    while the item is queued or leased, delayed included); with ``unique_for``,
-    ``"<key>@<bucket>"``, bucket being ``floor(epoch seconds / unique_for seconds)``
-    of ``now`` (held while queued, leased or done: "at most once per period").
-    Two items of one tenant holding one slot never exist together.
-    """
-    key = item.unique_key
-    if key is None:
-        return None
-    if item.unique_for is None:
-        return key
-    return f"{key}@{(now - _EPOCH) // item.unique_for}"
-
-
-def holds_unique_slot(status: ItemStatus, *, by_period: bool) -> bool:
-    """Whether an item in ``status`` keeps its unique slot (``by_period``: it has
-    ``unique_for``); leaving these states frees the slot for good (a requeued dead item
-    holds none)."""
-    if status is ItemStatus.QUEUED or status is ItemStatus.LEASED:
-        return True
-    return by_period and status is ItemStatus.DONE
-
-
-class QueuePolicy(BaseModel):
-    """Retries, backoff and the dead letter, decided once for every backing.
-
-    An attempt is counted when an item is claimed (``release`` gives it back).
-    After a failure with ``attempts < max_attempts`` the item is retried after
-    ``min(backoff_cap, backoff_base * 2**(attempts-1))`` seconds, shortened by up
-    to ``jitter`` of itself at random; otherwise, or when the failure is not
-    retryable, it is dead-lettered with its last error kept. A lease that lapses
-    is treated as a retryable failure without backoff.
-
-    ``keep_done``, ``keep_cancelled`` and ``keep_dead`` are how long a finished item
-    stays after it finished (its ``updated_at``) before ``prune`` deletes it;
-    ``None`` keeps it forever.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_attempts: int = Field(default=5, ge=1, le=10_000)
-    backoff_base: float = Field(default=1.0, gt=0, le=86_400)
-    backoff_cap: float = Field(default=600.0, gt=0, le=30 * 86_400)
-    jitter: float = Field(default=0.1, ge=0, le=1)
-    keep_done: timedelta | None = timedelta(days=1)
-    keep_cancelled: timedelta | None = timedelta(days=1)
-    keep_dead: timedelta | None = timedelta(days=7)
-
-    @field_validator("keep_done", "keep_cancelled", "keep_dead")
-    @classmethod
-    def _retention(cls, value: timedelta | None, info: ValidationInfo) -> timedelta | None:
-        if value is not None:
-            require_seconds(str(info.field_name), value, allow_zero=True)
-        return value
-
-    @model_validator(mode="after")
-    def _cap_above_base(self) -> QueuePolicy:
-        if self.backoff_cap < self.backoff_base:
-            raise ValueError("backoff_cap: must not be below backoff_base")
-        return self
-
-    def retry_delay(self, attempts: int, *, rand: float | None = None) -> timedelta:
-        """The wait before the next try, after ``attempts`` tries (1-based)."""
-        exponent = min(max(attempts - 1, 0), 62)
-        ceiling = min(self.backoff_cap, self.backoff_base * (2.0**exponent))
-        draw = random.random() if rand is None else rand
-        return timedelta(seconds=ceiling * (1.0 - self.jitter * draw))
-
-    def after_failure(
-        self, attempts: int, now: datetime, *, retryable: bool, rand: float | None = None
-    ) -> FailOutcome:
-        if not retryable or attempts >= self.max_attempts:
-            return FailOutcome(dead=True, available_at=now)
-        return FailOutcome(dead=False, available_at=now + self.retry_delay(attempts, rand=rand))
-
-    def after_lapse(self) -> LapseOutcome:
-        """What ``reap`` does with an item whose lease lapsed (see :class:`LapseOutcome`)."""
-        return LapseOutcome(dead_at=self.max_attempts, error=LEASE_EXPIRED)
-
-    def lapse_is_dead(self, attempts: int) -> bool:
-        """Whether an item whose lease lapsed after ``attempts`` tries goes to the dead letter."""
-        return self.after_lapse().is_dead(attempts)
-
-    def prune_cutoffs(self, now: datetime) -> dict[ItemStatus, datetime]:
-        """Per finished status kept for a while: items that finished before this go."""
-        keep = {
-            ItemStatus.DONE: self.keep_done,
-            ItemStatus.CANCELLED: self.keep_cancelled,
-            ItemStatus.DEAD: self.keep_dead,
-        }
-        return {status: now - kept for status, kept in keep.items() if kept is not None}
-
-
-@dataclass(frozen=True, slots=True)
-class FailOutcome:
-    """What ``QueuePolicy`` decided for a failed item."""
-
-    dead: bool
-    available_at: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class LapseOutcome:
-    """What ``QueuePolicy`` decided for the items ``reap`` moves, handed to the backing.
-
-    An item claimed ``dead_at`` times or more goes to the dead letter, any other
-    back to the queue, due now; each gets ``last_error = error``.
-    """
-
-    dead_at: int
-    error: str
-
-    def is_dead(self, attempts: int) -> bool:
-        return attempts >= self.dead_at
-
-
-class WorkWatch(Protocol):
-    """What ``WorkQueue.watch()`` yields."""
-
-    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - the fallback poll
-        """Until work may have arrived (True) or ``timeout`` seconds passed (False)."""
-        ...
 
 
 @runtime_checkable
@@ -422,6 +294,17 @@ def _unique_for(field: str, item: WorkItem) -> timedelta | None:
         raise ValueError(f"{field}unique_for: is only meaningful with a unique_key")
     seconds = require_seconds(f"{field}unique_for", period)
     return period if isinstance(period, timedelta) else timedelta(seconds=seconds)
+
+
+def _dead_cursor(after: object) -> tuple[str, str]:
+    """``dead_letters_all``'s ``after``: the ``next`` of a page, ``["tenant", "item_id"]``."""
+    if not isinstance(after, str):
+        raise TypeError(f"after: must be a str (a page's next), got {type(after).__name__}")
+    try:
+        tenant, item_id = json.loads(after)
+        return require_id("after", tenant), require_id("after", item_id)
+    except (ValueError, TypeError):
+        raise ValueError("after: is not the next of a dead_letters_all page") from None
 
 
 def _require_lease(lease: object, field: str = "lease") -> Lease:
@@ -822,6 +705,36 @@ class BaseWorkQueue(ABC):
             )
         return pruned
 
+    # -- the operator's reads (statepact queue ...); not part of the WorkQueue protocol --
+
+    async def prunable(self) -> dict[ItemStatus, int]:
+        """How many items ``prune`` would delete now, per finished status (``--dry-run``).
+
+        Counts every such item, so it costs what counting them costs; nothing is deleted.
+        """
+        cutoffs = self._policy.prune_cutoffs(read_clock(self._clock))
+        if not cutoffs:
+            return {}
+        return await self._count_prunable(cutoffs)
+
+    async def dead_letters_all(
+        self, *, after: str | None = None, limit: int = 100
+    ) -> Page[WorkItem]:
+        """Dead items of every tenant, by ``(tenant, item_id)``, a page at a time: pass
+        ``next`` back as ``after``. ``after`` is refused (naming it) unless a page gave it."""
+        count = require_limit(limit, MAX_BATCH)
+        start = None if after is None else _dead_cursor(after)
+        items = await self._dead_letters_all(start, count + 1)
+        if len(items) <= count:
+            return Page(items=items)
+        shown = items[:count]
+        return Page(items=shown, next=json.dumps([shown[-1].tenant, shown[-1].item_id]))
+
+    async def queues(self) -> list[QueueStats]:
+        """Every queue that holds items on this queue's storage (done ones included), by
+        name, each with ``stats()``'s counts."""
+        return await self._queues()
+
     async def reap(self) -> list[WorkItem]:
         moved = await self._reap(read_clock(self._clock), self._policy.after_lapse())
         for item in moved:
@@ -1047,6 +960,21 @@ class BaseWorkQueue(ABC):
         then delete items of each status in ``cutoffs`` whose ``updated_at`` is before its
         cutoff, at most ``batch`` per statement/script, until none is left; return how many."""
         raise self._missing("prune")
+
+    async def _count_prunable(
+        self, cutoffs: Mapping[ItemStatus, datetime]
+    ) -> dict[ItemStatus, int]:
+        """Per status of ``cutoffs``, how many items of it have ``updated_at`` before its cutoff."""
+        raise self._missing("prunable")
+
+    async def _dead_letters_all(self, after: tuple[str, str] | None, limit: int) -> list[WorkItem]:
+        """Up to ``limit`` dead items of any tenant with ``(tenant, item_id)`` after ``after``,
+        in that order."""
+        raise self._missing("dead_letters_all")
+
+    async def _queues(self) -> list[QueueStats]:
+        """The stats of every queue with items on this storage, by queue name."""
+        raise self._missing("queues")
 
     def _missing(self, call: str) -> NotImplementedError:
         return NotImplementedError(f"{type(self).__name__} does not implement {call} yet")

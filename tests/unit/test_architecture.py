@@ -27,6 +27,7 @@ FOUNDATION = frozenset(
         "statepact._shared",
         "statepact._turns",
         "statepact._observe",
+        "statepact._queue_policy",
     }
 )
 FRONTS = frozenset({"statepact.state", "statepact.queue", "statepact.tx"})

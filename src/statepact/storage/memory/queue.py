@@ -322,14 +322,8 @@ class MemoryWorkQueue(BaseWorkQueue):
         heap = self._finished.get(status, [])
         taken = 0
         while heap and taken < batch and heap[0][0] < cutoff:
-            updated_at, order, tenant, item_id = heapq.heappop(heap)
-            entry = self._items.get((tenant, item_id))
-            if (
-                entry is None
-                or entry.order != order
-                or entry.status is not status
-                or entry.updated_at != updated_at
-            ):
+            entry = self._finished_entry(status, *heapq.heappop(heap))
+            if entry is None:
                 continue
             self._delete(entry)
             taken += 1
@@ -381,6 +375,41 @@ class MemoryWorkQueue(BaseWorkQueue):
         for item_id in ids:
             self._delete(self._items[(tenant, item_id)])
         return len(ids)
+
+    async def _count_prunable(
+        self, cutoffs: Mapping[ItemStatus, datetime]
+    ) -> dict[ItemStatus, int]:
+        counts: dict[ItemStatus, int] = {}
+        for status, cutoff in cutoffs.items():
+            counts[status] = sum(
+                1
+                for updated_at, order, tenant, item_id in self._finished.get(status, ())
+                if updated_at < cutoff
+                and self._finished_entry(status, updated_at, order, tenant, item_id)
+            )
+        return counts
+
+    async def _dead_letters_all(self, after: tuple[str, str] | None, limit: int) -> list[WorkItem]:
+        keys = sorted((tenant, item_id) for tenant, ids in self._dead.items() for item_id in ids)
+        chosen = [key for key in keys if after is None or key > after][:limit]
+        return [self._record(self._items[key]) for key in chosen]
+
+    async def _queues(self) -> list[QueueStats]:
+        return [await self._stats()] if self._items else []
+
+    def _finished_entry(
+        self, status: ItemStatus, updated_at: datetime, order: int, tenant: str, item_id: str
+    ) -> _Item | None:
+        """The item a ``_finished`` entry stands for, or ``None`` when it is stale."""
+        entry = self._items.get((tenant, item_id))
+        if (
+            entry is None
+            or entry.order != order
+            or entry.status is not status
+            or entry.updated_at != updated_at
+        ):
+            return None
+        return entry
 
     async def _get_item(self, tenant: str, item_id: str) -> WorkItem | None:
         entry = self._items.get((tenant, item_id))
