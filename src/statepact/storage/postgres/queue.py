@@ -557,7 +557,10 @@ class PostgresWorkQueue(BaseWorkQueue):
         return await self._executor.run(work, idempotent=True)
 
     async def _stats(self) -> QueueStats:
-        params = {"p_queue": self.name}
+        return await self._stats_of(self.name)
+
+    async def _stats_of(self, queue: str) -> QueueStats:
+        params = {"p_queue": queue}
 
         async def work(conn: _Conn) -> list[Any]:
             return list(await conn.execute(self._sql.stats, params))
@@ -575,6 +578,30 @@ class PostgresWorkQueue(BaseWorkQueue):
             for tenant, found in sorted(counts.items())
         }
         return QueueStats(queue=self.name, tenants=tenants)
+
+    async def _dead_letters_all(self, after: tuple[str, str] | None, limit: int) -> list[WorkItem]:
+        params = {
+            "p_queue": self.name,
+            "p_after_tenant": None if after is None else after[0],
+            "p_after_item_id": None if after is None else after[1],
+            "p_limit": limit,
+        }
+
+        async def work(conn: _Conn) -> list[WorkItem]:
+            result = await conn.execute(self._sql.dead_letters_all, params)
+            return [_item(row) for row in result.mappings()]
+
+        return await self._executor.run(work, idempotent=True)
+
+    async def _queues(self) -> list[QueueStats]:
+        async def names(conn: _Conn) -> list[str]:
+            return [row[0] for row in await conn.execute(self._sql.queue_names, {})]
+
+        found = []
+        for name in await self._executor.run(names, idempotent=True):
+            counted = await self._stats_of(name)
+            found.append(counted)
+        return found
 
     # -- cancel, pause, prune ---------------------------------------------
 
@@ -608,6 +635,17 @@ class PostgresWorkQueue(BaseWorkQueue):
         # items as the first attempt left them (cancelled), which is the same answer.
         return await self._executor.run(work, idempotent=True)
 
+    async def _count_prunable(
+        self, cutoffs: Mapping[ItemStatus, datetime]
+    ) -> dict[ItemStatus, int]:
+        params = {"p_queue": self.name, **_cutoff_params(cutoffs)}
+
+        async def work(conn: _Conn) -> dict[ItemStatus, int]:
+            row = (await conn.execute(self._sql.count_prunable, params)).mappings().one()
+            return {status: int(row[status.value]) for status in cutoffs}
+
+        return await self._executor.run(work, idempotent=True)
+
     async def _set_paused(self, paused: bool) -> None:
         params = {"p_queue": self.name, "p_paused": paused, "p_channel": self._channel}
 
@@ -637,13 +675,7 @@ class PostgresWorkQueue(BaseWorkQueue):
             return 0  # another process is pruning this queue
         pruned = 0
         try:
-            params = {
-                **lease,
-                "p_batch": batch,
-                "p_done_before": cutoffs.get(ItemStatus.DONE),
-                "p_cancelled_before": cutoffs.get(ItemStatus.CANCELLED),
-                "p_dead_before": cutoffs.get(ItemStatus.DEAD),
-            }
+            params = {**lease, "p_batch": batch, **_cutoff_params(cutoffs)}
             while True:
                 # Each batch is its own statement (and transaction, outside a caller's):
                 # the lease is extended from the clock's reading as it goes.
@@ -673,6 +705,16 @@ class PostgresWorkQueue(BaseWorkQueue):
             return due
 
         return await self._executor.run(work, idempotent=True)
+
+
+def _cutoff_params(cutoffs: Mapping[ItemStatus, datetime]) -> dict[str, datetime | None]:
+    """The per-status cutoffs of prune and its count; a status without one (kept
+    forever) is NULL, which no ``updated_at`` is before."""
+    return {
+        "p_done_before": cutoffs.get(ItemStatus.DONE),
+        "p_cancelled_before": cutoffs.get(ItemStatus.CANCELLED),
+        "p_dead_before": cutoffs.get(ItemStatus.DEAD),
+    }
 
 
 def _optional_json(values: Sequence[str | float | None]) -> str:

@@ -63,6 +63,9 @@ class QueueStatements(Generic[S]):
     prune_unlock: S
     set_paused: S
     paused: S
+    count_prunable: S
+    dead_letters_all: S
+    queue_names: S
 
     @property
     def by_name(self) -> dict[str, S]:
@@ -102,6 +105,9 @@ class QueueStatements(Generic[S]):
             prune_unlock=maintain.prune_unlock(tables.queue_control),
             set_paused=maintain.set_paused(tables.queue_control),
             paused=maintain.paused(tables.queue_control),
+            count_prunable=reads.count_prunable(work),
+            dead_letters_all=reads.dead_letters_all(work),
+            queue_names=reads.queue_names(work),
         )
 
 

@@ -15,7 +15,9 @@ from sqlalchemy import (
     Table,
     Text,
     func,
+    or_,
     select,
+    tuple_,
     union_all,
 )
 
@@ -23,6 +25,7 @@ from statepact.storage.postgres._sql import TZ, param
 from statepact.storage.postgres._sql.queue._parts import (
     CANCELLED,
     DEAD,
+    DONE,
     LEASED,
     QUEUED,
     ZERO,
@@ -86,3 +89,57 @@ def stats(work: Table) -> CompoundSelect[Any]:
         )
 
     return union_all(counted(QUEUED), counted(LEASED), counted(DEAD), counted(CANCELLED))
+
+
+def count_prunable(work: Table) -> Select[Any]:
+    """How many done, cancelled and dead items are older than their cutoffs
+    (``p_done_before``, ``p_cancelled_before``, ``p_dead_before``; NULL counts none): one
+    range count of the finished index per status, each status a literal."""
+
+    def older(status: Any, cutoff: str) -> Any:
+        return (
+            select(func.count())
+            .where(
+                work.c.queue == param("queue"),
+                work.c.status == status,
+                work.c.updated_at < param(cutoff, TZ),
+            )
+            .scalar_subquery()
+        )
+
+    return select(
+        older(DONE, "done_before").label("done"),
+        older(CANCELLED, "cancelled_before").label("cancelled"),
+        older(DEAD, "dead_before").label("dead"),
+    )
+
+
+def dead_letters_all(work: Table) -> Select[Any]:
+    """Up to ``p_limit`` dead items of every tenant by ``(tenant, item_id)``, after
+    ``(p_after_tenant, p_after_item_id)`` (both NULL: from the first), read through the
+    dead index."""
+    after = tuple_(work.c.tenant, work.c.item_id) > tuple_(
+        param("after_tenant", Text()), param("after_item_id", Text())
+    )
+    return (
+        select(*item_columns(work))
+        .where(
+            work.c.queue == param("queue"),
+            work.c.status == DEAD,
+            or_(param("after_tenant", Text()).is_(None), after),
+        )
+        .order_by(work.c.tenant, work.c.item_id)
+        .limit(param("limit", BigInteger()))
+    )
+
+
+def queue_names(work: Table) -> Select[Any]:
+    """The name of every queue with items in ``work``, in order: a walk of the unique key's
+    index, one probe per queue (never a scan of the items)."""
+    first = select(func.min(work.c.queue).label("queue")).cte("names", recursive=True)
+    nearer = work.alias("nearer")
+    following = (
+        select(func.min(nearer.c.queue)).where(nearer.c.queue > first.c.queue).scalar_subquery()
+    )
+    walk = first.union_all(select(following).where(first.c.queue.is_not(None)))
+    return select(walk.c.queue).where(walk.c.queue.is_not(None)).order_by(walk.c.queue)
