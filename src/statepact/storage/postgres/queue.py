@@ -15,22 +15,20 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
-import uuid
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from functools import cache
-from typing import Any, Protocol, Self, TypeVar, overload
+from typing import Any, Self, overload
 
 from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session, scoped_session
 
 from statepact._cancel import finish
-from statepact._codec import decode_json, json_array, json_array_of_encoded
-from statepact.clock import Clock, read_clock
+from statepact._codec import json_array, json_array_of_encoded
+from statepact.clock import Clock
 from statepact.errors import QueueUnavailableError
 from statepact.models import (
     ItemStatus,
@@ -38,7 +36,6 @@ from statepact.models import (
     QueueStats,
     TenantQueueStats,
     WorkItem,
-    stored,
     stored_lease,
 )
 from statepact.queue import (
@@ -59,6 +56,16 @@ from statepact.storage.postgres._client import (
 )
 from statepact.storage.postgres._direct import DirectExecutor, Prepared
 from statepact.storage.postgres._listen import ListenWatch, control_channel
+from statepact.storage.postgres._queue_support import (
+    Conn,
+    Runs,
+    Statements,
+    cutoff_params,
+    item_of,
+    item_or_none,
+    optional_json,
+    prune,
+)
 from statepact.storage.postgres._sql.queue import CoreStatement, QueueStatements
 from statepact.storage.postgres._sql.queue import statements as _statements
 from statepact.storage.postgres.schema import StateTables, Tables, tables_for
@@ -67,29 +74,6 @@ from statepact.storage.postgres.sync import SyncBoundWorkQueue, SyncSession
 __all__ = ["PostgresWorkQueue"]
 
 REAP_BATCH = 500
-
-
-T = TypeVar("T")
-
-
-class _Conn(Protocol):
-    """What a call's work runs its statements on: an ``AsyncConnection`` or ``AsyncSession``
-    (Core statements) or the driver's connection (``_direct.Statements``, prepared ones)."""
-
-    async def execute(self, statement: Any, parameters: Any = None) -> Any: ...
-
-
-class _Runs(Protocol):
-    """The executors: ``EngineExecutor``, ``BoundExecutor``, ``DirectExecutor``."""
-
-    @property
-    def bound(self) -> bool: ...
-
-    async def run(self, work: Callable[[Any], Awaitable[T]], *, idempotent: bool) -> T: ...
-
-
-#: The statements a queue runs: Core expressions, or compiled once for the driver.
-_Statements = QueueStatements[CoreStatement] | QueueStatements[Prepared]
 
 
 @cache
@@ -106,34 +90,6 @@ def _channel(tables: Tables, queue: str) -> str:
     return f"statepact_work_{zlib.crc32(f'{name}/{queue}'.encode()):08x}"
 
 
-def _item_or_none(row: RowMapping | None) -> WorkItem | None:
-    return None if row is None else _item(row)
-
-
-def _item(row: RowMapping) -> WorkItem:
-    # Read from this queue's own table: every field is of its type already, built in the
-    # model's order without validating it again.
-    return stored(
-        WorkItem,
-        {
-            "tenant": row["tenant"],
-            "item_id": row["item_id"],
-            "payload": decode_json(row["payload"]),
-            "queue": row["queue"],
-            "priority": row["priority"],
-            "available_at": row["available_at"],
-            "attempts": row["attempts"],
-            "status": ItemStatus(row["status"]),
-            "last_error": row["last_error"],
-            "created_at": row["created_at"],
-            "updated_at": row["updated_at"],
-            "unique_key": row["unique_key"],
-            "unique_for": row["unique_for"],
-            "timeout": row["timeout"],
-        },
-    )
-
-
 # Items from which a batch is first sent as ``enqueue_new`` (no ON CONFLICT): the probe of
 # the unique index ON CONFLICT makes for every row is a large part of a bulk load's
 # statement (docs/benchmarks.md#queue-statement-plans).
@@ -146,10 +102,6 @@ _NEW_FIRST_FROM = 1_000
 # freed in between) before the enqueue gives up: each try needs another writer between
 # its two statements.
 _HOLDER_TRIES = 5
-
-# How long a pruner's lease on a queue lasts past each batch: far above one batch, so only
-# a pruner that died leaves it to lapse.
-_PRUNE_LEASE = timedelta(seconds=60)
 
 
 class PostgresWorkQueue(BaseWorkQueue):
@@ -180,11 +132,11 @@ class PostgresWorkQueue(BaseWorkQueue):
             max_value_bytes=self._settings.max_value_bytes,
         )
         self._tables = tables_for(tables, self._settings.db_schema)
-        self._executor: _Runs
+        self._executor: Runs
         # The statements the executor runs: compiled once for the driver on an engine (the
         # DirectExecutor, a fraction of SQLAlchemy's cost per statement), Core expressions on
         # one AsyncConnection and inside a caller's transaction (bound).
-        self._sql: _Statements
+        self._sql: Statements
         if isinstance(engine, AsyncEngine):
             self._shares_enqueues = True
             self._sql = _prepared(self._tables)
@@ -267,12 +219,12 @@ class PostgresWorkQueue(BaseWorkQueue):
     # -- enqueue and claim ------------------------------------------------
 
     async def _enqueue(self, item: WorkItem, payload: bytes) -> WorkItem:
-        async def work(conn: _Conn) -> WorkItem:
+        async def work(conn: Conn) -> WorkItem:
             return await self._store_one(conn, item, payload)
 
         return await self._executor.run(work, idempotent=True)
 
-    async def _store_one(self, conn: _Conn, item: WorkItem, payload: bytes) -> WorkItem:
+    async def _store_one(self, conn: Conn, item: WorkItem, payload: bytes) -> WorkItem:
         """Insert one item, or answer the stored item its id or unique slot names."""
         slot = unique_slot(item, item.created_at)  # type: ignore[arg-type]
         params = {
@@ -300,7 +252,7 @@ class PostgresWorkQueue(BaseWorkQueue):
         )
 
     async def _holder(
-        self, conn: _Conn, tenant: str, item_id: str, slot: str | None
+        self, conn: Conn, tenant: str, item_id: str, slot: str | None
     ) -> WorkItem | None:
         """The stored item an insert conflicted with: the item itself (its id is the
         idempotency key, checked first), else the holder of its unique slot; ``None``
@@ -310,7 +262,7 @@ class PostgresWorkQueue(BaseWorkQueue):
         if row is None and slot is not None:
             holder = {**key, "p_unique_slot": slot}
             row = (await conn.execute(self._sql.slot_holder, holder)).mappings().first()
-        return None if row is None else _item(row)
+        return None if row is None else item_of(row)
 
     async def _enqueue_many(self, batch: list[tuple[WorkItem, bytes]]) -> list[WorkItem]:
         # Each moment once, each item naming its own by place (from 1): see _batch_insert.
@@ -333,19 +285,19 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_available": json_array(available),
             "p_created": json_array(created),
             # Optional columns (null where unset), of values the front checked.
-            "p_unique_keys": _optional_json([item.unique_key for item, _ in batch]),
-            "p_unique_fors": _optional_json(
+            "p_unique_keys": optional_json([item.unique_key for item, _ in batch]),
+            "p_unique_fors": optional_json(
                 [None if i.unique_for is None else i.unique_for.total_seconds() for i, _ in batch]
             ),
-            "p_timeouts": _optional_json([item.timeout for item, _ in batch]),
-            "p_slots": _optional_json(slots),
+            "p_timeouts": optional_json([item.timeout for item, _ in batch]),
+            "p_slots": optional_json(slots),
         }
 
         # Only on the driver (autocommit), where a failed statement aborts nothing else;
         # never inside a caller's transaction (bound) or on the caller's AsyncConnection.
         new_first = isinstance(self._executor, DirectExecutor) and len(batch) >= _NEW_FIRST_FROM
 
-        async def work(conn: _Conn) -> list[WorkItem]:
+        async def work(conn: Conn) -> list[WorkItem]:
             answer = [item for item, _ in batch]
             if new_first:
                 # A bulk load is usually all new: insert it without ON CONFLICT's probe of
@@ -364,7 +316,7 @@ class PostgresWorkQueue(BaseWorkQueue):
                     continue
                 place = row["ord"] - 1
                 if row["status"] is not None:
-                    answer[place] = _item(row)
+                    answer[place] = item_of(row)
                     continue
                 # Inserted after this statement's snapshot (by a concurrent enqueue, or by
                 # this batch: two items of one unique slot), or gone since (then stored
@@ -387,7 +339,7 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_expires_at": expires_at,
         }
 
-        async def work(conn: _Conn) -> list[Lease]:
+        async def work(conn: Conn) -> list[Lease]:
             rows: list[RowMapping] = []
             if limit > 1:
                 batch = {**params, "p_limit": limit}
@@ -400,7 +352,7 @@ class PostgresWorkQueue(BaseWorkQueue):
                     break
                 rows.append(row)
             return [
-                stored_lease(_item(row), worker_id, row["token"], expires_at, seconds)
+                stored_lease(item_of(row), worker_id, row["token"], expires_at, seconds)
                 for row in rows
             ]
 
@@ -423,7 +375,7 @@ class PostgresWorkQueue(BaseWorkQueue):
             return None
         params = {**fence, **extra}
 
-        async def work(conn: _Conn) -> RowMapping | None:
+        async def work(conn: Conn) -> RowMapping | None:
             row: RowMapping | None = (await conn.execute(statement, params)).mappings().first()
             return row
 
@@ -434,11 +386,11 @@ class PostgresWorkQueue(BaseWorkQueue):
         if row is None:
             return None
         return stored_lease(
-            _item(row), lease.worker_id, row["token"], expires_at, lease.lease_seconds
+            item_of(row), lease.worker_id, row["token"], expires_at, lease.lease_seconds
         )
 
     async def _ack(self, lease: Lease, now: datetime) -> WorkItem | None:
-        return _item_or_none(await self._settle(lease, self._sql.ack, {"p_now": now}))
+        return item_or_none(await self._settle(lease, self._sql.ack, {"p_now": now}))
 
     async def _ack_many(self, leases: list[Lease], now: datetime) -> list[WorkItem | None]:
         # A lease of another queue is lost at once; the rest go in one statement.
@@ -453,11 +405,11 @@ class PostgresWorkQueue(BaseWorkQueue):
                 "p_tokens": [lease.token for lease in mine],
             }
 
-            async def work(conn: _Conn) -> list[RowMapping]:
+            async def work(conn: Conn) -> list[RowMapping]:
                 return list((await conn.execute(self._sql.ack_many, params)).mappings().all())
 
             for row in await self._executor.run(work, idempotent=False):
-                acked[(row["tenant"], row["item_id"])] = _item(row)
+                acked[(row["tenant"], row["item_id"])] = item_of(row)
         return [
             acked.get((lease.item.tenant, lease.item.item_id))
             if lease.item.queue == self.name
@@ -476,7 +428,7 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_now": now,
             "p_channel": self._channel,
         }
-        return _item_or_none(await self._settle(lease, self._sql.fail, extra))
+        return item_or_none(await self._settle(lease, self._sql.fail, extra))
 
     async def _release(
         self, lease: Lease, now: datetime, *, available_at: datetime, count_attempt: bool
@@ -487,7 +439,7 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_count_attempt": count_attempt,
             "p_channel": self._channel,
         }
-        return _item_or_none(await self._settle(lease, self._sql.release, extra))
+        return item_or_none(await self._settle(lease, self._sql.release, extra))
 
     async def _reap(self, now: datetime, outcome: LapseOutcome) -> list[WorkItem]:
         params = {
@@ -499,7 +451,7 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_channel": self._channel,
         }
 
-        async def work(conn: _Conn) -> list[RowMapping]:
+        async def work(conn: Conn) -> list[RowMapping]:
             rows: list[RowMapping] = []
             while True:
                 batch = list((await conn.execute(self._sql.reap, params)).mappings())
@@ -510,16 +462,16 @@ class PostgresWorkQueue(BaseWorkQueue):
         rows = await self._executor.run(work, idempotent=False)
         # In the order the leases lapsed, as the memory reference returns them.
         rows.sort(key=lambda row: (row["lapsed_at"], row["lapsed_token"]))
-        return [_item(row) for row in rows]
+        return [item_of(row) for row in rows]
 
     # -- inspect and recover ----------------------------------------------
 
     async def _dead_letters(self, tenant: str, limit: int) -> list[WorkItem]:
         params = {"p_queue": self.name, "p_tenant": tenant, "p_limit": limit}
 
-        async def work(conn: _Conn) -> list[WorkItem]:
+        async def work(conn: Conn) -> list[WorkItem]:
             result = await conn.execute(self._sql.dead_letters, params)
-            return [_item(row) for row in result.mappings()]
+            return [item_of(row) for row in result.mappings()]
 
         return await self._executor.run(work, idempotent=True)
 
@@ -528,10 +480,10 @@ class PostgresWorkQueue(BaseWorkQueue):
     ) -> WorkItem | ItemStatus | None:
         params = {**self._key(tenant, item_id), "p_now": now, "p_channel": self._channel}
 
-        async def work(conn: _Conn) -> WorkItem | ItemStatus | None:
+        async def work(conn: Conn) -> WorkItem | ItemStatus | None:
             row = (await conn.execute(self._sql.requeue, params)).mappings().first()
             if row is not None:
-                return _item(row)
+                return item_of(row)
             found = (await conn.execute(self._sql.get_item, params)).mappings().first()
             return None if found is None else ItemStatus(found["status"])
 
@@ -540,7 +492,7 @@ class PostgresWorkQueue(BaseWorkQueue):
     async def _purge_dead(self, tenant: str) -> int:
         params = {"p_queue": self.name, "p_tenant": tenant}
 
-        async def work(conn: _Conn) -> int:
+        async def work(conn: Conn) -> int:
             return int((await conn.execute(self._sql.purge_dead, params)).scalar_one())
 
         # Not retried once sent: a resend after a lost reply would report only what the
@@ -550,9 +502,9 @@ class PostgresWorkQueue(BaseWorkQueue):
     async def _get_item(self, tenant: str, item_id: str) -> WorkItem | None:
         params = self._key(tenant, item_id)
 
-        async def work(conn: _Conn) -> WorkItem | None:
+        async def work(conn: Conn) -> WorkItem | None:
             row = (await conn.execute(self._sql.get_item, params)).mappings().first()
-            return None if row is None else _item(row)
+            return None if row is None else item_of(row)
 
         return await self._executor.run(work, idempotent=True)
 
@@ -562,7 +514,7 @@ class PostgresWorkQueue(BaseWorkQueue):
     async def _stats_of(self, queue: str) -> QueueStats:
         params = {"p_queue": queue}
 
-        async def work(conn: _Conn) -> list[Any]:
+        async def work(conn: Conn) -> list[Any]:
             return list(await conn.execute(self._sql.stats, params))
 
         counts: dict[str, dict[str, int]] = {}
@@ -587,14 +539,14 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_limit": limit,
         }
 
-        async def work(conn: _Conn) -> list[WorkItem]:
+        async def work(conn: Conn) -> list[WorkItem]:
             result = await conn.execute(self._sql.dead_letters_all, params)
-            return [_item(row) for row in result.mappings()]
+            return [item_of(row) for row in result.mappings()]
 
         return await self._executor.run(work, idempotent=True)
 
     async def _queues(self) -> list[QueueStats]:
-        async def names(conn: _Conn) -> list[str]:
+        async def names(conn: Conn) -> list[str]:
             return [row[0] for row in await conn.execute(self._sql.queue_names, {})]
 
         found = []
@@ -617,10 +569,10 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_ctl_channel": control_channel(self._channel),
         }
 
-        async def work(conn: _Conn) -> list[WorkItem | None]:
+        async def work(conn: Conn) -> list[WorkItem | None]:
             found: dict[str, WorkItem] = {}
             for row in (await conn.execute(self._sql.cancel_many, params)).mappings():
-                found[row["item_id"]] = _item(row)
+                found[row["item_id"]] = item_of(row)
             # An item neither cancelled nor seen finished moved on while the statement
             # waited for it (a settle finished it first): read it as it is now.
             for item_id in item_ids:
@@ -628,7 +580,7 @@ class PostgresWorkQueue(BaseWorkQueue):
                     key = self._key(tenant, item_id)
                     row = (await conn.execute(self._sql.get_item, key)).mappings().first()
                     if row is not None:
-                        found[item_id] = _item(row)
+                        found[item_id] = item_of(row)
             return [found.get(item_id) for item_id in item_ids]
 
         # Not resent: a cancel whose reply was lost answers, when called again, with the
@@ -638,9 +590,9 @@ class PostgresWorkQueue(BaseWorkQueue):
     async def _count_prunable(
         self, cutoffs: Mapping[ItemStatus, datetime]
     ) -> dict[ItemStatus, int]:
-        params = {"p_queue": self.name, **_cutoff_params(cutoffs)}
+        params = {"p_queue": self.name, **cutoff_params(cutoffs)}
 
-        async def work(conn: _Conn) -> dict[ItemStatus, int]:
+        async def work(conn: Conn) -> dict[ItemStatus, int]:
             row = (await conn.execute(self._sql.count_prunable, params)).mappings().one()
             return {status: int(row[status.value]) for status in cutoffs}
 
@@ -649,13 +601,13 @@ class PostgresWorkQueue(BaseWorkQueue):
     async def _set_paused(self, paused: bool) -> None:
         params = {"p_queue": self.name, "p_paused": paused, "p_channel": self._channel}
 
-        async def work(conn: _Conn) -> None:
+        async def work(conn: Conn) -> None:
             await conn.execute(self._sql.set_paused, params)
 
         await self._executor.run(work, idempotent=True)
 
     async def _paused(self) -> bool:
-        async def work(conn: _Conn) -> bool:
+        async def work(conn: Conn) -> bool:
             result = await conn.execute(self._sql.paused, {"p_queue": self.name})
             return bool(result.scalar())
 
@@ -664,62 +616,24 @@ class PostgresWorkQueue(BaseWorkQueue):
     async def _prune(
         self, now: datetime, cutoffs: Mapping[ItemStatus, datetime], batch: int
     ) -> int:
-        pruner = uuid.uuid4().hex
-        lease = {"p_queue": self.name, "p_pruner": pruner}
-
-        async def take(conn: _Conn) -> bool:
-            until = {**lease, "p_now": now, "p_until": now + _PRUNE_LEASE}
-            return (await conn.execute(self._sql.prune_lock, until)).first() is not None
-
-        if not await self._executor.run(take, idempotent=False):
-            return 0  # another process is pruning this queue
-        pruned = 0
-        try:
-            params = {**lease, "p_batch": batch, **_cutoff_params(cutoffs)}
-            while True:
-                # Each batch is its own statement (and transaction, outside a caller's):
-                # the lease is extended from the clock's reading as it goes.
-                step = {**params, "p_until": read_clock(self.clock) + _PRUNE_LEASE}
-
-                async def one(conn: _Conn, step: dict[str, Any] = step) -> tuple[int, int]:
-                    row = (await conn.execute(self._sql.prune, step)).first()
-                    return int(row[0]), int(row[1])
-
-                deleted, held = await self._executor.run(one, idempotent=True)
-                pruned += deleted
-                if not held or deleted < batch:
-                    return pruned
-        finally:
-
-            async def give_back(conn: _Conn) -> None:
-                await conn.execute(self._sql.prune_unlock, lease)
-
-            # Given back even when cancelled; if it cannot be, it lapses.
-            await finish(self._executor.run(give_back, idempotent=True))
+        return await prune(
+            self._executor,
+            self._sql,
+            queue=self.name,
+            clock=self.clock,
+            now=now,
+            cutoffs=cutoffs,
+            batch=batch,
+        )
 
     async def _next_due(self, now: datetime) -> datetime | None:
-        async def work(conn: _Conn) -> datetime | None:
+        async def work(conn: Conn) -> datetime | None:
             due: datetime | None = (
                 await conn.execute(self._sql.next_due, {"p_queue": self.name, "p_now": now})
             ).scalar_one()
             return due
 
         return await self._executor.run(work, idempotent=True)
-
-
-def _cutoff_params(cutoffs: Mapping[ItemStatus, datetime]) -> dict[str, datetime | None]:
-    """The per-status cutoffs of prune and its count; a status without one (kept
-    forever) is NULL, which no ``updated_at`` is before."""
-    return {
-        "p_done_before": cutoffs.get(ItemStatus.DONE),
-        "p_cancelled_before": cutoffs.get(ItemStatus.CANCELLED),
-        "p_dead_before": cutoffs.get(ItemStatus.DEAD),
-    }
-
-
-def _optional_json(values: Sequence[str | float | None]) -> str:
-    """A batch's optional column as one JSON text, ``null`` where unset."""
-    return json.dumps(values, allow_nan=False, separators=(",", ":"))
 
 
 def _unavailable(message: str) -> QueueUnavailableError:
