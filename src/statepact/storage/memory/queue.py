@@ -466,13 +466,7 @@ class MemoryWorkQueue(BaseWorkQueue):
     def _set_status(self, entry: _Item, status: ItemStatus) -> None:
         """Move the item between statuses, keeping stats, the dead index and its unique
         slot in step."""
-        if entry.status is ItemStatus.DEAD:
-            dead = self._dead[entry.tenant]
-            dead.discard(entry.item_id)
-            if not dead:
-                del self._dead[entry.tenant]
-        if entry.status is not ItemStatus.DONE:
-            self._count(entry.tenant, entry.status, -1)
+        self._leave(entry)
         entry.status = status
         if status is not ItemStatus.DONE:
             self._count(entry.tenant, status, +1)
@@ -483,6 +477,16 @@ class MemoryWorkQueue(BaseWorkQueue):
         ):
             self._free_slot(entry)
 
+    def _leave(self, entry: _Item) -> None:
+        """Take the item out of its status's count and the dead index."""
+        if entry.status is ItemStatus.DEAD:
+            dead = self._dead[entry.tenant]
+            dead.discard(entry.item_id)
+            if not dead:
+                del self._dead[entry.tenant]
+        if entry.status is not ItemStatus.DONE:
+            self._count(entry.tenant, entry.status, -1)
+
     def _free_slot(self, entry: _Item) -> None:
         if entry.slot is not None and self._slots.get((entry.tenant, entry.slot)) == entry.item_id:
             del self._slots[(entry.tenant, entry.slot)]
@@ -491,13 +495,7 @@ class MemoryWorkQueue(BaseWorkQueue):
     def _delete(self, entry: _Item) -> None:
         """Forget a finished item: its id and unique slot are free; heap entries it left
         are stale."""
-        if entry.status is ItemStatus.DEAD:
-            dead = self._dead[entry.tenant]
-            dead.discard(entry.item_id)
-            if not dead:
-                del self._dead[entry.tenant]
-        if entry.status is not ItemStatus.DONE:
-            self._count(entry.tenant, entry.status, -1)
+        self._leave(entry)
         self._free_slot(entry)
         del self._items[(entry.tenant, entry.item_id)]
 

@@ -59,6 +59,19 @@ docstring has the full list):
 - ``next_due`` is the earliest ``available_at`` later than now of a queued item
   (for a tenant with no due work; see ``WorkQueue.next_due``).
 - Tokens: each claim and heartbeat gives a token greater than any the item had.
+- ``cancel`` sets ``updated_at`` to now and ``last_error`` to the reason (``None``
+  too); a cancelled item is never claimed, reaped or requeued, and keeps its id
+  until pruned. ``stats`` count cancelled items; a tenant with only those is
+  listed.
+- ``release(count_attempt=True)`` keeps the attempt and the item is due at
+  ``now + delay``.
+- Unique keys: ``unique_slot`` decides the slot; it is held while queued or
+  leased (and done, with ``unique_for``), freed by dead, cancelled and prune,
+  and not taken back by ``requeue``. Within one batch the first item wins.
+- ``prune`` deletes an item whose ``updated_at`` is strictly before
+  ``now - keep``; two prunes at once delete each item once between them.
+- Paused, ``claim``/``claim_batch`` answer nothing for every queue object on the
+  storage; ``resume`` wakes watches.
 """
 
 from __future__ import annotations
