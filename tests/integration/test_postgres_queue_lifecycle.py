@@ -278,3 +278,19 @@ async def test_a_bound_cancel_is_announced_at_commit_only(
         await transaction.commit()
         assert await _wait_for(lambda: bool(heard), 2.0)
     assert heard == [("acme", "held", lease.token)]
+
+
+async def test_a_bulk_load_naming_one_unique_key_twice_stores_one_of_them(
+    postgres_work_queue: PostgresWorkQueue, pg_engine: AsyncEngine
+) -> None:
+    """A batch of 1,000 items (sent first without ON CONFLICT) in which two items share a
+    unique key: the first is stored and the second answered as that item; the rest once."""
+    queue = postgres_work_queue
+    batch = [WorkItem(tenant="t", item_id=f"b{i}") for i in range(998)]
+    batch.insert(10, WorkItem(tenant="t", item_id="first", unique_key="k"))
+    batch.insert(500, WorkItem(tenant="t", item_id="second", unique_key="k"))
+    answer = await queue.enqueue_many(batch)
+    assert answer[10].item_id == "first"
+    assert answer[500].item_id == "first"
+    assert await _count(pg_engine, "SELECT count(*) FROM adk_work") == 999
+    assert await _count(pg_engine, "SELECT sum(queued) FROM adk_queue_turns") == 999
