@@ -136,16 +136,7 @@ def _find_target(backend: object, backing: str) -> Target:
 def _client_of(backend: object) -> object:
     """What ``backend`` sends its calls through: its public ``client`` (a Redis client; an
     SQLAlchemy engine, connection or session)."""
-    client = getattr(backend, "client", None)
-    if client is not None:
-        return client
-    # The queue backings (storage/*/queue.py, the queue branches' of issue 33) do not
-    # expose ``client`` yet: their own names are read until they do, then this goes. The
-    # one reach into another layer's private names, allowlisted by test_architecture.
-    redis = getattr(backend, "_redis", None)
-    if redis is not None:
-        return redis
-    return getattr(getattr(backend, "_executor", None), "target", None)
+    return getattr(backend, "client", None)
 
 
 def _redis_target(client: object) -> Target:

@@ -342,10 +342,6 @@ def test_the_priority_bound_is_the_one_in_limits() -> None:
 
 #: ``getattr(obj, "_private")`` on something not ``self``: allowed only here, each with why.
 PRIVATE_GETATTR_ALLOWED = {
-    # The queue backings do not expose ``client`` yet (storage/*/queue.py belong to the
-    # queue branches of issue 33); _observe reads their own names until they do.
-    ("statepact._observe", "_redis"),
-    ("statepact._observe", "_executor"),
     # A driver's private, not a statepact layer's: SQLAlchemy's pool and Alembic's proxy,
     # redis-py's metrics hooks, each read defensively with a default.
     ("statepact.storage.postgres._direct", "_max_overflow"),
@@ -357,11 +353,8 @@ PRIVATE_GETATTR_ALLOWED = {
 #: Modules that catch a driver's (redis-py's, asyncpg's) exception class other than the
 #: backings' error boundaries (``storage/<backing>/_client.py``), each with why.
 DRIVER_CATCH_ALLOWED = {
-    # Its three asyncpg catches move behind _client's predicates with the lc-pg branch of
-    # issue 33/34 (the queue files are that branch's); delete this entry when it lands.
-    "statepact.storage.postgres.queue",
-    # The Redis queue's pub/sub watch (the lc-redis branch's), which subscribes again
-    # after a RedisError; same as above.
+    # The Redis queue's pub/sub watch subscribes again after the connection fails: any
+    # RedisError there means "the subscription is gone", whatever _client would call it.
     "statepact.storage.redis._queue_watch",
     # Reloading a script the server lost (NOSCRIPT) is the script registry's own job.
     "statepact.storage.redis._scripts",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
@@ -19,13 +19,13 @@ from statepact._cancel import finish
 from statepact._codec import decode_json
 from statepact.clock import Clock, read_clock
 from statepact.models import ItemStatus, WorkItem, stored
+from statepact.storage.postgres._client import Executor
 from statepact.storage.postgres._direct import Prepared
 from statepact.storage.postgres._sql.queue import CoreStatement, QueueStatements
 
 __all__ = [
     "PRUNE_LEASE",
     "Conn",
-    "Runs",
     "Statements",
     "cutoff_params",
     "item_of",
@@ -49,15 +49,6 @@ class Conn(Protocol):
     (Core statements) or the driver's connection (``_direct.Statements``, prepared ones)."""
 
     async def execute(self, statement: Any, parameters: Any = None) -> Any: ...
-
-
-class Runs(Protocol):
-    """The executors: ``EngineExecutor``, ``BoundExecutor``, ``DirectExecutor``."""
-
-    @property
-    def bound(self) -> bool: ...
-
-    async def run(self, work: Callable[[Any], Awaitable[T]], *, idempotent: bool) -> T: ...
 
 
 def item_or_none(row: RowMapping | None) -> WorkItem | None:
@@ -104,7 +95,7 @@ def optional_json(values: Sequence[str | float | None]) -> str:
 
 
 async def prune(
-    executor: Runs,
+    executor: Executor,
     sql: Statements,
     *,
     queue: str,

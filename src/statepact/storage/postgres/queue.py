@@ -52,13 +52,13 @@ from statepact.settings import PostgresStoreSettings
 from statepact.storage.postgres._client import (
     BoundExecutor,
     EngineExecutor,
+    Executor,
     is_unique_violation,
 )
 from statepact.storage.postgres._direct import DirectExecutor, Prepared
 from statepact.storage.postgres._listen import ListenWatch, control_channel
 from statepact.storage.postgres._queue_support import (
     Conn,
-    Runs,
     Statements,
     cutoff_params,
     item_of,
@@ -132,7 +132,7 @@ class PostgresWorkQueue(BaseWorkQueue):
             max_value_bytes=self._settings.max_value_bytes,
         )
         self._tables = tables_for(tables, self._settings.db_schema)
-        self._executor: Runs
+        self._executor: Executor
         # The statements the executor runs: compiled once for the driver on an engine (the
         # DirectExecutor, a fraction of SQLAlchemy's cost per statement), Core expressions on
         # one AsyncConnection and inside a caller's transaction (bound).
@@ -190,6 +190,15 @@ class PostgresWorkQueue(BaseWorkQueue):
     @property
     def tables(self) -> Tables:
         return self._tables
+
+    @property
+    def settings(self) -> PostgresStoreSettings:
+        return self._settings
+
+    @property
+    def client(self) -> AsyncEngine | AsyncConnection | AsyncSession:
+        """The client the calls go through (observability reads where it points)."""
+        return self._executor.target
 
     def __repr__(self) -> str:
         mode = "bound" if self._executor.bound else "engine"

@@ -121,6 +121,11 @@ class RedisWorkQueue(BaseWorkQueue):
     def settings(self) -> RedisStoreSettings:
         return self._settings
 
+    @property
+    def client(self) -> Any:
+        """The client the calls go through (observability reads where it points)."""
+        return self._redis
+
     def __repr__(self) -> str:
         return f"RedisWorkQueue(namespace={self._settings.namespace!r}, name={self.name!r})"
 
