@@ -31,6 +31,7 @@ from statepact.cli._common import (
 from statepact.clock import SystemClock
 from statepact.queue import QueuePolicy, WorkQueue
 from statepact.worker import Worker
+from statepact.worker._policy import settle_policy
 
 __all__ = [
     "DESCRIPTION",
@@ -93,25 +94,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def carried_policy(found: object) -> QueuePolicy | None:
-    """The ``QueuePolicy`` a Worker carries (its ``policy``), or ``None``."""
-    policy = getattr(found, "policy", None) if isinstance(found, Worker) else None
-    return policy if isinstance(policy, QueuePolicy) else None
+    """The ``QueuePolicy`` a Worker carries (``Worker(policy=)``), or ``None``."""
+    return found.policy if isinstance(found, Worker) else None
 
 
 def queue_policy(args: argparse.Namespace, carried: QueuePolicy | None) -> QueuePolicy:
-    """The queue's policy, field by field: the option given, else ``carried`` (the
-    Worker's), else ``QueuePolicy``'s default. A value the policy refuses is a
-    ``CommandError`` naming the option."""
+    """The queue's policy by the one rule (:func:`statepact.worker._policy.settle_policy`):
+    the option given, else ``carried`` (the Worker's), else ``QueuePolicy``'s default. A
+    value the policy refuses is a ``CommandError`` naming the option."""
     from pydantic import ValidationError
 
-    base = (carried or QueuePolicy()).model_dump()
-    given = {
-        field: getattr(args, field, None)
-        for _, field, _, _ in POLICY_OPTIONS
-        if getattr(args, field, None) is not None
-    }
+    given = {field: getattr(args, field, None) for _, field, _, _ in POLICY_OPTIONS}
     try:
-        return QueuePolicy(**{**base, **given})
+        return settle_policy(given, carried)
     except ValidationError as exc:
         error = exc.errors()[0]
         field = str(error["loc"][0]) if error["loc"] else "backoff_cap"

@@ -85,7 +85,9 @@ class Claimer:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                logger.warning("worker %s: claim failed: %s", rt.worker_id, describe(exc))
+                logger.warning(
+                    "worker %s: claim failed: %s", rt.worker_id, describe(exc), extra=rt.fields()
+                )
                 width = 1
                 await self._wait_for_work(rt.settings.poll_interval)
                 continue
@@ -143,7 +145,9 @@ class Claimer:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            logger.warning("worker %s: next_due failed: %s", rt.worker_id, describe(exc))
+            logger.warning(
+                "worker %s: next_due failed: %s", rt.worker_id, describe(exc), extra=rt.fields()
+            )
             return poll
         if due is None:
             return poll
@@ -174,5 +178,8 @@ class Claimer:
             failed = None if arrived.cancelled() else arrived.exception()
             if failed is not None:
                 logger.warning(
-                    "worker %s: waiting for work failed: %s", rt.worker_id, describe(failed)
+                    "worker %s: waiting for work failed: %s",
+                    rt.worker_id,
+                    describe(failed),
+                    extra=rt.fields(),
                 )

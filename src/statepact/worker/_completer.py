@@ -94,7 +94,11 @@ class Completer:
             answers = await rt.queue.ack_many([job.lease for job in batch])
         except _AWAY as exc:
             logger.warning(
-                "worker %s: ack of %d item(s) failed: %s", rt.worker_id, len(batch), describe(exc)
+                "worker %s: ack of %d item(s) failed: %s",
+                rt.worker_id,
+                len(batch),
+                describe(exc),
+                extra=rt.fields(),
             )
             return
         except Exception as exc:
@@ -103,6 +107,7 @@ class Completer:
                 rt.worker_id,
                 len(batch),
                 describe(exc),
+                extra=rt.fields(),
             )
             for job in batch:
                 await self._ack_one(job)
@@ -149,6 +154,7 @@ class Completer:
                 what,
                 job.item.item_id,
                 describe(exc),
+                extra=self._rt.fields(job.item, job.task),
             )
         return None
 
@@ -156,6 +162,10 @@ class Completer:
         """The lease moved on: nothing is settled for it; say why."""
         rt = self._rt
         logger.warning(
-            "worker %s: lease of item %r lost: %s", rt.worker_id, job.item.item_id, reason
+            "worker %s: lease of item %r lost: %s",
+            rt.worker_id,
+            job.item.item_id,
+            reason,
+            extra=rt.fields(job.item, job.task),
         )
         rt.hooks.call("lease_lost", job, reason)

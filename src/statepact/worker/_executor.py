@@ -26,11 +26,23 @@ from dataclasses import dataclass
 
 from statepact._cancel import finish
 from statepact.errors import LeaseLostError
+from statepact.models import WorkItem
 from statepact.worker._completer import Completer
+from statepact.worker._in_tx import InTransaction, TxState
 from statepact.worker._job import DoNotRetry, Handler, Job, Retry, describe
 from statepact.worker._runtime import Runtime
 
-__all__ = ["Ack", "Cut", "Executor", "Fail", "Nothing", "Outcome", "Release", "decide"]
+__all__ = [
+    "Ack",
+    "Completed",
+    "Cut",
+    "Executor",
+    "Fail",
+    "Nothing",
+    "Outcome",
+    "Release",
+    "decide",
+]
 
 logger = logging.getLogger("statepact.worker")
 
@@ -62,28 +74,54 @@ class Release:
 
 
 @dataclass(frozen=True, slots=True)
+class Completed:
+    """The handler's own transaction committed the ack (``job.complete_in``): send nothing."""
+
+
+@dataclass(frozen=True, slots=True)
 class Nothing:
     """Settle nothing: the lease is not this worker's any more, for ``reason``."""
 
     reason: str
 
 
-Outcome = Ack | Fail | Release | Nothing
+Outcome = Ack | Completed | Fail | Release | Nothing
 _ACK = Ack()
+_COMPLETED = Completed()
 _RELEASE = Release()
 _CANCELLED = "CancelledError: the handler was cancelled"
+_ROLLED_BACK = "the transaction job.complete_in joined was rolled back"
+_LEFT_OPEN = (
+    "the handler returned with the transaction job.complete_in joined still open; commit "
+    "it before returning"
+)
 
 
-def decide(raised: BaseException | None, cut: Cut | None, lost: str | None) -> Outcome:
+def decide(
+    raised: BaseException | None,
+    cut: Cut | None,
+    lost: str | None,
+    tx: TxState = TxState.NONE,
+) -> Outcome:
     """What settles the item, from what the handler raised (``None``: it returned), why the
-    worker cut it short (``None``: it did not) and why the lease is lost (``None``: it is not).
-    A lost lease settles nothing; a handler cut at shutdown is released whatever its
-    cancellation raised; KeyboardInterrupt and SystemExit release the item and go on."""
+    worker cut it short (``None``: it did not), why the lease is lost (``None``: it is not)
+    and what became of the transaction ``job.complete_in`` joined (``tx``).
+    A committed completion settles nothing more (a connection's commit counts once the
+    handler returned: one the server refused raised in the handler); a lost lease settles
+    nothing; a handler cut at shutdown is released whatever its cancellation raised;
+    KeyboardInterrupt and SystemExit release the item and go on; a completion rolled back
+    or left open is a failure."""
+    if tx is TxState.COMMITTED or (tx is TxState.COMMITTING and raised is None):
+        return _COMPLETED
     if lost is not None:
         return Nothing(lost)
     if cut is Cut.SHUTDOWN:
         return _RELEASE
     if raised is None:
+        if tx is TxState.ROLLED_BACK:
+            return Fail(_ROLLED_BACK, retryable=True)
+        if tx is TxState.PENDING:
+            return Fail(_LEFT_OPEN, retryable=True)
         return _ACK
     if isinstance(raised, Retry):
         return Fail(describe(raised), retryable=True, delay=raised.delay)
@@ -104,7 +142,9 @@ class Executor:
         "_completer",
         "_cut",
         "_handler",
+        "_holding",
         "_in_handler",
+        "_in_tx",
         "_lost",
         "_rt",
         "_settling",
@@ -131,8 +171,13 @@ class Executor:
         # Set once a settle has begun: never a second one.
         self._settling = False
         # The next heartbeat's timer, and the heartbeat in flight.
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
         self._beat: asyncio.Task[None] | None = None
+        # No heartbeat while the ack waits in the handler's transaction (job.complete_in).
+        self._holding = False
+        self._in_tx = InTransaction(self._hold_beats, self._resume_beats)
+        job.context = rt.context
+        job._complete = self._complete_in
 
     def start(self) -> None:
         """Count this lease in flight and run it in a task of its own. A lease of the same
@@ -174,7 +219,11 @@ class Executor:
             if isinstance(handler, str):
                 self._settling = True
                 logger.error(
-                    "worker %s: item %r dead-lettered: %s", rt.worker_id, job.item.item_id, handler
+                    "worker %s: item %r dead-lettered: %s",
+                    rt.worker_id,
+                    job.item.item_id,
+                    handler,
+                    extra=rt.fields(job.item, job.task),
                 )
                 await finish(self._completer.fail(job, handler, retryable=False))
                 return
@@ -185,7 +234,7 @@ class Executor:
             rt.hooks.call("started", job)
             raised = await self._handle(handler)
             self._settling = True
-            await self._settle(decide(raised, self._cut, self._lost), raised)
+            await self._settle(decide(raised, self._cut, self._lost, self._in_tx.state), raised)
             if isinstance(raised, KeyboardInterrupt | SystemExit):
                 raise raised  # the item is released; the process is on its way out
         except asyncio.CancelledError:
@@ -197,9 +246,15 @@ class Executor:
             raise
         except Exception as exc:  # a bug here must not leave the slot taken
             logger.exception(
-                "worker %s: running item %r failed: %s", rt.worker_id, job.item.item_id, exc
+                "worker %s: running item %r failed: %s",
+                rt.worker_id,
+                job.item.item_id,
+                exc,
+                extra=rt.fields(job.item, job.task),
             )
         finally:
+            self._in_tx.detach()
+            job._complete = None
             rt.running.discard(self)
             item = job.lease.item
             key = (item.tenant, item.item_id)
@@ -245,19 +300,44 @@ class Executor:
         its end (finish); an ack is handed to the completer's task, which nothing here cuts."""
         job = self.job
         completer = self._completer
+        rt = self._rt
         if outcome is _ACK:
             completer.ack(job)
+        elif isinstance(outcome, Completed):
+            done = self._in_tx.item
+            assert done is not None
+            if raised is not None:
+                logger.warning(
+                    "worker %s: task %r of item %r raised %s after its transaction completed "
+                    "the item",
+                    rt.worker_id,
+                    job.task,
+                    job.item.item_id,
+                    describe(raised),
+                    extra=rt.fields(job.item, job.task),
+                )
+            rt.hooks.call("succeeded", job, done)
         elif isinstance(outcome, Fail):
             if raised is not None and not isinstance(
                 raised, Retry | DoNotRetry | asyncio.CancelledError
             ):
                 logger.warning(
                     "worker %s: task %r of item %r raised %s",
-                    self._rt.worker_id,
+                    rt.worker_id,
                     job.task,
                     job.item.item_id,
                     outcome.error,
                     exc_info=raised,
+                    extra=rt.fields(job.item, job.task),
+                )
+            elif raised is None:
+                logger.warning(
+                    "worker %s: task %r of item %r: %s",
+                    rt.worker_id,
+                    job.task,
+                    job.item.item_id,
+                    outcome.error,
+                    extra=rt.fields(job.item, job.task),
                 )
             await finish(
                 completer.fail(job, outcome.error, retryable=outcome.retryable, delay=outcome.delay)
@@ -267,12 +347,42 @@ class Executor:
         elif isinstance(outcome, Nothing):
             completer.lost(job, outcome.reason)
 
+    # -- job.complete_in ------------------------------------------------------------------
+
+    async def _complete_in(self, session: object) -> WorkItem:
+        if not self._in_handler:
+            raise RuntimeError("job.complete_in: called after the handler returned")
+        return await self._in_tx.complete(self._rt.queue, lambda: self.job.lease, session)
+
+    async def _hold_beats(self) -> None:
+        """No more heartbeats until :meth:`_resume_beats`; the one in flight is waited for
+        (the ack needs its token)."""
+        self._holding = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._beat is not None:
+            await finish(self._beat)
+        if self._lost is not None:
+            raise LeaseLostError(
+                f"job.complete_in: the lease of item {self.job.item.item_id!r} is lost: "
+                f"{self._lost}",
+                item_id=self.job.item.item_id,
+            )
+
+    def _resume_beats(self) -> None:
+        """The transaction rolled back (or the ack failed): beat again now, the lease may be
+        near its end."""
+        self._holding = False
+        if self._in_handler and self._timer is None and self._beat is None:
+            self._timer = asyncio.get_running_loop().call_soon(self._beat_due)
+
     # -- the heartbeat ---------------------------------------------------------------------
 
     def _beat_due(self) -> None:
         """The heartbeat timer: a beat (in a task of its own) while the handler runs."""
         self._timer = None
-        if self._in_handler and self._beat is None:
+        if self._in_handler and self._beat is None and not self._holding:
             self._beat = asyncio.get_running_loop().create_task(
                 self._heartbeat(), name=f"statepact-beat-{self.job.item.item_id}"
             )
@@ -296,12 +406,13 @@ class Executor:
                         rt.worker_id,
                         job.item.item_id,
                         describe(exc),
+                        extra=rt.fields(job.item, job.task),
                     )
                 else:
                     rt.hooks.call("renewed", job)
             if lost is not None:
                 self.lose(lost)
-            elif self._in_handler:
+            elif self._in_handler and not self._holding:
                 self._timer = asyncio.get_running_loop().call_later(
                     rt.settings.heartbeat_every, self._beat_due
                 )

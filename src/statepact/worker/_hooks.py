@@ -93,7 +93,11 @@ class HookSet:
                 result = getattr(hooks, name)(*args)
             except Exception:
                 logger.exception(
-                    "worker %s: hook %s.%s raised", self._worker_id, type(hooks).__name__, name
+                    "worker %s: hook %s.%s raised",
+                    self._worker_id,
+                    type(hooks).__name__,
+                    name,
+                    extra={"worker_id": self._worker_id},
                 )
                 continue
             if result is not None and inspect.isawaitable(result):
@@ -108,4 +112,5 @@ class HookSet:
                     self._worker_id,
                     type(hooks).__name__,
                     name,
+                    extra={"worker_id": self._worker_id},
                 )

@@ -48,7 +48,9 @@ async def _reap(rt: Runtime) -> None:
     """``reap`` once; each reap is atomic, so every worker may run one."""
     moved = await rt.queue.reap()
     if moved:
-        logger.info("worker %s: reaped %d expired lease(s)", rt.worker_id, len(moved))
+        logger.info(
+            "worker %s: reaped %d expired lease(s)", rt.worker_id, len(moved), extra=rt.fields()
+        )
         rt.work.set()
 
 
@@ -81,5 +83,9 @@ class Maintenance:
                 raise
             except Exception as exc:
                 logger.warning(
-                    "worker %s: %s failed: %s", self._rt.worker_id, service.name, describe(exc)
+                    "worker %s: %s failed: %s",
+                    self._rt.worker_id,
+                    service.name,
+                    describe(exc),
+                    extra=self._rt.fields(),
                 )

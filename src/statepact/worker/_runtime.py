@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from statepact._codec import require_seconds
 from statepact.clock import Clock, read_clock
-from statepact.models import Lease
+from statepact.models import Lease, WorkItem
 from statepact.queue import WorkQueue
 from statepact.worker._hooks import HookSet
 
@@ -96,6 +96,7 @@ class Runtime:
     __slots__ = (
         "acks_sending",
         "clock",
+        "context",
         "hooks",
         "newest",
         "queue",
@@ -115,12 +116,22 @@ class Runtime:
         self.settings = settings
         self.clock = clock
         self.hooks = hooks
+        # What the worker's startup returned: every job's ``context``.
+        self.context: Any = None
         self.running: set[Executor] = set()
         self.newest: dict[tuple[str, str], Executor] = {}
         self.acks_sending = False
         self.stopping = asyncio.Event()
         self.work = asyncio.Event()
         self.slot_freed = asyncio.Event()
+
+    def fields(self, item: WorkItem | None = None, task: str | None = None) -> dict[str, object]:
+        """The ``extra`` of a worker log record: worker id and queue, and the item's tenant,
+        id and task when it is about one (the CLI's text and JSON logs print them)."""
+        found: dict[str, object] = {"worker_id": self.worker_id, "queue": self.queue.name}
+        if item is not None:
+            found.update(tenant=item.tenant, item_id=item.item_id, task=task)
+        return found
 
     def busy(self) -> int:
         """Slots taken: leases in flight, plus one while the completer sends. So a worker

@@ -25,13 +25,15 @@ from statepact._cancel import finish
 from statepact._codec import require_id, require_seconds
 from statepact.clock import Clock, SystemClock
 from statepact.models import Lease
-from statepact.queue import BaseWorkQueue, WorkQueue
+from statepact.queue import BaseWorkQueue, QueuePolicy, WorkQueue
 from statepact.worker._claimer import Claimer
 from statepact.worker._completer import Completer
 from statepact.worker._executor import Executor
 from statepact.worker._hooks import HookSet, WorkerHooks
 from statepact.worker._job import Handler
+from statepact.worker._lifespan import Lifespan, Shutdown, Startup
 from statepact.worker._maintenance import Maintenance, services
+from statepact.worker._policy import require_policy, settle_policy
 from statepact.worker._registry import Tasks
 from statepact.worker._runtime import Runtime, Settings, require_concurrency
 from statepact.worker._schedules import Schedule, ScheduleLoop, Schedules
@@ -73,7 +75,12 @@ class Worker:
         default: Handler | None = None,
         hooks: WorkerHooks | Iterable[WorkerHooks] | None = None,
         clock: Clock | None = None,
+        policy: QueuePolicy | None = None,
+        startup: Startup | None = None,
+        shutdown: Shutdown | None = None,
     ) -> None:
+        self._policy = require_policy(policy)
+        self._lifespan = Lifespan(startup, shutdown)
         self._settings = Settings.read(
             concurrency=concurrency,
             lease_for=lease_for,
@@ -141,6 +148,13 @@ class Worker:
         return self._tasks.field
 
     @property
+    def policy(self) -> QueuePolicy | None:
+        """The retry policy this worker asks its queue to run with (``Worker(policy=)``), or
+        ``None``: the queue's own. ``statepact worker`` opens the queue with it (its options
+        override it field by field: :func:`~statepact.worker._policy.settle_policy`)."""
+        return self._policy
+
+    @property
     def queue(self) -> WorkQueue:
         if self._queue is None:
             raise RuntimeError("this Worker has no queue yet; pass one or call bind(queue)")
@@ -160,6 +174,16 @@ class Worker:
             raise TypeError(f"queue: must be a WorkQueue, got {type(queue).__name__}")
         if self._queue is not None and self._queue is not queue:
             raise RuntimeError("this Worker already has a queue")
+        runs = getattr(queue, "policy", None)
+        if self._policy is not None and isinstance(runs, QueuePolicy):
+            wanted = settle_policy({}, self._policy, runs)
+            if wanted != runs:
+                # The queue applies its policy in every fail and reap; a worker cannot
+                # change it after the queue was opened, so a different one is refused.
+                raise ValueError(
+                    f"policy: this Worker's policy ({wanted!r}) is not its queue's ({runs!r}); "
+                    "open the queue with policy=worker.policy, or leave Worker(policy=) unset"
+                )
         self._queue = queue
         return self
 
@@ -278,7 +302,20 @@ class Worker:
         if not self._tasks:
             raise RuntimeError("this Worker has no handlers; register one with @worker.task")
         self._schedules.check(self._tasks.names, _value_limit(queue))
-        rt = self._rt = Runtime(queue, self.worker_id, self._settings, self.clock, self._hooks)
+        rt = Runtime(queue, self.worker_id, self._settings, self.clock, self._hooks)
+        # The application context first: nothing is claimed before it is open. Anything
+        # after it failing to start closes it again.
+        rt.context = await self._lifespan.open()
+        try:
+            self._begin(rt)
+        except BaseException:
+            await finish(self._lifespan.close(self.worker_id))
+            raise
+
+    def _begin(self, rt: Runtime) -> None:
+        """Start the loops of a started worker, sharing ``rt``."""
+        queue = rt.queue
+        self._rt = rt
         completer = self._completer = Completer(rt)
         route = self._tasks.route
         worker_id = self.worker_id
@@ -294,6 +331,7 @@ class Worker:
             rt.settings.concurrency,
             rt.settings.lease_for,
             rt.settings.heartbeat_every,
+            extra=rt.fields(),
         )
         loops = [asyncio.create_task(Claimer(rt, spawn).run(), name="statepact-claim")]
         loops += Maintenance(rt, services(rt)).start()
@@ -308,7 +346,12 @@ class Worker:
         """A loop ends at stop(); one that ended on an error (a bug) is logged at once."""
         if not task.cancelled() and (error := task.exception()) is not None:
             logger.error(
-                "worker %s: %s ended: %s", self.worker_id, task.get_name(), error, exc_info=error
+                "worker %s: %s ended: %s",
+                self.worker_id,
+                task.get_name(),
+                error,
+                exc_info=error,
+                extra={"worker_id": self.worker_id},
             )
 
     async def stop(self, grace_period: float | timedelta | None = None) -> None:
@@ -331,8 +374,11 @@ class Worker:
                 # Not cut short by a cancellation: what is in flight is settled or released.
                 await finish(self._drain(rt, grace))
         finally:
-            self._stopped.set()
-        logger.info("worker %s stopped", self.worker_id)
+            try:
+                await finish(self._lifespan.close(self.worker_id))
+            finally:
+                self._stopped.set()
+        logger.info("worker %s stopped", self.worker_id, extra={"worker_id": self.worker_id})
 
     async def _drain(self, rt: Runtime, grace: float) -> None:
         if self._loops:
@@ -343,6 +389,7 @@ class Worker:
                 self.worker_id,
                 len(rt.running),
                 grace,
+                extra=rt.fields(),
             )
             # Every handler done, the grace period over, or a second signal: whichever is
             # first. (Cancelling the wait below leaves the items' tasks running.)
@@ -384,10 +431,17 @@ class Worker:
 
     def _on_signal(self, sig: signal.Signals) -> None:
         if self._stop_task is not None or (self._rt is not None and self._rt.stopping.is_set()):
-            logger.info("worker %s: %s again, cancelling what is left", self.worker_id, sig.name)
+            logger.info(
+                "worker %s: %s again, cancelling what is left",
+                self.worker_id,
+                sig.name,
+                extra={"worker_id": self.worker_id},
+            )
             self._hurry.set()
             return
-        logger.info("worker %s: %s, draining", self.worker_id, sig.name)
+        logger.info(
+            "worker %s: %s, draining", self.worker_id, sig.name, extra={"worker_id": self.worker_id}
+        )
         self._stop_task = asyncio.get_running_loop().create_task(self.stop(), name="statepact-stop")
 
     async def __aenter__(self) -> Worker:
