@@ -57,7 +57,7 @@ async def test_stats_and_its_json(queue: MemoryWorkQueue) -> None:
         ["total", "1", "0", "3"],
     ]
     document = json.loads(await _run(queue, "stats", "--json"))
-    assert document["tenants"]["acme"] == {"queued": 1, "leased": 0, "dead": 2}
+    assert document["tenants"]["acme"] == {"queued": 1, "leased": 0, "dead": 2, "cancelled": 0}
     assert (document["queued"], document["leased"], document["dead"]) == (1, 0, 3)
 
 

@@ -30,6 +30,7 @@ from statepact.queue import (
     BaseWorkQueue,
     FailOutcome,
     LapseOutcome,
+    OnCancel,
     QueuePolicy,
     SleepWatch,
     WorkWatch,
@@ -99,7 +100,7 @@ class RecordingQueue(BaseWorkQueue):
         self.calls.append(("enqueue", (item, payload)))
         return item
 
-    def _watch(self) -> AbstractAsyncContextManager[WorkWatch]:
+    def _watch(self, on_cancel: OnCancel | None) -> AbstractAsyncContextManager[WorkWatch]:
         return nullcontext(SleepWatch())
 
     async def _ack_many(self, leases: list[Lease], now: datetime) -> list[WorkItem | None]:
@@ -130,7 +131,9 @@ class RecordingQueue(BaseWorkQueue):
         self.calls.append(("fail", (lease, now, error, outcome)))
         return None if self.lost else lease.item
 
-    async def _release(self, lease: Lease, now: datetime) -> WorkItem | None:
+    async def _release(
+        self, lease: Lease, now: datetime, *, available_at: datetime, count_attempt: bool
+    ) -> WorkItem | None:
         self.calls.append(("release", (lease, now)))
         return None if self.lost else lease.item
 

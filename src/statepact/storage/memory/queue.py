@@ -7,15 +7,15 @@ told, fenced on the lease token, and decides only the order of claims. The
 rules it pins for every backing: docs/backings.md#memory.
 
 It must never await inside a read-modify-write (each call is one step of the
-event loop) and never scan the backlog to claim; it is not safe across OS
-threads or processes.
+event loop) and never scan the backlog to claim or prune; it is not safe across
+OS threads or processes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import heapq
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -32,7 +32,16 @@ from statepact.models import (
     stored,
     stored_lease,
 )
-from statepact.queue import BaseWorkQueue, FailOutcome, LapseOutcome, QueuePolicy, WorkWatch
+from statepact.queue import (
+    BaseWorkQueue,
+    FailOutcome,
+    LapseOutcome,
+    OnCancel,
+    QueuePolicy,
+    WorkWatch,
+    holds_unique_slot,
+    unique_slot,
+)
 from statepact.settings import MemoryStoreSettings
 
 __all__ = ["MemoryWorkQueue"]
@@ -52,6 +61,10 @@ class _Item:
     status: ItemStatus = ItemStatus.QUEUED
     last_error: str | None = None
     token: int = 0
+    unique_key: str | None = None
+    unique_for: timedelta | None = None
+    timeout: float | None = None
+    slot: str | None = None  # the unique slot it holds now (see queue.unique_slot)
 
 
 class MemoryWorkQueue(BaseWorkQueue):
@@ -59,13 +72,19 @@ class MemoryWorkQueue(BaseWorkQueue):
 
     - ``_ready[tenant]``: due queued items, ``(-priority, order, item_id)``.
     - ``_delayed``: queued items not yet due, ``(available_at, order, tenant, item_id)``.
-      Every queued item has exactly one entry in one of the two: only a claim
-      takes an item out of ``queued``, and it pops that entry.
+      Every queued item has exactly one entry in one of the two: a claim takes an
+      item out of ``queued`` and pops that entry; a cancel leaves it, stale (the item
+      is no longer queued, or a new item has its id and another order), and the
+      heaps skip it when they reach it.
     - ``_rotation``: one ``(turn, tenant)`` per tenant in ``_active`` (tenants with
       entries in ``_ready``).
     - ``_expiry``: ``(expires_at, token, tenant, item_id)`` per lease given; an
       entry is stale once the item was settled or its token moved on, and is
       dropped when ``reap`` reaches it (a queue never reaped keeps them).
+    - ``_finished``: ``(updated_at, order, tenant, item_id)`` per item that finished
+      (done, cancelled, dead), by status; stale once the item moved on (requeued,
+      purged), dropped when ``prune`` reaches it.
+    - ``_slots``: ``(tenant, slot) -> item_id`` for every unique slot held.
     """
 
     def __init__(
@@ -100,6 +119,10 @@ class MemoryWorkQueue(BaseWorkQueue):
         self._order_counter = 0
         self._dead: dict[str, set[str]] = {}
         self._counts: dict[str, dict[ItemStatus, int]] = {}
+        self._finished: dict[ItemStatus, list[tuple[datetime, int, str, str]]] = {}
+        self._slots: dict[tuple[str, str], str] = {}
+        self._paused_now = False
+        self._pruning = False
         # The open watches (watch()); each is told when an item is scheduled.
         self._watches: set[_MemoryWatch] = set()
 
@@ -123,8 +146,8 @@ class MemoryWorkQueue(BaseWorkQueue):
         return self._put(item, payload)
 
     @asynccontextmanager
-    async def _watch(self) -> AsyncIterator[WorkWatch]:
-        watch = _MemoryWatch()
+    async def _watch(self, on_cancel: OnCancel | None) -> AsyncIterator[WorkWatch]:
+        watch = _MemoryWatch(on_cancel)
         self._watches.add(watch)
         try:
             yield watch
@@ -141,6 +164,12 @@ class MemoryWorkQueue(BaseWorkQueue):
         if existing is not None:
             return self._record(existing)
         assert item.available_at is not None and item.created_at is not None  # set by the front
+        slot = unique_slot(item, item.created_at)
+        if slot is not None:
+            holder = self._slots.get((item.tenant, slot))
+            if holder is not None:
+                return self._record(self._items[(item.tenant, holder)])
+            self._slots[(item.tenant, slot)] = item.item_id
         self._order_counter += 1
         entry = _Item(
             tenant=item.tenant,
@@ -151,6 +180,10 @@ class MemoryWorkQueue(BaseWorkQueue):
             available_at=item.available_at,
             created_at=item.created_at,
             updated_at=item.created_at,
+            unique_key=item.unique_key,
+            unique_for=item.unique_for,
+            timeout=item.timeout,
+            slot=slot,
         )
         self._items[key] = entry
         self._count(entry.tenant, ItemStatus.QUEUED, +1)
@@ -160,6 +193,8 @@ class MemoryWorkQueue(BaseWorkQueue):
     async def _claim(
         self, worker_id: str, now: datetime, seconds: float, limit: int
     ) -> list[Lease]:
+        if self._paused_now:
+            return []
         self._promote(now)
         leases: list[Lease] = []
         while len(leases) < limit and self._rotation:
@@ -220,14 +255,85 @@ class MemoryWorkQueue(BaseWorkQueue):
             self._end_lease(entry, ItemStatus.QUEUED, now)
         return self._record(entry)
 
-    async def _release(self, lease: Lease, now: datetime) -> WorkItem | None:
+    async def _release(
+        self, lease: Lease, now: datetime, *, available_at: datetime, count_attempt: bool
+    ) -> WorkItem | None:
         entry = self._held(lease)
         if entry is None:
             return None
-        entry.attempts -= 1
-        entry.available_at = now
+        if not count_attempt:
+            entry.attempts -= 1
+        entry.available_at = available_at
         self._end_lease(entry, ItemStatus.QUEUED, now)
         return self._record(entry)
+
+    async def _cancel_many(
+        self, tenant: str, item_ids: list[str], reason: str | None, now: datetime
+    ) -> list[WorkItem | None]:
+        # No await between the cancels: the batch is one step of the loop. A queued item's
+        # heap entry stays behind, stale; the heaps skip it.
+        answers: list[WorkItem | None] = []
+        for item_id in item_ids:
+            entry = self._items.get((tenant, item_id))
+            if entry is None:
+                answers.append(None)
+                continue
+            if entry.status is ItemStatus.QUEUED or entry.status is ItemStatus.LEASED:
+                voided = entry.token if entry.status is ItemStatus.LEASED else None
+                entry.last_error = reason
+                self._end_lease(entry, ItemStatus.CANCELLED, now)
+                if voided is not None:
+                    for watch in self._watches:
+                        watch.cancelled(tenant, item_id, voided)
+            answers.append(self._record(entry))
+        return answers
+
+    async def _set_paused(self, paused: bool) -> None:
+        self._paused_now = paused
+        if not paused:
+            for watch in self._watches:
+                watch.notify()
+
+    async def _paused(self) -> bool:
+        return self._paused_now
+
+    async def _prune(
+        self, now: datetime, cutoffs: Mapping[ItemStatus, datetime], batch: int
+    ) -> int:
+        if self._pruning:
+            return 0  # another prune of this queue is under way
+        self._pruning = True
+        pruned = 0
+        try:
+            for status, cutoff in cutoffs.items():
+                while True:
+                    taken = self._prune_batch(status, cutoff, batch)
+                    pruned += taken
+                    if taken < batch:
+                        break
+                    await asyncio.sleep(0)  # let the loop breathe between batches
+        finally:
+            self._pruning = False
+        return pruned
+
+    def _prune_batch(self, status: ItemStatus, cutoff: datetime, batch: int) -> int:
+        """Delete up to ``batch`` items of ``status`` that finished before ``cutoff``; the
+        heap entries this skips (stale) are not counted against ``batch``."""
+        heap = self._finished.get(status, [])
+        taken = 0
+        while heap and taken < batch and heap[0][0] < cutoff:
+            updated_at, order, tenant, item_id = heapq.heappop(heap)
+            entry = self._items.get((tenant, item_id))
+            if (
+                entry is None
+                or entry.order != order
+                or entry.status is not status
+                or entry.updated_at != updated_at
+            ):
+                continue
+            self._delete(entry)
+            taken += 1
+        return taken
 
     async def _reap(self, now: datetime, outcome: LapseOutcome) -> list[WorkItem]:
         moved: list[WorkItem] = []
@@ -269,13 +375,11 @@ class MemoryWorkQueue(BaseWorkQueue):
         return self._record(entry)
 
     async def _purge_dead(self, tenant: str) -> int:
-        # A dead item sits in no ready, delayed or rotation heap; an _expiry entry it
-        # left is skipped by reap once the record is gone.
-        ids = self._dead.pop(tenant, set())
+        # A dead item sits in no ready, delayed or rotation heap; an _expiry or _finished
+        # entry it left is skipped once the record is gone.
+        ids = list(self._dead.get(tenant, ()))
         for item_id in ids:
-            del self._items[(tenant, item_id)]
-        if ids:
-            self._count(tenant, ItemStatus.DEAD, -len(ids))
+            self._delete(self._items[(tenant, item_id)])
         return len(ids)
 
     async def _get_item(self, tenant: str, item_id: str) -> WorkItem | None:
@@ -288,6 +392,7 @@ class MemoryWorkQueue(BaseWorkQueue):
                 queued=counts.get(ItemStatus.QUEUED, 0),
                 leased=counts.get(ItemStatus.LEASED, 0),
                 dead=counts.get(ItemStatus.DEAD, 0),
+                cancelled=counts.get(ItemStatus.CANCELLED, 0),
             )
             for tenant, counts in sorted(self._counts.items())
             if any(counts.values())
@@ -296,6 +401,8 @@ class MemoryWorkQueue(BaseWorkQueue):
 
     async def _next_due(self, now: datetime) -> datetime | None:
         self._promote(now)
+        while self._delayed and self._stale(*self._delayed[0][1:]):
+            heapq.heappop(self._delayed)
         return self._delayed[0][0] if self._delayed else None
 
     # -- helpers ------------------------------------------------------------
@@ -317,6 +424,9 @@ class MemoryWorkQueue(BaseWorkQueue):
                 "last_error": entry.last_error,
                 "created_at": entry.created_at,
                 "updated_at": entry.updated_at,
+                "unique_key": entry.unique_key,
+                "unique_for": entry.unique_for,
+                "timeout": entry.timeout,
             },
         )
 
@@ -325,7 +435,8 @@ class MemoryWorkQueue(BaseWorkQueue):
         counts[status] = counts.get(status, 0) + change
 
     def _set_status(self, entry: _Item, status: ItemStatus) -> None:
-        """Move the item between statuses, keeping stats and the dead index in step."""
+        """Move the item between statuses, keeping stats, the dead index and its unique
+        slot in step."""
         if entry.status is ItemStatus.DEAD:
             dead = self._dead[entry.tenant]
             dead.discard(entry.item_id)
@@ -338,6 +449,33 @@ class MemoryWorkQueue(BaseWorkQueue):
             self._count(entry.tenant, status, +1)
         if status is ItemStatus.DEAD:
             self._dead.setdefault(entry.tenant, set()).add(entry.item_id)
+        if entry.slot is not None and not holds_unique_slot(
+            status, by_period=entry.unique_for is not None
+        ):
+            self._free_slot(entry)
+
+    def _free_slot(self, entry: _Item) -> None:
+        if entry.slot is not None and self._slots.get((entry.tenant, entry.slot)) == entry.item_id:
+            del self._slots[(entry.tenant, entry.slot)]
+        entry.slot = None
+
+    def _delete(self, entry: _Item) -> None:
+        """Forget a finished item: its id and unique slot are free; heap entries it left
+        are stale."""
+        if entry.status is ItemStatus.DEAD:
+            dead = self._dead[entry.tenant]
+            dead.discard(entry.item_id)
+            if not dead:
+                del self._dead[entry.tenant]
+        if entry.status is not ItemStatus.DONE:
+            self._count(entry.tenant, entry.status, -1)
+        self._free_slot(entry)
+        del self._items[(entry.tenant, entry.item_id)]
+
+    def _stale(self, order: int, tenant: str, item_id: str) -> bool:
+        """Whether a ready/delayed heap entry no longer stands for a queued item."""
+        entry = self._items.get((tenant, item_id))
+        return entry is None or entry.order != order or entry.status is not ItemStatus.QUEUED
 
     def _schedule(self, entry: _Item, now: datetime) -> None:
         """Put a queued item where a claim will find it: ready if due, else delayed."""
@@ -361,17 +499,19 @@ class MemoryWorkQueue(BaseWorkQueue):
     def _promote(self, now: datetime) -> None:
         """Move delayed items that have come due into their tenants' ready heaps."""
         while self._delayed and self._delayed[0][0] <= now:
-            _at, _order, tenant, item_id = heapq.heappop(self._delayed)
-            self._push_ready(self._items[(tenant, item_id)])
+            _at, order, tenant, item_id = heapq.heappop(self._delayed)
+            if not self._stale(order, tenant, item_id):
+                self._push_ready(self._items[(tenant, item_id)])
 
     def _pop_ready(self, tenant: str) -> _Item | None:
         """The tenant's next due item, or ``None`` if it has none."""
         ready = self._ready.get(tenant)
-        if not ready:
-            self._ready.pop(tenant, None)
-            return None
-        _priority, _order, item_id = heapq.heappop(ready)
-        return self._items[(tenant, item_id)]
+        while ready:
+            _priority, order, item_id = heapq.heappop(ready)
+            if not self._stale(order, tenant, item_id):
+                return self._items[(tenant, item_id)]
+        self._ready.pop(tenant, None)
+        return None
 
     def _grant(self, entry: _Item, worker_id: str, now: datetime, seconds: float) -> Lease:
         """A new token and expiry for a leased item; every earlier token is now stale."""
@@ -390,11 +530,17 @@ class MemoryWorkQueue(BaseWorkQueue):
         return entry
 
     def _end_lease(self, entry: _Item, status: ItemStatus, now: datetime) -> None:
-        """Settle a leased item into ``status``; queued items are scheduled again."""
+        """Settle an item into ``status``: queued items are scheduled again, finished ones
+        wait for ``prune``."""
         self._set_status(entry, status)
         entry.updated_at = now
         if status is ItemStatus.QUEUED:
             self._schedule(entry, now)
+        else:
+            heapq.heappush(
+                self._finished.setdefault(status, []),
+                (now, entry.order, entry.tenant, entry.item_id),
+            )
 
 
 class _MemoryWatch:
@@ -406,11 +552,18 @@ class _MemoryWatch:
     the wait that follows it.
     """
 
-    __slots__ = ("_pending", "_waiters")
+    __slots__ = ("_on_cancel", "_pending", "_waiters")
 
-    def __init__(self) -> None:
+    def __init__(self, on_cancel: OnCancel | None) -> None:
+        self._on_cancel = on_cancel
         self._pending = False
         self._waiters: set[asyncio.Future[None]] = set()
+
+    def cancelled(self, tenant: str, item_id: str, token: int) -> None:
+        # Called soon, not now: the caller's cancel finishes first, whatever the callback does
+        # (an exception it raises goes to the loop's handler, not to the cancel).
+        if self._on_cancel is not None:
+            asyncio.get_running_loop().call_soon(self._on_cancel, tenant, item_id, token)
 
     def notify(self) -> None:
         if not self._waiters:
