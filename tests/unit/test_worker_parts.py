@@ -13,9 +13,9 @@ import pytest
 
 from statepact.models import ItemStatus, WorkItem
 from statepact.storage.memory import MemoryWorkQueue
-from statepact.worker import DoNotRetry, Job, Retry, WorkerHooks
+from statepact.worker import DoNotRetry, Job, Retry, Snooze, WorkerHooks
 from statepact.worker._completer import Completer
-from statepact.worker._executor import Ack, Cut, Executor, Fail, Nothing, Release, decide
+from statepact.worker._executor import Ack, Cancelled, Cut, Executor, Fail, Nothing, Release, decide
 from statepact.worker._hooks import HookSet
 from statepact.worker._runtime import Runtime, Settings
 from tests.unit.test_worker import Recorder, until
@@ -39,13 +39,22 @@ class Abort(BaseException):
             None,
             Fail("CancelledError: the handler was cancelled", retryable=True),
         ),
-        (SystemExit(), None, None, Release()),
-        (asyncio.CancelledError(), Cut.SHUTDOWN, None, Release()),
-        (RuntimeError("cleanup"), Cut.SHUTDOWN, None, Release()),
-        (None, Cut.SHUTDOWN, None, Release()),
+        (SystemExit(), None, None, Release(count_attempt=True)),
+        (asyncio.CancelledError(), Cut.SHUTDOWN, None, Release(count_attempt=True)),
+        (RuntimeError("cleanup"), Cut.SHUTDOWN, None, Release(count_attempt=True)),
+        (None, Cut.SHUTDOWN, None, Release(count_attempt=True)),
         (asyncio.CancelledError(), Cut.LOST, "gone", Nothing("gone")),
         (None, None, "gone", Nothing("gone")),
         (RuntimeError("x"), Cut.SHUTDOWN, "gone", Nothing("gone")),
+        (Snooze(7), None, None, Release(count_attempt=False, delay=7.0)),
+        (
+            asyncio.CancelledError(),
+            Cut.TIMEOUT,
+            None,
+            Fail("TimeoutError: the handler timed out after 0 s", retryable=True),
+        ),
+        (asyncio.CancelledError(), Cut.CANCEL, "by an operator", Cancelled("by an operator")),
+        (None, Cut.CANCEL, None, Cancelled("an operator cancelled the item")),
     ],
 )
 def test_decide_maps_what_the_handler_did_to_one_outcome(

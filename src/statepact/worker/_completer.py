@@ -134,9 +134,11 @@ class Completer:
         if item is not None:
             self._rt.hooks.call("failed", job, item, error)
 
-    async def release(self, job: Job) -> None:
-        """Give the item back, due now, the attempt not counted; run under ``finish``."""
-        item = await self._settle("release", job, self._rt.queue.release(job.lease))
+    async def release(self, job: Job, *, count_attempt: bool, delay: float | None = None) -> None:
+        """Give the item back, due after ``delay`` (now without one), the attempt kept or
+        given back; run under ``finish``."""
+        released = self._rt.queue.release(job.lease, delay=delay, count_attempt=count_attempt)
+        item = await self._settle("release", job, released)
         if item is not None:
             self._rt.hooks.call("released", job, item)
 

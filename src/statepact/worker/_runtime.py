@@ -23,7 +23,12 @@ from statepact.worker._hooks import HookSet
 if TYPE_CHECKING:
     from statepact.worker._executor import Executor
 
-__all__ = ["Runtime", "Settings", "require_concurrency"]
+__all__ = ["Runtime", "Settings", "require_concurrency", "require_timeout"]
+
+
+def require_timeout(field: str, value: object) -> float | None:
+    """A handler deadline: ``None`` (none), or seconds or a ``timedelta`` above 0."""
+    return None if value is None else require_seconds(field, value)
 
 
 def require_concurrency(value: object) -> int:
@@ -45,6 +50,8 @@ class Settings:
     poll_interval: float
     reap_every: float
     grace_period: float
+    timeout: float | None = None
+    prune_every: float = 60.0
 
     @classmethod
     def read(
@@ -56,11 +63,15 @@ class Settings:
         poll_interval: object,
         reap_every: object,
         grace_period: object,
+        timeout: object = None,
+        prune_every: object = 60.0,
     ) -> Settings:
         """Each setting checked, naming it. A duration is read by the rule the queue's calls
         read theirs with (``claim_batch``'s ``lease_for``, ``watch().wait``'s timeout), so
         what the queue would refuse later is refused here. ``heartbeat_every`` defaults to
-        a third of ``lease_for``, ``reap_every`` to ``lease_for`` (0 turns the reaper off)."""
+        a third of ``lease_for``, ``reap_every`` to ``lease_for`` (0 turns the reaper off);
+        ``timeout`` is the handlers' default deadline (``None``: none); ``prune_every``
+        0 turns the pruner off."""
         lease = require_seconds("lease_for", lease_for)
         every = require_seconds(
             "heartbeat_every", lease / 3 if heartbeat_every is None else heartbeat_every
@@ -78,6 +89,8 @@ class Settings:
             poll_interval=require_seconds("poll_interval", poll_interval),
             reap_every=require_seconds("reap_every", reap, allow_zero=True),
             grace_period=require_seconds("grace_period", grace_period, allow_zero=True),
+            timeout=require_timeout("timeout", timeout),
+            prune_every=require_seconds("prune_every", prune_every, allow_zero=True),
         )
 
 

@@ -35,7 +35,7 @@ from statepact.worker._lifespan import Lifespan, Shutdown, Startup
 from statepact.worker._maintenance import Maintenance, services
 from statepact.worker._policy import require_policy, settle_policy
 from statepact.worker._registry import Tasks
-from statepact.worker._runtime import Runtime, Settings, require_concurrency
+from statepact.worker._runtime import Runtime, Settings, require_concurrency, require_timeout
 from statepact.worker._schedules import Schedule, ScheduleLoop, Schedules
 
 __all__ = ["DEFAULT_TASK_FIELD", "Worker"]
@@ -78,6 +78,8 @@ class Worker:
         policy: QueuePolicy | None = None,
         startup: Startup | None = None,
         shutdown: Shutdown | None = None,
+        timeout: float | timedelta | None = None,
+        prune_every: float | timedelta = 60.0,
     ) -> None:
         self._policy = require_policy(policy)
         self._lifespan = Lifespan(startup, shutdown)
@@ -88,6 +90,8 @@ class Worker:
             poll_interval=poll_interval,
             reap_every=reap_every,
             grace_period=grace_period,
+            timeout=timeout,
+            prune_every=prune_every,
         )
         self.worker_id = require_id("worker_id", worker_id or f"worker-{uuid.uuid4().hex[:12]}")
         self._tasks = Tasks(task_field)
@@ -134,6 +138,15 @@ class Worker:
     @property
     def heartbeat_every(self) -> float:
         return self._settings.heartbeat_every
+
+    @property
+    def timeout(self) -> float | None:
+        """The handlers' default deadline in seconds (``None``: none)."""
+        return self._settings.timeout
+
+    @property
+    def prune_every(self) -> float:
+        return self._settings.prune_every
 
     @property
     def poll_interval(self) -> float:
@@ -194,15 +207,21 @@ class Worker:
         """The registered task names, sorted."""
         return self._tasks.names
 
-    def add_task(self, name: str, handler: Handler) -> None:
-        """Register ``handler`` for items whose payload names task ``name``."""
-        self._tasks.add(name, handler)
+    def add_task(
+        self, name: str, handler: Handler, *, timeout: float | timedelta | None = None
+    ) -> None:
+        """Register ``handler`` for items whose payload names task ``name``; ``timeout``
+        (seconds) bounds each run of it, unless the item sets its own."""
+        self._tasks.add(name, handler, require_timeout(f"task {name!r}: timeout", timeout))
 
-    def task(self, name: str) -> Callable[[Handler], Handler]:
-        """Decorator form of :meth:`add_task`: ``@worker.task("summarise")``."""
+    def task(
+        self, name: str, *, timeout: float | timedelta | None = None
+    ) -> Callable[[Handler], Handler]:
+        """Decorator form of :meth:`add_task`: ``@worker.task("summarise", timeout=30)``."""
+        checked = require_timeout(f"task {name!r}: timeout", timeout)
 
         def register(handler: Handler) -> Handler:
-            self.add_task(name, handler)
+            self.add_task(name, handler, timeout=checked)
             return handler
 
         return register
@@ -320,9 +339,12 @@ class Worker:
         route = self._tasks.route
         worker_id = self.worker_id
 
+        tasks = self._tasks
+        default_timeout = rt.settings.timeout
+
         def spawn(lease: Lease) -> None:
             job, handler = route(lease, worker_id)
-            Executor(rt, completer, job, handler).start()
+            Executor(rt, completer, job, handler, tasks.timeout(job, default_timeout)).start()
 
         logger.info(
             "worker %s starting on queue %r: concurrency %d, lease %g s, heartbeat every %g s",
