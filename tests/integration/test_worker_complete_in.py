@@ -166,7 +166,7 @@ async def test_a_process_killed_before_commit_leaves_nothing_and_the_item_runs_a
         "kind": "postgres",
         "url": pg_database_url,
         "queue": queue.name,
-        "policy": QueuePolicy().model_dump(),
+        "policy": {"max_attempts": 5},
         "lease": 1.0,
         "pool_size": 3,
     }
