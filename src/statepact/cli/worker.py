@@ -31,7 +31,7 @@ from statepact.cli._common import (
 from statepact.clock import SystemClock
 from statepact.queue import QueuePolicy, WorkQueue
 from statepact.worker import Worker
-from statepact.worker._policy import settle_policy
+from statepact.worker._policy import PolicyMismatchError, describe_policy, settle_policy
 
 __all__ = [
     "DESCRIPTION",
@@ -115,13 +115,6 @@ def queue_policy(args: argparse.Namespace, carried: QueuePolicy | None) -> Queue
         raise CommandError(f"{option}: {message}") from None
 
 
-def describe_policy(policy: QueuePolicy) -> str:
-    return (
-        f"max_attempts {policy.max_attempts}, backoff {policy.backoff_base:g}s to "
-        f"{policy.backoff_cap:g}s, jitter {policy.jitter:g}"
-    )
-
-
 def load_worker_object(target: str) -> Any:
     """The object ``MODULE:OBJECT`` names; a ``CommandError`` saying what is wrong."""
     module_name, sep, attribute = target.partition(":")
@@ -143,11 +136,25 @@ def load_worker_object(target: str) -> Any:
     return found
 
 
+def _factory_policy(own: QueuePolicy, runs: QueuePolicy) -> str:
+    return (
+        f"MODULE:OBJECT: the factory's Worker carries a policy ({describe_policy(own)}) other "
+        f"than its queue's ({describe_policy(runs)}); pass it as options (--max-attempts, "
+        "--backoff-base, --backoff-cap, --jitter), or define the Worker with no queue for this "
+        "command to bind"
+    )
+
+
 async def load_worker(found: object, queue: WorkQueue) -> Worker:
     """Bind a Worker to ``queue``, or build one with a factory; refuse anything else."""
     worker: object = found
     if not isinstance(found, Worker) and callable(found):
-        worker = found(queue)
+        try:
+            worker = found(queue)
+        except PolicyMismatchError as exc:
+            # A factory's Worker: its queue was opened (with the options and the default)
+            # before the factory could say what it wanted.
+            raise CommandError(_factory_policy(exc.wanted, exc.runs)) from None
         if inspect.isawaitable(worker):
             worker = await worker
         if not isinstance(worker, Worker):
@@ -189,14 +196,7 @@ def command(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
             worker = await load_worker(found, queue)
             own = carried_policy(worker)
             if worker is not found and own is not None and own != policy:
-                # A factory's Worker: its queue was opened (with the options and the
-                # default) before the factory could say what it wanted.
-                raise CommandError(
-                    f"MODULE:OBJECT: the factory's Worker carries a policy ({describe_policy(own)})"
-                    f" other than its queue's ({describe_policy(policy)}); pass it as options "
-                    "(--max-attempts, --backoff-base, --backoff-cap, --jitter), or define the "
-                    "Worker with no queue for this command to bind"
-                )
+                raise CommandError(_factory_policy(own, policy))
             if args.concurrency is not None:
                 worker.concurrency = args.concurrency
             if worker.concurrency + 3 > pool_size:

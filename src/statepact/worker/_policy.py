@@ -16,7 +16,28 @@ from collections.abc import Mapping
 
 from statepact.queue import QueuePolicy
 
-__all__ = ["require_policy", "settle_policy"]
+__all__ = ["PolicyMismatchError", "describe_policy", "require_policy", "settle_policy"]
+
+
+def describe_policy(policy: QueuePolicy) -> str:
+    """One line for logs and errors: ``max_attempts 5, backoff 1s to 600s, jitter 0.1``."""
+    return (
+        f"max_attempts {policy.max_attempts}, backoff {policy.backoff_base:g}s to "
+        f"{policy.backoff_cap:g}s, jitter {policy.jitter:g}"
+    )
+
+
+class PolicyMismatchError(ValueError):
+    """``Worker(policy=)`` bound to a queue opened with another policy."""
+
+    def __init__(self, wanted: QueuePolicy, runs: QueuePolicy) -> None:
+        self.wanted = wanted
+        self.runs = runs
+        super().__init__(
+            f"policy: this Worker's policy ({describe_policy(wanted)}) is not its queue's "
+            f"({describe_policy(runs)}); open the queue with policy=worker.policy, or leave "
+            "Worker(policy=) unset"
+        )
 
 
 def require_policy(policy: object) -> QueuePolicy | None:

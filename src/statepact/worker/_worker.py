@@ -33,7 +33,7 @@ from statepact.worker._hooks import HookSet, WorkerHooks
 from statepact.worker._job import Handler
 from statepact.worker._lifespan import Lifespan, Shutdown, Startup
 from statepact.worker._maintenance import Maintenance, services
-from statepact.worker._policy import require_policy, settle_policy
+from statepact.worker._policy import PolicyMismatchError, require_policy, settle_policy
 from statepact.worker._registry import Tasks
 from statepact.worker._runtime import Runtime, Settings, require_concurrency, require_timeout
 from statepact.worker._schedules import Schedule, ScheduleLoop, Schedules
@@ -193,10 +193,7 @@ class Worker:
             if wanted != runs:
                 # The queue applies its policy in every fail and reap; a worker cannot
                 # change it after the queue was opened, so a different one is refused.
-                raise ValueError(
-                    f"policy: this Worker's policy ({wanted!r}) is not its queue's ({runs!r}); "
-                    "open the queue with policy=worker.policy, or leave Worker(policy=) unset"
-                )
+                raise PolicyMismatchError(wanted, runs)
         self._queue = queue
         return self
 
