@@ -33,7 +33,7 @@ import pytest
 from statepact.clock import Clock, ManualClock
 from statepact.errors import LeaseLostError, StatePersistenceError
 from statepact.models import ItemStatus, Lease, QueueStats, WorkItem
-from statepact.queue import BaseWorkQueue, QueuePolicy, WorkWatch
+from statepact.queue import BaseWorkQueue, OnCancel, QueuePolicy, WorkWatch
 from statepact.worker import Job, Worker, WorkerHooks
 from tests.unit.test_worker import Recorder, until
 
@@ -126,8 +126,36 @@ class Relay:
     ) -> WorkItem:
         return await self.inner.fail(lease, error, retryable=retryable, retry_in=retry_in)
 
-    async def release(self, lease: Lease) -> WorkItem:
-        return await self.inner.release(lease)
+    async def release(
+        self,
+        lease: Lease,
+        *,
+        delay: float | timedelta | None = None,
+        count_attempt: bool = False,
+    ) -> WorkItem:
+        return await self.inner.release(lease, delay=delay, count_attempt=count_attempt)
+
+    async def cancel(
+        self, tenant: str, item_id: str, *, reason: str | None = None
+    ) -> WorkItem | None:
+        return await self.inner.cancel(tenant, item_id, reason=reason)
+
+    async def cancel_many(
+        self, tenant: str, item_ids: Sequence[str], *, reason: str | None = None
+    ) -> list[WorkItem | None]:
+        return await self.inner.cancel_many(tenant, item_ids, reason=reason)
+
+    async def pause(self) -> None:
+        await self.inner.pause()
+
+    async def resume(self) -> None:
+        await self.inner.resume()
+
+    async def paused(self) -> bool:
+        return await self.inner.paused()
+
+    async def prune(self) -> int:
+        return await self.inner.prune()
 
     async def reap(self) -> list[WorkItem]:
         return await self.inner.reap()
@@ -144,8 +172,8 @@ class Relay:
     async def get_item(self, tenant: str, item_id: str) -> WorkItem | None:
         return await self.inner.get_item(tenant, item_id)
 
-    def watch(self) -> AbstractAsyncContextManager[WorkWatch]:
-        return self.inner.watch()
+    def watch(self, *, on_cancel: OnCancel | None = None) -> AbstractAsyncContextManager[WorkWatch]:
+        return self.inner.watch(on_cancel=on_cancel)
 
     async def stats(self) -> QueueStats:
         return await self.inner.stats()
