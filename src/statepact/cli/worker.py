@@ -192,6 +192,8 @@ def command(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
         # LISTEN, the reaper), + 3 with schedules (docs/worker.md): size for the most.
         pool_size = (concurrency or 10) + 3
         clock = SystemClock()
+        if isinstance(found, Worker) and found.policy is not None:
+            found._settled(policy)  # the options override the Worker's, field by field
         async with open_queue(args, pool_size=pool_size, clock=clock, policy=policy) as queue:
             worker = await load_worker(found, queue)
             own = carried_policy(worker)

@@ -181,6 +181,13 @@ class Worker:
         queue_clock = getattr(self._queue, "clock", None)
         return queue_clock if isinstance(queue_clock, Clock) else SystemClock()
 
+    def _settled(self, policy: QueuePolicy) -> None:
+        """``statepact worker`` settled the policy (its options over this worker's): run
+        with that one. Only before a queue is bound."""
+        if self._queue is not None:
+            raise RuntimeError("this Worker already has a queue")
+        self._policy = policy
+
     def bind(self, queue: WorkQueue) -> Worker:
         """Give the worker its queue (once, before it starts); returns the worker."""
         if not isinstance(queue, WorkQueue):
