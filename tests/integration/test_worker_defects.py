@@ -347,9 +347,9 @@ async def test_stop_right_after_a_claim_keeps_its_grace_and_claims_nothing_more(
     took = await stopping[0]
     assert events == ["started a", "stop"], "an item was claimed after stop()"
     assert took < 1.5, f"stop(grace_period=0.2) took {took:.2f} s"
-    for item_id in ("a", "b"):
+    for item_id, attempts in (("a", 1), ("b", 0)):  # a ran: its attempt is kept
         item = await record(queue, item_id)
-        assert (item.status, item.attempts) == (ItemStatus.QUEUED, 0)
+        assert (item.status, item.attempts) == (ItemStatus.QUEUED, attempts)
 
 
 # -- 4. a cancellation that raises at shutdown ------------------------------------------
@@ -362,7 +362,8 @@ async def test_a_handler_whose_cancellation_raises_is_released_at_shutdown(
 ) -> None:
     """Past the grace period a handler is cancelled; its cleanup raising ``RuntimeError`` or
     ``TimeoutError`` does not make the item failed (dead, at ``max_attempts=1``): it is
-    released, due now, the attempt not counted."""
+    released, due now, the attempt kept (so a job that always hangs still reaches the dead
+    letter: issue 33)."""
     assert queue_policy.max_attempts == 1
     hooks = Recorder()
     started = asyncio.Event()
@@ -381,7 +382,7 @@ async def test_a_handler_whose_cancellation_raises_is_released_at_shutdown(
     await worker.stop(grace_period=0.05)
     assert hooks.kinds("x") == ["started", "released"]
     item = await record(queue, "x")
-    assert (item.status, item.attempts) == (ItemStatus.QUEUED, 0)
+    assert (item.status, item.attempts) == (ItemStatus.QUEUED, 1)
 
 
 # -- 5. a BaseException that is not an Exception ----------------------------------------
