@@ -15,8 +15,19 @@ from statepact.models import ItemStatus, WorkItem
 from statepact.storage.memory import MemoryWorkQueue
 from statepact.worker import DoNotRetry, Job, Retry, Snooze, WorkerHooks
 from statepact.worker._completer import Completer
-from statepact.worker._executor import Ack, Cancelled, Cut, Executor, Fail, Nothing, Release, decide
+from statepact.worker._executor import (
+    Ack,
+    Cancelled,
+    Completed,
+    Cut,
+    Executor,
+    Fail,
+    Nothing,
+    Release,
+    decide,
+)
 from statepact.worker._hooks import HookSet
+from statepact.worker._in_tx import TxState
 from statepact.worker._runtime import Runtime, Settings
 from tests.unit.test_worker import Recorder, until
 
@@ -170,3 +181,36 @@ async def test_the_completer_never_names_an_item_twice_in_one_batch() -> None:
     for item_id in ("a", "b"):
         item = await queue.get_item("t", item_id)
         assert item is not None and item.status == ItemStatus.DONE
+
+
+@pytest.mark.parametrize(
+    ("raised", "tx", "outcome"),
+    [
+        (None, TxState.COMMITTED, Completed()),
+        (ValueError("after"), TxState.COMMITTED, Completed()),
+        (None, TxState.COMMITTING, Completed()),
+        (ValueError("x"), TxState.COMMITTING, Fail("ValueError: x", retryable=True)),
+        (
+            None,
+            TxState.ROLLED_BACK,
+            Fail("the transaction job.complete_in joined was rolled back", retryable=True),
+        ),
+        (ValueError("x"), TxState.ROLLED_BACK, Fail("ValueError: x", retryable=True)),
+        (
+            None,
+            TxState.PENDING,
+            Fail(
+                "the handler returned with the transaction job.complete_in joined still open; "
+                "commit it before returning",
+                retryable=True,
+            ),
+        ),
+        (None, TxState.NONE, Ack()),
+    ],
+)
+def test_decide_reads_what_the_transaction_of_complete_in_did(
+    raised: BaseException | None, tx: TxState, outcome: object
+) -> None:
+    """A committed completion settles nothing more; a connection's commit counts once the
+    handler returned; a rollback or an open transaction is a failure."""
+    assert decide(raised, None, None, tx) == outcome
