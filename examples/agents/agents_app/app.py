@@ -8,6 +8,9 @@ kinds of item. ``open_backing_for(url)`` opens the backing a URL names.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +23,18 @@ from statepact.integrations.langgraph import StatepactCheckpointSaver
 from statepact.storage import Backing
 from statepact.worker import Worker
 
-__all__ = ["AgentsApp", "open_backing_for"]
+__all__ = ["AgentsApp", "open_backing_for", "until"]
+
+POLL_SECONDS = 0.05
+
+
+async def until(check: Callable[[], Awaitable[bool] | bool], *, poll: float = POLL_SECONDS) -> None:
+    """Return once ``check()`` (a function or a coroutine function) is true, polling."""
+    while True:
+        outcome = check()
+        if await outcome if inspect.isawaitable(outcome) else outcome:
+            return
+        await asyncio.sleep(poll)
 
 
 async def open_backing_for(url: str, *, namespace: str | None = None) -> Backing[Any, Any, Any]:
@@ -74,6 +88,7 @@ class AgentsApp:
         concurrency: int = 10,
         lease_for: float = 30.0,
         reap_every: float | None = None,
+        grace_period: float = 30.0,
         worker_id: str | None = None,
     ) -> Worker:
         """A ``Worker`` on the backing's queue running support turns and research runs.
@@ -86,6 +101,7 @@ class AgentsApp:
             concurrency=concurrency,
             lease_for=lease_for,
             reap_every=reap_every,
+            grace_period=grace_period,
             worker_id=worker_id,
         )
         worker.add_task(
@@ -93,3 +109,9 @@ class AgentsApp:
         )
         worker.add_task(research.TASK, ResearchGraph(self.saver, journal).run)
         return worker
+
+    async def idle(self) -> bool:
+        """Whether the queue holds nothing queued (due now or later) or leased (a dead
+        worker's lease counts until it is reaped)."""
+        stats = await self.backing.queue.stats()
+        return not (stats.queued or stats.leased)

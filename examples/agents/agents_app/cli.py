@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from agents_app.app import AgentsApp, open_backing_for
+from agents_app.app import AgentsApp, open_backing_for, until
 from agents_app.demo import demo
 from agents_app.research import Journal, research_payload
 from agents_app.support import turn_payload
@@ -37,8 +37,7 @@ async def run_worker(app: AgentsApp, args: argparse.Namespace) -> None:
         await worker.run()
         return
     async with worker:
-        while (stats := await app.backing.queue.stats()).queued or stats.leased:
-            await asyncio.sleep(IDLE_POLL_SECONDS)
+        await until(app.idle, poll=IDLE_POLL_SECONDS)
 
 
 async def enqueue(app: AgentsApp, tenant: str, item_id: str, payload: dict[str, Any]) -> None:

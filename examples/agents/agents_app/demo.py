@@ -8,22 +8,13 @@ processes: the README shows it with ``python -m agents_app worker``.)
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 
-from agents_app.app import AgentsApp
+from agents_app.app import AgentsApp, until
 from agents_app.research import research_payload
 from agents_app.support import turn_payload
 from statepact.models import WorkItem
-
-POLL_SECONDS = 0.05
-
-
-async def until_idle(app: AgentsApp) -> None:
-    """Until nothing is queued (due now or later) or leased."""
-    while (stats := await app.backing.queue.stats()).queued or stats.leased:
-        await asyncio.sleep(POLL_SECONDS)
 
 
 async def last_reply(app: AgentsApp, tenant: str, user: str, session_id: str) -> str:
@@ -50,7 +41,7 @@ async def demo(app: AgentsApp) -> None:
             await queue.enqueue(
                 WorkItem(tenant=tenant, item_id=f"turn-{run}-{number}", payload=payload)
             )
-        await until_idle(app)
+        await until(app.idle)
         for tenant, (user, chat) in chats.items():
             print(f"{tenant}: {await last_reply(app, tenant, user, chat)}")
             usage = await app.sessions.usage(app_name=tenant)  # one read per tenant
@@ -67,12 +58,10 @@ async def demo(app: AgentsApp) -> None:
             tenant="acme", item_id=f"turn-{run}-slow", payload=turn_payload(user, chat, "And #99?")
         )
         await queue.enqueue(slow)
-        while app.model.started == started:
-            await asyncio.sleep(POLL_SECONDS)
+        await until(lambda: app.model.started > started)
         asked = time.monotonic()
         await queue.cancel("acme", slow.item_id, reason="the customer hung up")
-        while worker.in_flight:
-            await asyncio.sleep(POLL_SECONDS)
+        await until(lambda: worker.in_flight == 0)
         item = await queue.get_item("acme", slow.item_id)
         assert item is not None
         print(
@@ -85,7 +74,7 @@ async def demo(app: AgentsApp) -> None:
         thread = f"report-{run}"
         payload = research_payload(thread, "durable agents", search_seconds=0.2)
         await queue.enqueue(WorkItem(tenant="acme", item_id=f"research-{thread}", payload=payload))
-        await until_idle(app)
+        await until(app.idle)
         saver = app.saver.for_tenant("acme")
         stored = await saver.aget_tuple({"configurable": {"thread_id": thread}})
         assert stored is not None
