@@ -9,8 +9,9 @@ on a backing opened from the test server's URL, as its command line opens it:
   and ``sessions.usage(app_name=tenant)`` equal, for each tenant, to the sums
   of the ``usage_metadata`` its sessions' events carry, read the long way;
 - ``queue.cancel`` of a turn whose model is answering stops the handler (the
-  model call is cancelled, no reply is stored) and gives the session's lease
-  back: the next turn of that session runs;
+  model call is cancelled, ADK records the invocation as aborted, no reply or
+  token is stored) and gives the session's lease back: the next turn of that
+  session runs;
 - a worker process (``python -m agents_app worker``) SIGKILLed inside the
   graph's slow ``search`` node: once its lease is reaped, another worker claims
   the item and the graph resumes from the checkpoint after ``plan``. The
@@ -162,8 +163,8 @@ async def test_support_turns_run_by_a_worker_count_tokens_per_tenant(app: Agents
 @cancel_api
 async def test_cancel_stops_a_running_turn_and_frees_its_session(app: AgentsApp) -> None:
     """queue.cancel of a turn whose model is answering: the handler stops within a heartbeat,
-    the model call is cancelled, no reply or token is stored, and the session's lease is
-    given back, so the session's next turn runs."""
+    the model call is cancelled, the session records the invocation as aborted with no reply
+    and no token, and the session's lease is given back, so the session's next turn runs."""
     queue = app.backing.queue
     app.model.latency = 60.0
     lease_for = 3.0
@@ -186,7 +187,14 @@ async def test_cancel_stops_a_running_turn_and_frees_its_session(app: AgentsApp)
             app_name="acme", user_id="ada", session_id="chat-9"
         )
         assert session is not None
-        assert [event.author for event in session.events] == ["user"]  # the message, no reply
+        # The message, then ADK's record of the aborted invocation: no reply, no usage.
+        user_message, aborted = session.events
+        assert user_message.author == "user"
+        assert (aborted.error_code, aborted.content, aborted.usage_metadata) == (
+            "INVOCATION_ABORTED",
+            None,
+            None,
+        )
         assert (await app.sessions.usage(app_name="acme")).iterations == 0
 
         app.model.latency = 0.0
@@ -216,7 +224,7 @@ async def test_a_worker_killed_mid_graph_resumes_from_the_checkpoint(
     process = await asyncio.create_subprocess_exec(
         *command,
         cwd=EXAMPLE,
-        env={**os.environ, "PYTHONPATH": str(EXAMPLE)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(EXAMPLE), *sys.path])},
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )
