@@ -265,3 +265,26 @@ async def test_a_worker_killed_mid_graph_resumes_from_the_checkpoint(
     values = stored.checkpoint["channel_values"]
     assert values["log"] == ["plan", "search", "write"]
     assert values["report"].startswith("queues: a finding on what is queues?")
+
+
+@cancel_api
+@pytest.mark.parametrize("server", [pytest.param(("memory", None), id="memory")])
+async def test_the_readme_demo_runs_in_memory(
+    app: AgentsApp, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m agents_app demo`` (in this process): the replies, each tenant's tokens, the
+    cancelled turn and the graph's nodes, as the README shows them."""
+    from agents_app.demo import demo
+
+    async with asyncio.timeout(WAIT):
+        await demo(app)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "acme: Order #7 is delivered."
+    assert lines[1] == "  acme used 640 input + 20 output tokens in 4 model calls"
+    assert lines[2:4] == [
+        "globex: Order #12 is placed.",
+        "  globex used 160 input + 10 output tokens in 2 model calls",
+    ]
+    assert lines[4].startswith("cancelled turn-") and "cancelled (the customer hung up)" in lines[4]
+    assert lines[4].endswith("model calls cut short: 1")
+    assert lines[5].endswith(": ['plan', 'search', 'write']")

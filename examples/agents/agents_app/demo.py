@@ -33,7 +33,7 @@ async def demo(app: AgentsApp) -> None:
         ("acme", "And #7?"),
         ("globex", "Has #12 shipped?"),
     ]
-    async with app.worker(lease_for=3.0) as worker:
+    async with app.worker(lease_for=3.0, grace_period=1.0) as worker:
         # 1. Support turns: one item per turn; two turns of one chat run one after the other.
         for number, (tenant, message) in enumerate(turns):
             user, chat = chats[tenant]
