@@ -19,6 +19,7 @@ __all__ = [
     "MAX_SHARED_ENQUEUES",
     "MAX_SHARED_READS",
     "MAX_SHARED_WRITES",
+    "PRUNE_BATCH",
 ]
 
 #: The largest serialized blob, payload or value accepted unless settings say otherwise.
@@ -44,3 +45,6 @@ LEASE_EXPIRED = "lease expired"
 #: The longest a failed item's retry may be put off, in seconds (30 days): ``Retry(delay)``
 #: raised by a worker's handler and ``WorkQueue.fail(retry_in=)`` alike.
 MAX_RETRY_DELAY = 30 * 86_400.0
+#: The most rows (PostgreSQL) or records (Redis) one prune statement or script looks at:
+#: a prune is many short steps, never one that holds the server for long.
+PRUNE_BATCH = 500

@@ -291,6 +291,7 @@ CALLS: tuple[CallSpec, ...] = (
     CallSpec(_STATE, "patch_run", "state", "patch_run", _ids("tenant", "run_id", "runs")),
     CallSpec(_STATE, "list_runs", "state", "list_runs", _ids("tenant", None, "runs")),
     CallSpec(_STATE, "delete_run", "state", "delete_run", _ids("tenant", "run_id", "runs")),
+    CallSpec(_STATE, "prune_runs", "state", "prune_runs", _ids("tenant", None, "runs")),
     CallSpec(
         _STATE, "put_session", "state", "put_session", _record("record", "session_id", "sessions")
     ),
@@ -298,6 +299,13 @@ CALLS: tuple[CallSpec, ...] = (
         _STATE, "get_session", "state", "get_session", _ids("tenant", "session_id", "sessions")
     ),
     CallSpec(_STATE, "list_sessions", "state", "list_sessions", _ids("tenant", None, "sessions")),
+    CallSpec(
+        _STATE,
+        "delete_session",
+        "state",
+        "delete_session",
+        _ids("tenant", "session_id", "sessions"),
+    ),
     CallSpec(_QUEUE, "enqueue", "queue", "enqueue", _record("item", "item_id", None)),
     CallSpec(_QUEUE, "enqueue_many", "queue", "enqueue_many"),
     CallSpec(_QUEUE, "claim", "queue", "claim"),
@@ -323,6 +331,7 @@ CALLS: tuple[CallSpec, ...] = (
     CallSpec(_MANAGER, "renew_lease", "tx", "renew_lease"),
     CallSpec(_MANAGER, "release_lease", "tx", "release_lease"),
     CallSpec(_MANAGER, "history", "tx", "history", _keyed),
+    CallSpec(_MANAGER, "prune_history", "tx", "prune_history"),
     CallSpec(_MANAGER, "register_resource", "tx", "register_resource", _named_resource),
     CallSpec(_MANAGER, "resource_info", "tx", "resource_info", _named_resource),
     CallSpec(_MANAGER, "health_check", "tx", "health_check"),

@@ -37,7 +37,7 @@ from statepact._codec import (
     require_seconds,
     utf8_size,
 )
-from statepact._limits import DEFAULT_MAX_VALUE_BYTES, MAX_HISTORY
+from statepact._limits import DEFAULT_MAX_VALUE_BYTES, MAX_HISTORY, PRUNE_BATCH
 from statepact._retry import RetryPolicy, UniqueIds
 from statepact._turns import HOLD_FOR, KeyTurns, Turn
 from statepact.clock import Clock, SystemClock, read_clock
@@ -396,6 +396,12 @@ class StorageBackend(Protocol):
     #: called ``begin`` or ``begin_read``. ``False``: ``end`` only releases locks.
     pins_snapshots: bool
 
+    #: Seconds: ``prune_history`` drops the versions superseded by one committed longer
+    #: ago than this, and a read at a snapshot that needed one raises ``ConflictError``
+    #: ("snapshot too old"). ``None``: no time-based retention (memory, whose live
+    #: snapshots pin what they need). Read with ``getattr`` (default ``None``).
+    history_retention: float | None
+
     #: ``True`` if the backing runs in this process and every call but ``try_lock``
     #: completes without suspending (memory): a cancellation can never arrive in the
     #: middle of one, so the front awaits them directly instead of shielding them.
@@ -540,7 +546,23 @@ class StorageBackend(Protocol):
 
         How many versions are retained is the backing's policy (memory:
         ``retain_versions`` plus what live snapshots need; Redis:
-        ``history_limit``; PostgreSQL: all); the latest is always retained.
+        ``history_limit``; PostgreSQL: all), less what ``prune_history`` dropped;
+        the latest is always retained.
+        """
+        ...
+
+    async def prune_history(self, cutoff: datetime, batch: int) -> int:
+        """Drop each key's versions older than its newest one committed before ``cutoff``;
+        how many went.
+
+        The latest version of a key always stays, and so does every version committed
+        at or after ``cutoff`` and the newest one before it, so a snapshot taken after
+        that one committed reads as before. A snapshot that needed a dropped version
+        gets ``ConflictError`` from ``read`` (never an older value, never "absent").
+        Bounded steps of at most ``batch`` versions or keys each, nothing held between
+        them; safe to run in several processes at once. A backing whose
+        ``history_retention`` is ``None`` may ignore ``cutoff`` (memory collects what no
+        live snapshot needs).
         """
         ...
 
@@ -1260,6 +1282,21 @@ class TransactionManager:
             )
             for row in rows
         ]
+
+    async def prune_history(self) -> int:
+        """Drop the history no snapshot younger than the backing's retention needs.
+
+        Each key keeps its versions committed within ``history_retention_seconds``
+        (settings; an hour by default) and the newest one before; a transaction whose
+        snapshot is older than that may then get ``ConflictError`` ("snapshot too
+        old", retryable: ``run`` retries it with a fresh snapshot). Run it
+        periodically (a worker's scheduled task, cron); on memory it only collects
+        what no live snapshot needs. Returns how many versions went.
+        """
+        retention = getattr(self._backend, "history_retention", None)
+        now = read_clock(self._clock)
+        cutoff = now if retention is None else now - timedelta(seconds=retention)
+        return await self._backend.prune_history(cutoff, PRUNE_BATCH)
 
     async def register_resource(self, name: str, metadata: dict[str, Any] | None = None) -> None:
         """Create or update a resource's registry entry; ``metadata`` (JSON object) replaces it."""

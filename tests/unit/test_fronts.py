@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from statepact._limits import PRUNE_BATCH
 from statepact.clock import ManualClock, SystemClock
 from statepact.errors import LeaseLostError, StatePersistenceError
 from statepact.models import (
@@ -39,6 +40,7 @@ from statepact.state import (
     CounterDelta,
     CounterOverflow,
     ListQuery,
+    RunPrune,
     RunWrite,
     SessionWrite,
 )
@@ -84,6 +86,14 @@ class RecordingStore(BaseStateStore):
     async def _list_sessions(self, tenant: str, limit: int, after_seq: int) -> list[SessionRecord]:
         self.calls.append(("list_sessions", (tenant, limit, after_seq)))
         return []
+
+    async def _prune_runs(self, prune: RunPrune) -> int:
+        self.calls.append(("prune_runs", prune))
+        return 0
+
+    async def _delete_session(self, tenant: str, session_id: str) -> bool:
+        self.calls.append(("delete_session", (tenant, session_id)))
+        return False
 
 
 class RecordingQueue(BaseWorkQueue):
@@ -434,3 +444,21 @@ def test_queue_refuses_a_bad_name_or_size_limit() -> None:
     assert isinstance(queue.clock, SystemClock)
     assert queue.policy == QueuePolicy()
     assert queue.name == "default"
+
+
+async def test_prune_runs_hands_down_the_cutoff_by_the_stores_clock(clock: ManualClock) -> None:
+    """prune_runs reads the clock once: the backing gets now - older_than, the statuses as
+    RunStatus members and the batch from _limits."""
+    store = RecordingStore(clock=clock)
+    await store.prune_runs(older_than=timedelta(hours=2), statuses=["failed"], tenant="acme")
+    assert store.calls == [
+        (
+            "prune_runs",
+            RunPrune(
+                tenant="acme",
+                statuses=frozenset({RunStatus.FAILED}),
+                cutoff=clock.now() - timedelta(hours=2),
+                batch=PRUNE_BATCH,
+            ),
+        )
+    ]

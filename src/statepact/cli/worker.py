@@ -28,7 +28,7 @@ from statepact.cli._common import (
     queue_where,
     run_command,
 )
-from statepact.cli._supervisor import CHILD_ENV, Supervisor, child_arguments
+from statepact.cli._common.supervisor import CHILD_ENV, Supervisor, child_arguments
 from statepact.clock import SystemClock
 from statepact.queue import QueuePolicy, WorkQueue
 from statepact.worker import Worker

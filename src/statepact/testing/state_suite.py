@@ -71,6 +71,7 @@ from statepact.testing._inputs import (
     assert_plain_json,
     assert_refused_at,
 )
+from statepact.testing._state_retention import StateRetentionConformance
 
 __all__ = ["StateStoreConformance"]
 
@@ -113,8 +114,11 @@ async def _all_runs(store: StateStore, tenant: str, **filters: Any) -> list[RunR
         after = page.next
 
 
-class StateStoreConformance:
-    """One test per promise of ``StateStore``; see the module docstring for the fixtures."""
+class StateStoreConformance(StateRetentionConformance):
+    """One test per promise of ``StateStore``; see the module docstring for the fixtures.
+
+    ``prune_runs`` and ``delete_session`` are pinned by ``StateRetentionConformance``
+    (``testing/_state_retention.py``), which this class inherits."""
 
     @pytest.fixture
     def clock(self, statepact_clock: ManualClock) -> ManualClock:

@@ -72,6 +72,7 @@ from statepact.testing._inputs import (
     assert_plain_json,
     assert_refused_at,
 )
+from statepact.testing._tx_retention import TransactionRetentionConformance
 from statepact.testing.isolation import (
     Anomaly,
     TxnRecord,
@@ -109,7 +110,7 @@ def _names(anomalies: Sequence[Anomaly]) -> set[str]:
     return {a.name for a in anomalies}
 
 
-class TransactionConformance:
+class TransactionConformance(TransactionRetentionConformance):
     """The transaction behaviour every ``StorageBackend`` shares (see the module docstring)."""
 
     @pytest.fixture

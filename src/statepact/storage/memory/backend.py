@@ -121,6 +121,9 @@ class MemoryBackend:
 
     detects_deadlocks = True
     pins_snapshots = True
+    #: No time-based retention: a version goes as soon as no live snapshot (nor
+    #: ``retain_versions``) needs it, so no snapshot is ever refused as too old.
+    history_retention: float | None = None
     in_process = True
 
     def __init__(
@@ -362,6 +365,13 @@ class MemoryBackend:
         return CommitResult(seq)
 
     # -- garbage collection ---------------------------------------------------------------
+
+    async def prune_history(self, cutoff: datetime, batch: int) -> int:
+        """Collect now what the batched collection has pending; how many versions went.
+        ``cutoff`` plays no part: live snapshots pin what they need (``pins_snapshots``)."""
+        before = sum(len(chain.versions) for chain in self._chains.values())
+        self._collect_all()
+        return before - sum(len(chain.versions) for chain in self._chains.values())
 
     def _collect(self, slots: Iterable[Slot]) -> None:
         """Drop versions of ``slots`` that neither a live snapshot nor retention needs."""

@@ -37,7 +37,7 @@ handed on.
 
 This module must never retry a statement that is not idempotent or resend-safe
 and never let an asyncpg or SQLAlchemy exception out. See docs/backings.md
-("Statements on the driver").
+("Statements and round trips").
 """
 
 from __future__ import annotations

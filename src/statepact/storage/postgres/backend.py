@@ -73,6 +73,7 @@ BEGIN_READ_MANY = Prepared(sql.BEGIN_READ_MANY)
 COMMIT = Prepared(sql.COMMIT)
 COMMIT_MANY = Prepared(sql.COMMIT_MANY)
 HISTORY = Prepared(sql.HISTORY)
+PRUNE_HISTORY = Prepared(sql.PRUNE_HISTORY)
 READ_AT = Prepared(sql.READ_AT)
 READ_LATEST = Prepared(sql.READ_LATEST)
 REGISTER = Prepared(sql.REGISTER)
@@ -375,6 +376,7 @@ class PostgresBackend:
         )
         self.lock_timeout = settings.lock_timeout
         self.lock_ttl_seconds = settings.lock_ttl_seconds
+        self.history_retention: float | None = settings.history_retention_seconds
         self.serialization_window = settings.serialization_window
         self.clock: Clock | None = clock
         self._engine = engine
@@ -690,7 +692,18 @@ class PostgresBackend:
                 result = await conn.execute(READ_LATEST, {"resource": resource, "key": key})
             else:
                 params = {"resource": resource, "key": key, "snapshot": at.token}
-                result = await conn.execute(READ_AT, params)
+                data, version, pruned = (await conn.execute(READ_AT, params)).one()
+                if version is not None:
+                    return StoredValue(data, int(version))
+                if pruned:
+                    raise ConflictError.snapshot_too_old(
+                        resource,
+                        key,
+                        at=at.sequence,
+                        gone="dropped from the history by prune_history "
+                        f"(history_retention_seconds={self.history_retention:g})",
+                    )
+                return _ABSENT
             row: Any = result.first()
             if row is None:
                 return _ABSENT
@@ -766,8 +779,8 @@ class PostgresBackend:
         async def work(conn: Statements) -> CommitResult:
             nonlocal attempts
             attempts += 1
-            # A second attempt may meet its first one applied (docs/backings.md, "Lost
-            # replies"): it says so, and the function looks for it.
+            # A second attempt may meet its first one applied (docs/backings.md, "The
+            # commit function"): it says so, and the function looks for it.
             sent = commit.text(resend=attempts > 1)
             try:
                 reply = (await conn.execute(COMMIT, {"request": sent})).scalar_one()
@@ -779,7 +792,8 @@ class PostgresBackend:
             return self._landed(commit, _commit_result(reply))
 
         try:
-            # Safe to send again (see "Lost replies" in the module docstring).
+            # Safe to send again: a resend finds its first attempt (docs/backings.md,
+            # "The commit function").
             return await self._run(work, idempotent=True)
         except DeadlockError as exc:
             raise ConflictError(
@@ -880,6 +894,35 @@ class PostgresBackend:
             return [StoredVersion(int(row[0]), row[1], row[2]) for row in rows]
 
         return await self._read(work)
+
+    async def prune_history(self, cutoff: datetime, batch: int) -> int:
+        params: dict[str, Any] = {
+            "after_resource": "",
+            "after_key": "",
+            "keys": batch,
+            "batch": batch,
+            "cutoff": cutoff,
+        }
+        deleted = 0
+        while True:
+            row = await self._prune_step(dict(params))
+            if row is None:
+                return deleted
+            deleted += int(row[0])
+            if int(row[0]) >= batch:
+                continue  # the page's keys may hold more: the same page again
+            if int(row[1]) < batch:
+                return deleted
+            params["after_resource"], params["after_key"] = row[2], row[3]
+
+    async def _prune_step(self, params: dict[str, Any]) -> Any:
+        """One step of ``prune_history``, its own autocommit statement: nothing is held
+        between steps, and a step sent again deletes nothing twice."""
+
+        async def work(conn: Statements) -> Any:
+            return (await conn.execute(PRUNE_HISTORY, params)).first()
+
+        return await self._run(work, idempotent=True)
 
     async def register_resource(self, name: str, metadata: str, now: datetime) -> None:
         params = {"p_name": name, "p_metadata": metadata, "p_now": now}

@@ -41,6 +41,7 @@ from statepact.state import (
     CounterDelta,
     CounterOverflow,
     ListQuery,
+    RunPrune,
     RunWrite,
     SessionWrite,
 )
@@ -493,6 +494,37 @@ class PostgresStateStore(BaseStateStore):
 
         return await self._executor.run(work, idempotent=False)
 
+    async def _prune_runs(self, prune: RunPrune) -> int:
+        one_tenant = prune.tenant is not None
+        statement = self._sql.prune_runs[one_tenant]
+        params: dict[str, Any] = {
+            "p_tenant": prune.tenant,
+            "p_after_tenant": "",
+            "p_after": 0,
+            "p_limit": prune.batch,
+            "p_statuses": sorted(status.value for status in prune.statuses),
+            "p_cutoff": prune.cutoff,
+        }
+        deleted = 0
+        while True:
+            row = await self._prune_step(statement, dict(params))
+            if row is None:
+                return deleted
+            deleted += int(row["deleted"])
+            if int(row["looked"]) < prune.batch:
+                return deleted
+            params["p_after_tenant"], params["p_after"] = row["tenant"], row["seq"]
+
+    async def _prune_step(self, statement: Any, params: dict[str, Any]) -> RowMapping | None:
+        """One step of a prune: its own transaction on an engine, so no lock is held
+        between steps, and one sent again deletes nothing twice."""
+
+        async def work(conn: Runner) -> RowMapping | None:
+            row: RowMapping | None = (await conn.execute(statement, params)).mappings().first()
+            return row
+
+        return await self._executor.run(work, idempotent=True)
+
     # -- sessions ---------------------------------------------------------
 
     async def _put_session(self, write: SessionWrite) -> SessionRecord:
@@ -542,3 +574,12 @@ class PostgresStateStore(BaseStateStore):
             return [_session_record(row, decode_json(row["data"])) for row in result.mappings()]
 
         return await self._executor.run(work, idempotent=True, abandonable=True)
+
+    async def _delete_session(self, tenant: str, session_id: str) -> bool:
+        async def work(conn: Runner) -> bool:
+            result = await conn.execute(
+                self._sql.delete_session, {"p_tenant": tenant, "p_record_id": session_id}
+            )
+            return result.first() is not None
+
+        return await self._executor.run(work, idempotent=False)

@@ -131,6 +131,22 @@ class StateKeys:
     def op(self, tenant: str, op_id: str) -> str:
         return f"{self.prefix(tenant)}op:{seg(op_id)}"
 
+    def runs_pattern(self) -> str:
+        """A SCAN ``MATCH`` pattern of every tenant's ``P runs``: the tenants with runs."""
+        return f"{glob_escape(f'{self.namespace}:state:{{')}*{glob_escape('}:runs')}"
+
+    def tenant_of_runs(self, key: str | bytes) -> str | None:
+        """The tenant whose ``P runs`` is ``key``, or ``None`` when ``key`` is not one."""
+        raw = key.encode("utf-8") if isinstance(key, str) else key
+        head = f"{self.namespace}:state:{{".encode()
+        if not (raw.startswith(head) and raw.endswith(b"}:runs")):
+            return None
+        try:
+            tenant, end = _take(raw, len(head))
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return tenant if raw[end:] == b"}:runs" else None
+
 
 @dataclass(frozen=True, slots=True)
 class QueueKeys:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import datetime
+from functools import partial
 from typing import Any, Self, TypeVar
 
 from statepact._cancel import finish
@@ -139,6 +140,7 @@ class RedisBackend:
             failover=failover,
         )
         self.history_limit = settings.history_limit
+        self.history_retention: float | None = settings.history_retention_seconds
         self.idempotency_ttl_seconds = settings.idempotency_ttl_seconds
         self.lock_ttl_seconds = settings.lock_ttl_seconds
         self.lock_timeout = settings.lock_timeout
@@ -467,6 +469,45 @@ class RedisBackend:
             version, micros, data = _parse_entry(raw)
             out.append(StoredVersion(version, data, from_micros(micros)))
         return out
+
+    async def prune_history(self, cutoff: datetime, batch: int) -> int:
+        # Every resource's keys, a page of HSCAN at a time; each page's histories are
+        # trimmed by one script (a list holds at most history_limit entries).
+        resources_key = _bytes(self._keys.resources)
+        names = await self._call(
+            "prune_history", lambda: self._redis.smembers(resources_key), abandonable=True
+        )
+        keys_per_script = max(1, batch // 10)
+        dropped = 0
+        for raw_name in sorted(names):
+            resource = raw_name.decode("utf-8") if isinstance(raw_name, bytes) else raw_name
+            dropped += await self._prune_resource(resource, cutoff, keys_per_script)
+        return dropped
+
+    async def _prune_resource(self, resource: str, cutoff: datetime, count: int) -> int:
+        data_key = _bytes(self._keys.data(resource))
+        cursor, dropped = 0, 0
+        while True:
+            cursor, page = await self._call(
+                "prune_history",
+                partial(self._redis.hscan, data_key, cursor, count=count),
+                abandonable=True,
+            )
+            keys = sorted(key.decode("utf-8") if isinstance(key, bytes) else key for key in page)
+            for start in range(0, len(keys), count):
+                chunk = keys[start : start + count]
+                dropped += int(
+                    await self._script(
+                        "tx_prune_history",
+                        [
+                            self._keys.trimmed(resource),
+                            *(self._keys.history(resource, key) for key in chunk),
+                        ],
+                        [to_micros(cutoff), *chunk],
+                    )
+                )
+            if int(cursor) == 0:
+                return dropped
 
     async def register_resource(self, name: str, metadata: str, now: datetime) -> None:
         await self._script(

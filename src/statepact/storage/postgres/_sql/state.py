@@ -22,6 +22,7 @@ from sqlalchemy import (
     Table,
     Text,
     Update,
+    any_,
     cast,
     delete,
     exists,
@@ -32,6 +33,7 @@ from sqlalchemy import (
     null,
     select,
     true,
+    tuple_,
     union_all,
     update,
 )
@@ -41,7 +43,13 @@ from sqlalchemy.sql.dml import ReturningDelete, ReturningInsert, ReturningUpdate
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import CTE
 
-from statepact.storage.postgres._sql import TZ, param, shared_lock_timeout, unseen_param
+from statepact.storage.postgres._sql import (
+    TZ,
+    param,
+    prune_step,
+    shared_lock_timeout,
+    unseen_param,
+)
 from statepact.storage.postgres.schema import Tables
 
 __all__ = ["COUNTERS", "StateStatements", "statements"]
@@ -404,6 +412,62 @@ def delete_run(runs: Table, writes: Table) -> ReturningDelete[Any]:
     return delete(runs).where(*_key(runs, "run_id")).returning(runs.c.seq).add_cte(forgotten)
 
 
+def prune_runs(runs: Table, writes: Table, *, one_tenant: bool) -> Select[Any]:
+    """One bounded step of ``prune_runs``: look at the next ``p_limit`` runs in
+    ``(tenant, seq)`` order after the cursor (``p_after_tenant``, ``p_after``; of
+    ``p_tenant`` alone when ``one_tenant``) and delete, with their writes' rows, those
+    in ``p_statuses`` whose ``updated_at`` is before ``p_cutoff``.
+
+    The page is a range of the unique ``(tenant, seq)`` index, so a step reads at most
+    ``p_limit`` rows however large the table is; there is no index on ``updated_at``
+    (it would cost every ``patch_run`` its HOT update). The delete checks status and
+    time again on the row it deletes, so a run written since the page was read is
+    judged by its new state. Returns one row (``deleted``, ``looked``, and the cursor
+    of the last run looked at), none when no run is left past the cursor.
+    """
+    statuses = any_(cast(param("statuses"), ARRAY(Text())))
+    cutoff = param("cutoff", TZ)
+    after = param("after", BigInteger())
+    cursor = (
+        [runs.c.tenant == param("tenant"), runs.c.seq > after]
+        if one_tenant
+        else [tuple_(runs.c.tenant, runs.c.seq) > tuple_(param("after_tenant"), after)]
+    )
+    page = (
+        select(runs.c.tenant, runs.c.run_id, runs.c.seq, runs.c.status, runs.c.updated_at)
+        .where(*cursor)
+        .order_by(runs.c.tenant, runs.c.seq)
+        .limit(param("limit", BigInteger()))
+        .cte("page")
+    )
+    victims = (
+        select(page.c.tenant, page.c.run_id)
+        .where(page.c.status == statuses, page.c.updated_at < cutoff)
+        .cte("victims")
+    )
+    gone = (
+        delete(runs)
+        .where(
+            runs.c.tenant == victims.c.tenant,
+            runs.c.run_id == victims.c.run_id,
+            runs.c.status == statuses,
+            runs.c.updated_at < cutoff,
+        )
+        .returning(runs.c.tenant, runs.c.run_id)
+        .cte("gone")
+    )
+    forgotten = (
+        delete(writes)
+        .where(writes.c.tenant == gone.c.tenant, writes.c.run_id == gone.c.run_id)
+        .cte("forgotten")
+    )
+    return prune_step(page, [page.c.tenant, page.c.seq], gone, forgotten)
+
+
+def delete_session(sessions: Table) -> ReturningDelete[Any]:
+    return delete(sessions).where(*_key(sessions, "session_id")).returning(sessions.c.seq)
+
+
 def create_session(sessions: Table) -> Insert:
     return (
         pg_insert(sessions)
@@ -456,11 +520,14 @@ class StateStatements:
     patch_runs: Select[Any]
     list_runs: Mapping[tuple[bool, bool], Select[Any]]
     delete_run: ReturningDelete[Any]
+    # By whether the prune is of one tenant.
+    prune_runs: Mapping[bool, Select[Any]]
     get_session: Select[Any]
     session_version: Select[Any]
     create_session: Insert
     update_session: Update
     list_sessions: Select[Any]
+    delete_session: ReturningDelete[Any]
 
     @classmethod
     def build(cls, tables: Tables) -> StateStatements:
@@ -482,11 +549,16 @@ class StateStatements:
                 for by_status in (False, True)
             },
             delete_run=delete_run(runs, writes),
+            prune_runs={
+                one_tenant: prune_runs(runs, writes, one_tenant=one_tenant)
+                for one_tenant in (False, True)
+            },
             get_session=get_record(sessions, "session_id"),
             session_version=record_version(sessions, "session_id"),
             create_session=create_session(sessions),
             update_session=update_session(sessions),
             list_sessions=list_sessions(sessions),
+            delete_session=delete_session(sessions),
         )
 
 
