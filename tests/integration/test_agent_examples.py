@@ -37,7 +37,6 @@ from typing import Any
 import pytest
 
 from statepact.models import ItemStatus, WorkItem
-from statepact.queue import BaseWorkQueue
 from statepact.storage.redis import glob_escape
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,12 +56,6 @@ TURNS = [  # (tenant, user, session, message, the reply the stand-in model gives
     ("globex", "bob", "chat-1", "Status of #5?", "Order #5 is packed."),
 ]
 WAIT = 30.0  # seconds any one wait below may take before the test fails
-
-cancel_api = pytest.mark.xfail(
-    not hasattr(BaseWorkQueue, "cancel"),
-    reason="WorkQueue.cancel (issue 33, branches lc-front/lc-redis/lc-pg) is not merged yet",
-    strict=True,
-)
 
 
 @pytest.fixture(params=["redis", "postgres"])
@@ -160,7 +153,6 @@ async def test_support_turns_run_by_a_worker_count_tokens_per_tenant(app: Agents
     assert len(invocations) == 8 and len(set(invocations[:4])) == len(set(invocations[4:])) == 1
 
 
-@cancel_api
 async def test_cancel_stops_a_running_turn_and_frees_its_session(app: AgentsApp) -> None:
     """queue.cancel of a turn whose model is answering: the handler stops within a heartbeat,
     the model call is cancelled, the session records the invocation as aborted with no reply
@@ -267,7 +259,6 @@ async def test_a_worker_killed_mid_graph_resumes_from_the_checkpoint(
     assert values["report"].startswith("queues: a finding on what is queues?")
 
 
-@cancel_api
 @pytest.mark.parametrize("server", [pytest.param(("memory", None), id="memory")])
 async def test_the_readme_demo_runs_in_memory(
     app: AgentsApp, capsys: pytest.CaptureFixture[str]
