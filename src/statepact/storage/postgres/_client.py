@@ -48,7 +48,9 @@ __all__ = [
     "constraint_of",
     "create_engine",
     "is_connection_error",
+    "is_database_error",
     "is_rolled_back",
+    "is_unique_violation",
     "lacking_privilege",
     "refuse_closed_connections",
     "sqlstate_of",
@@ -176,6 +178,21 @@ def is_connection_error(exc: BaseException) -> bool:
         ):
             return True
     return False
+
+
+def is_unique_violation(exc: BaseException) -> bool:
+    """A unique violation (SQLSTATE 23505): the statement wrote nothing."""
+    return sqlstate_of(exc) == "23505"
+
+
+def is_database_error(exc: BaseException) -> bool:
+    """An error of the server or of the way to it (a refusal, a lost or failed
+    connection), not of the caller's code: what a best-effort listener gives up on."""
+    return (
+        isinstance(exc, OSError | sa_exc.SQLAlchemyError)
+        or sqlstate_of(exc) is not None
+        or is_connection_error(exc)
+    )
 
 
 def is_rolled_back(exc: BaseException) -> bool:
