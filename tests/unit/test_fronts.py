@@ -467,6 +467,7 @@ async def test_prune_runs_hands_down_the_cutoff_by_the_stores_clock(clock: Manua
         )
     ]
 
+
 async def test_release_hands_down_when_it_is_due_and_whether_the_attempt_counts(
     clock: ManualClock,
 ) -> None:
