@@ -148,6 +148,9 @@ local function end_lease(r, tenant)
   redis.call('ZREM', PENDING, r)
   count(N_LEASED, tenant, -1)
   hold_key(item_key(r), tenant, -1)
+  if redis.call('EXISTS', Q .. 'limits') == 1 then
+    wake() -- a freed slot: a watcher held back by a cap claims again
+  end
 end
 
 -- The item holding unique slot `slot` of `tenant` while it blocks (queued or
