@@ -28,6 +28,7 @@ FOUNDATION = frozenset(
         "statepact._turns",
         "statepact._observe",
         "statepact._queue_policy",
+        "statepact._queue_limits",
     }
 )
 FRONTS = frozenset({"statepact.state", "statepact.queue", "statepact.tx"})
