@@ -10,16 +10,21 @@ __all__ = [
     "DEFAULT_MAX_VALUE_BYTES",
     "LEASE_EXPIRED",
     "MAX_BATCH_BYTES",
+    "MAX_CAP",
     "MAX_COUNTER",
     "MAX_ENQUEUE_BATCH",
     "MAX_HISTORY",
+    "MAX_LIMIT_KEYS",
     "MAX_PAGE",
     "MAX_PRIORITY",
+    "MAX_RATE_PERIOD",
+    "MAX_RATE_WEIGHT",
     "MAX_RETRY_DELAY",
     "MAX_SHARED_COMMITS",
     "MAX_SHARED_ENQUEUES",
     "MAX_SHARED_READS",
     "MAX_SHARED_WRITES",
+    "MAX_WEIGHT",
     "PRUNE_BATCH",
 ]
 
@@ -53,3 +58,11 @@ MAX_RETRY_DELAY = 30 * 86_400.0
 #: (``WorkQueue.prune``, ``StateStore.prune_runs``, a transaction history prune): a prune
 #: of a million rows is many short steps, none holding the server for long.
 PRUNE_BATCH = 500
+#: The largest ``WorkItem.weight`` (e.g. a model call's tokens) and the largest concurrency
+#: cap or rate a ``QueueLimits`` holds (``MAX_RATE_WEIGHT``: weight per period).
+MAX_WEIGHT = 10_000_000
+MAX_CAP = 1_000_000
+MAX_RATE_WEIGHT = 2**40
+#: The longest period of a ``Rate`` (one day) and the most keys ``QueueLimits`` names.
+MAX_RATE_PERIOD = 86_400.0
+MAX_LIMIT_KEYS = 1000

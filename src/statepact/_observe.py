@@ -325,6 +325,8 @@ CALLS: tuple[CallSpec, ...] = (
     CallSpec(_QUEUE, "prunable", "queue", "prunable"),
     CallSpec(_QUEUE, "dead_letters_all", "queue", "dead_letters_all"),
     CallSpec(_QUEUE, "queues", "queue", "queues"),
+    CallSpec(_QUEUE, "set_limits", "queue", "set_limits"),
+    CallSpec(_QUEUE, "limits", "queue", "limits"),
     CallSpec(_QUEUE, "reap", "queue", "reap"),
     CallSpec(_QUEUE, "dead_letters", "queue", "dead_letters", _ids("tenant", None, None)),
     CallSpec(_QUEUE, "requeue", "queue", "requeue", _record("item", "item_id", None)),

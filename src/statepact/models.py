@@ -111,6 +111,10 @@ class WorkItem(BaseModel):
     in ends): an enqueue of another item with the key returns that item instead
     (see ``statepact.queue.unique_slot``). ``timeout`` is the seconds a worker gives
     its handler before cancelling it (the worker's default when ``None``).
+
+    ``limit_key`` names what the item spends (e.g. ``"openai:gpt-4o"``) and ``weight``
+    how much of it (e.g. the tokens it expects; 1 by default): the queue's
+    ``QueueLimits`` cap and rate-limit claims by them (docs/work-queue.md#flow-control).
     """
 
     model_config = _FROZEN
@@ -129,6 +133,8 @@ class WorkItem(BaseModel):
     unique_key: str | None = None
     unique_for: timedelta | None = None
     timeout: float | None = None
+    limit_key: str | None = None
+    weight: int = Field(default=1, ge=1)
 
 
 class Lease(BaseModel):

@@ -37,10 +37,13 @@ from statepact._limits import (
     DEFAULT_MAX_VALUE_BYTES,
     MAX_BATCH_BYTES,
     MAX_ENQUEUE_BATCH,
+    MAX_PRIORITY,
     MAX_RETRY_DELAY,
     MAX_SHARED_ENQUEUES,
+    MAX_WEIGHT,
     PRUNE_BATCH,
 )
+from statepact._queue_limits import QueueLimits, Rate
 from statepact._queue_policy import (
     FailOutcome,
     LapseOutcome,
@@ -62,14 +65,15 @@ __all__ = [
     "FailOutcome",
     "LapseOutcome",
     "OnCancel",
+    "QueueLimits",
     "QueuePolicy",
+    "Rate",
     "WorkQueue",
     "WorkWatch",
     "holds_unique_slot",
     "unique_slot",
 ]
 
-MAX_PRIORITY = 1000
 MAX_ERROR_CHARS = 4096
 MAX_BATCH = 1000
 
@@ -206,6 +210,15 @@ class WorkQueue(Protocol):
 
     async def paused(self) -> bool:
         """Whether the queue is paused."""
+        ...
+
+    async def set_limits(self, limits: QueueLimits | None) -> None:
+        """Store the queue's flow control (``QueueLimits``; ``None``: no limits) on the
+        server: every process claims under it from its next claim."""
+        ...
+
+    async def limits(self) -> QueueLimits:
+        """The flow control stored with the queue (empty when none was set)."""
         ...
 
     async def prune(self) -> int:
@@ -416,6 +429,14 @@ class BaseWorkQueue(ABC):
         )
         unique_for = _unique_for(field, item)
         timeout = None if item.timeout is None else require_seconds(f"{field}timeout", item.timeout)
+        limit_key = (
+            None if item.limit_key is None else require_id(f"{field}limit_key", item.limit_key)
+        )
+        weight = item.weight
+        if isinstance(weight, bool) or not isinstance(weight, int):
+            raise TypeError(f"{field}weight: must be an int, got {type(weight).__name__}")
+        if not 1 <= weight <= MAX_WEIGHT:
+            raise ValueError(f"{field}weight: must be between 1 and {MAX_WEIGHT}, got {weight}")
         plain, payload = plain_json(f"{field}payload", item.payload)
         if len(payload) > self._max_value_bytes:
             check_size(
@@ -440,6 +461,8 @@ class BaseWorkQueue(ABC):
                 "unique_key": unique_key,
                 "unique_for": unique_for,
                 "timeout": timeout,
+                "limit_key": limit_key,
+                "weight": plain_int(weight),
             },
         )
         return fresh, payload
@@ -689,6 +712,21 @@ class BaseWorkQueue(ABC):
 
     async def paused(self) -> bool:
         return await self._paused()
+
+    async def set_limits(self, limits: QueueLimits | None) -> None:
+        """Store the queue's flow control on the server (every process claims under it
+        from its next claim); ``None`` removes every limit."""
+        if limits is not None and not isinstance(limits, QueueLimits):
+            raise TypeError(f"limits: must be a QueueLimits or None, got {type(limits).__name__}")
+        chosen = limits or QueueLimits()
+        await self._set_limits(chosen)
+        _log.info(
+            "queue %r: limits set to %s", self._name, chosen.to_json(), extra=self._queue_fields()
+        )
+
+    async def limits(self) -> QueueLimits:
+        """The flow control stored with the queue (empty when none was set)."""
+        return await self._limits()
 
     async def prune(self) -> int:
         now = read_clock(self._clock)
@@ -952,6 +990,13 @@ class BaseWorkQueue(ABC):
 
     async def _paused(self) -> bool:
         raise self._missing("paused")
+
+    async def _set_limits(self, limits: QueueLimits) -> None:
+        """Store ``limits`` with the queue on the server (``to_json``); empty removes them."""
+        raise self._missing("set_limits")
+
+    async def _limits(self) -> QueueLimits:
+        raise self._missing("limits")
 
     async def _prune(
         self, now: datetime, cutoffs: Mapping[ItemStatus, datetime], batch: int

@@ -28,6 +28,7 @@ FOUNDATION = frozenset(
         "statepact._turns",
         "statepact._observe",
         "statepact._queue_policy",
+        "statepact._queue_limits",
     }
 )
 FRONTS = frozenset({"statepact.state", "statepact.queue", "statepact.tx"})
@@ -331,11 +332,12 @@ def test_import_statepact_loads_no_driver() -> None:
 
 
 def test_the_priority_bound_is_the_one_in_limits() -> None:
-    """``statepact.queue.MAX_PRIORITY`` is ``_limits``' (the schema's CHECK reads that one);
-    until the queue front imports it from there, the two must agree."""
+    """``statepact.queue.MAX_PRIORITY`` is ``_limits``' own object (the schema's CHECK reads
+    that one): one bound, re-exported, never a second copy."""
     from statepact import _limits, queue
 
-    assert queue.MAX_PRIORITY == _limits.MAX_PRIORITY
+    assert queue.MAX_PRIORITY is _limits.MAX_PRIORITY
+    assert "MAX_PRIORITY =" not in Path(queue.__file__).read_text()
 
 
 # -- no reach into another layer's privates, no driver error caught outside the boundary ------

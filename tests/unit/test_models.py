@@ -174,6 +174,8 @@ def test_a_stored_lease_is_the_validated_one() -> None:
         "unique_key": "k",
         "unique_for": timedelta(hours=1),
         "timeout": 2.5,
+        "limit_key": "openai:gpt-4o",
+        "weight": 7,
     }
     fast_item, checked_item = stored(WorkItem, dict(item)), WorkItem(**item)  # type: ignore[arg-type]
     assert fast_item == checked_item and repr(fast_item) == repr(checked_item)

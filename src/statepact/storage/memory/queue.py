@@ -22,7 +22,8 @@ from datetime import datetime, timedelta
 from typing import Self
 
 from statepact._codec import decode_json
-from statepact.clock import Clock
+from statepact._queue_limits import QueueLimits, admissible_at, bucket_of, window_start
+from statepact.clock import Clock, from_micros, to_micros
 from statepact.models import (
     ItemStatus,
     Lease,
@@ -46,6 +47,9 @@ from statepact.settings import MemoryStoreSettings
 
 __all__ = ["MemoryWorkQueue"]
 
+# The most held-back items one claim passes over in a tenant before it tries the next.
+_LOOKAHEAD = 64
+
 
 @dataclass(slots=True)
 class _Item:
@@ -65,6 +69,8 @@ class _Item:
     unique_for: timedelta | None = None
     timeout: float | None = None
     slot: str | None = None  # the unique slot it holds now (see queue.unique_slot)
+    limit_key: str | None = None
+    weight: int = 1
 
 
 class MemoryWorkQueue(BaseWorkQueue):
@@ -122,6 +128,14 @@ class MemoryWorkQueue(BaseWorkQueue):
         self._finished: dict[ItemStatus, list[tuple[datetime, int, str, str]]] = {}
         self._slots: dict[tuple[str, str], str] = {}
         self._paused_now = False
+        self._flow = QueueLimits()
+        # Leased items per limit key and per (tenant, key); per tenant is _counts.
+        self._leased_keys: dict[str, int] = {}
+        self._leased_pairs: dict[tuple[str, str], int] = {}
+        # Weight claimed per rate bucket: ("key" | "tenant", name) -> {bucket: weight}.
+        self._spent: dict[tuple[str, str], dict[int, int]] = {}
+        # When the earliest item a rate held back in the last claim fits (next_due's hint).
+        self._rate_wake: datetime | None = None
         self._pruning = False
         # The open watches (watch()); each is told when an item is scheduled.
         self._watches: set[_MemoryWatch] = set()
@@ -184,6 +198,8 @@ class MemoryWorkQueue(BaseWorkQueue):
             unique_for=item.unique_for,
             timeout=item.timeout,
             slot=slot,
+            limit_key=item.limit_key,
+            weight=item.weight,
         )
         self._items[key] = entry
         self._count(entry.tenant, ItemStatus.QUEUED, +1)
@@ -196,6 +212,8 @@ class MemoryWorkQueue(BaseWorkQueue):
         if self._paused_now:
             return []
         self._promote(now)
+        if not self._flow.empty:
+            return self._claim_limited(worker_id, now, seconds, limit)
         leases: list[Lease] = []
         while len(leases) < limit and self._rotation:
             _turn, tenant = heapq.heappop(self._rotation)
@@ -203,18 +221,133 @@ class MemoryWorkQueue(BaseWorkQueue):
             if entry is None:
                 self._active.discard(tenant)
                 continue
-            self._turn_counter += 1
-            self._turns[tenant] = self._turn_counter
-            if self._ready.get(tenant):
-                heapq.heappush(self._rotation, (self._turn_counter, tenant))
-            else:
-                self._active.discard(tenant)
-                self._ready.pop(tenant, None)
+            self._take_turn(tenant)
             self._set_status(entry, ItemStatus.LEASED)
             entry.attempts += 1
             entry.updated_at = now
             leases.append(self._grant(entry, worker_id, now, seconds))
         return leases
+
+    def _claim_limited(
+        self, worker_id: str, now: datetime, seconds: float, limit: int
+    ) -> list[Lease]:
+        """``_claim`` under ``QueueLimits``: a tenant whose next items are held back by a cap
+        or a rate keeps its turn and the rotation goes on to the next tenant; within a
+        tenant at most ``_LOOKAHEAD`` held-back items are passed over per claim, so the
+        cost does not grow with the backlog."""
+        micros = to_micros(now)
+        leases: list[Lease] = []
+        passed: list[tuple[int, str]] = []
+        wake: int | None = None
+        while len(leases) < limit and self._rotation:
+            turn, tenant = heapq.heappop(self._rotation)
+            cap = self._flow.tenant_cap(tenant)
+            if cap is not None and self._counts.get(tenant, {}).get(ItemStatus.LEASED, 0) >= cap:
+                passed.append((turn, tenant))
+                continue
+            entry, held, fits_at = self._pop_allowed(tenant, micros)
+            if fits_at is not None:
+                wake = fits_at if wake is None else min(wake, fits_at)
+            if entry is None:
+                if held:
+                    passed.append((turn, tenant))
+                else:
+                    self._active.discard(tenant)
+                continue
+            self._take_turn(tenant)
+            self._spend(entry, micros)
+            self._set_status(entry, ItemStatus.LEASED)
+            entry.attempts += 1
+            entry.updated_at = now
+            leases.append(self._grant(entry, worker_id, now, seconds))
+        for turn_tenant in passed:
+            heapq.heappush(self._rotation, turn_tenant)
+        self._rate_wake = None if wake is None else from_micros(wake)
+        return leases
+
+    def _take_turn(self, tenant: str) -> None:
+        """The tenant was served: to the back of the rotation, or out of it when idle."""
+        self._turn_counter += 1
+        self._turns[tenant] = self._turn_counter
+        if self._ready.get(tenant):
+            heapq.heappush(self._rotation, (self._turn_counter, tenant))
+        else:
+            self._active.discard(tenant)
+            self._ready.pop(tenant, None)
+
+    def _pop_allowed(self, tenant: str, micros: int) -> tuple[_Item | None, bool, int | None]:
+        """The tenant's best due item no limit holds back (taken off its heap), whether
+        items were held back, and when the earliest one a rate held back fits."""
+        ready = self._ready.get(tenant)
+        held: list[tuple[int, int, str]] = []
+        found: _Item | None = None
+        fits_at: int | None = None
+        while ready and len(held) < _LOOKAHEAD:
+            top = heapq.heappop(ready)
+            if self._stale(top[1], tenant, top[2]):
+                continue
+            entry = self._items[(tenant, top[2])]
+            blocked, at = self._held_back(entry, micros)
+            if not blocked:
+                found = entry
+                break
+            held.append(top)
+            if at is not None:
+                fits_at = at if fits_at is None else min(fits_at, at)
+        for top in held:
+            heapq.heappush(ready, top)  # type: ignore[arg-type]  # ready is set when held
+        return found, bool(held), fits_at
+
+    def _held_back(self, entry: _Item, micros: int) -> tuple[bool, int | None]:
+        """Whether a cap or a rate holds the item back now; for a rate, when it would fit
+        (``None``: a cap, or never)."""
+        flow, key = self._flow, entry.limit_key
+        if key is not None:
+            cap = flow.key_cap(key)
+            if cap is not None and self._leased_keys.get(key, 0) >= cap:
+                return True, None
+            pair = flow.tenant_key_cap(key)
+            if pair is not None and self._leased_pairs.get((entry.tenant, key), 0) >= pair:
+                return True, None
+        latest = micros
+        for kind, name, rate in (
+            ("key", key, flow.rate_of_key(key)),
+            ("tenant", entry.tenant, flow.tenant_rate),
+        ):
+            if rate is None or name is None:
+                continue
+            at = admissible_at(rate, self._spent.get((kind, name), {}), micros, entry.weight)
+            if at is None:
+                return True, None
+            latest = max(latest, at)
+        return (latest > micros), (latest if latest > micros else None)
+
+    def _spend(self, entry: _Item, micros: int) -> None:
+        """Count the item's weight in the rate windows it is claimed under."""
+        flow, key = self._flow, entry.limit_key
+        for kind, name, rate in (
+            ("key", key, flow.rate_of_key(key)),
+            ("tenant", entry.tenant, flow.tenant_rate),
+        ):
+            if rate is None or name is None:
+                continue
+            buckets = self._spent.setdefault((kind, name), {})
+            bucket = bucket_of(rate, micros)
+            buckets[bucket] = buckets.get(bucket, 0) + entry.weight
+            oldest = window_start(rate, micros)
+            for old in [b for b in buckets if b < oldest]:
+                del buckets[old]
+
+    def _hold_key(self, entry: _Item, change: int) -> None:
+        key = entry.limit_key
+        assert key is not None
+        self._leased_keys[key] = self._leased_keys.get(key, 0) + change
+        if not self._leased_keys[key]:
+            del self._leased_keys[key]
+        pair = (entry.tenant, key)
+        self._leased_pairs[pair] = self._leased_pairs.get(pair, 0) + change
+        if not self._leased_pairs[pair]:
+            del self._leased_pairs[pair]
 
     # -- settle -------------------------------------------------------------
 
@@ -296,6 +429,14 @@ class MemoryWorkQueue(BaseWorkQueue):
 
     async def _paused(self) -> bool:
         return self._paused_now
+
+    async def _set_limits(self, limits: QueueLimits) -> None:
+        self._flow = limits
+        for watch in self._watches:
+            watch.notify()  # a raised limit may make held-back items claimable
+
+    async def _limits(self) -> QueueLimits:
+        return self._flow
 
     async def _prune(
         self, now: datetime, cutoffs: Mapping[ItemStatus, datetime], batch: int
@@ -432,7 +573,11 @@ class MemoryWorkQueue(BaseWorkQueue):
         self._promote(now)
         while self._delayed and self._stale(*self._delayed[0][1:]):
             heapq.heappop(self._delayed)
-        return self._delayed[0][0] if self._delayed else None
+        due = self._delayed[0][0] if self._delayed else None
+        wake = self._rate_wake
+        if wake is not None and wake > now and (due is None or wake < due):
+            return wake
+        return due
 
     # -- helpers ------------------------------------------------------------
 
@@ -456,6 +601,8 @@ class MemoryWorkQueue(BaseWorkQueue):
                 "unique_key": entry.unique_key,
                 "unique_for": entry.unique_for,
                 "timeout": entry.timeout,
+                "limit_key": entry.limit_key,
+                "weight": entry.weight,
             },
         )
 
@@ -467,7 +614,13 @@ class MemoryWorkQueue(BaseWorkQueue):
         """Move the item between statuses, keeping stats, the dead index and its unique
         slot in step."""
         self._leave(entry)
+        was_leased = entry.status is ItemStatus.LEASED
         entry.status = status
+        if status is ItemStatus.LEASED and entry.limit_key is not None:
+            self._hold_key(entry, +1)
+        if was_leased and status is not ItemStatus.LEASED and not self._flow.empty:
+            for watch in self._watches:
+                watch.notify()  # a freed slot: a held-back item may be claimable now
         if status is not ItemStatus.DONE:
             self._count(entry.tenant, status, +1)
         if status is ItemStatus.DEAD:
@@ -479,6 +632,8 @@ class MemoryWorkQueue(BaseWorkQueue):
 
     def _leave(self, entry: _Item) -> None:
         """Take the item out of its status's count and the dead index."""
+        if entry.status is ItemStatus.LEASED and entry.limit_key is not None:
+            self._hold_key(entry, -1)
         if entry.status is ItemStatus.DEAD:
             dead = self._dead[entry.tenant]
             dead.discard(entry.item_id)

@@ -75,6 +75,8 @@ def item_of(row: RowMapping) -> WorkItem:
             "unique_key": row["unique_key"],
             "unique_for": row["unique_for"],
             "timeout": row["timeout"],
+            "limit_key": row["limit_key"],
+            "weight": row["weight"],
         },
     )
 

@@ -43,6 +43,7 @@ from statepact.queue import (
     FailOutcome,
     LapseOutcome,
     OnCancel,
+    QueueLimits,
     QueuePolicy,
     SleepWatch,
     WorkWatch,
@@ -247,6 +248,8 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_unique_for": item.unique_for,
             "p_timeout": item.timeout,
             "p_unique_slot": slot,
+            "p_limit_key": item.limit_key,
+            "p_weight": item.weight,
         }
         for _ in range(_HOLDER_TRIES):
             inserted = (await conn.execute(self._sql.enqueue, params)).scalar()
@@ -300,6 +303,8 @@ class PostgresWorkQueue(BaseWorkQueue):
             ),
             "p_timeouts": optional_json([item.timeout for item, _ in batch]),
             "p_slots": optional_json(slots),
+            "p_limit_keys": optional_json([item.limit_key for item, _ in batch]),
+            "p_weights": json_array([item.weight for item, _ in batch]),
         }
 
         # Only on the driver (autocommit), where a failed statement aborts nothing else;
@@ -614,6 +619,29 @@ class PostgresWorkQueue(BaseWorkQueue):
             await conn.execute(self._sql.set_paused, params)
 
         await self._executor.run(work, idempotent=True)
+
+    async def _set_limits(self, limits: QueueLimits) -> None:
+        if not limits.empty:
+            # Stored but not enforced would be a promise broken: refuse until the claim
+            # statement applies them (issue 35; memory and Redis do).
+            raise NotImplementedError(
+                "limits: PostgresWorkQueue does not enforce QueueLimits yet (memory and "
+                "Redis do); only QueueLimits() (none) can be set"
+            )
+        params = {"p_queue": self.name, "p_limits": None, "p_channel": self._channel}
+
+        async def work(conn: Conn) -> None:
+            await conn.execute(self._sql.set_limits, params)
+
+        await self._executor.run(work, idempotent=True)
+
+    async def _limits(self) -> QueueLimits:
+        async def work(conn: Conn) -> str | None:
+            result = await conn.execute(self._sql.limits, {"p_queue": self.name})
+            value = result.scalar()
+            return None if value is None else str(value)
+
+        return QueueLimits.from_json(await self._executor.run(work, idempotent=True))
 
     async def _paused(self) -> bool:
         async def work(conn: Conn) -> bool:

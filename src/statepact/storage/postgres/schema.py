@@ -256,12 +256,16 @@ def _define_state_tables(meta: MetaData, names: StateTables, db_schema: str | No
         # The slot the item holds while it blocks others of its unique key (the front's
         # unique_slot()); NULL once it leaves its blocking states.
         Column("unique_slot", _ident(), nullable=True),
+        # Flow control (QueueLimits): what the item spends, and how much of it.
+        Column("limit_key", _ident(), nullable=True),
+        Column("weight", Integer, nullable=False, server_default=text("1")),
         PrimaryKeyConstraint("id"),
         UniqueConstraint("queue", "tenant", "item_id"),
         CheckConstraint(_in("status", [s.value for s in ItemStatus]), name="status"),
         CheckConstraint(f"priority BETWEEN -{MAX_PRIORITY} AND {MAX_PRIORITY}", name="priority"),
         CheckConstraint("attempts >= 0", name="attempts"),
         CheckConstraint("timeout IS NULL OR timeout > 0", name="timeout"),
+        CheckConstraint("weight >= 1", name="weight"),
         CheckConstraint(
             "status <> 'leased' OR (token IS NOT NULL AND expires_at IS NOT NULL "
             "AND worker_id IS NOT NULL)",
@@ -378,6 +382,9 @@ def _define_state_tables(meta: MetaData, names: StateTables, db_schema: str | No
         Column("paused", Boolean, nullable=False, server_default=text("false")),
         Column("pruner", Text, nullable=True),
         Column("pruner_until", _tz(), nullable=True),
+        # The queue's QueueLimits as JSON text (NULL: none), so every process claims
+        # under the same limits.
+        Column("limits", Text, nullable=True),
         PrimaryKeyConstraint("queue"),
         schema=db_schema,
     )

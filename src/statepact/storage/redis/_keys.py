@@ -180,6 +180,12 @@ class QueueKeys:
     ``Q dead-ids``              zset    every dead item as ``T NUL item_id``, all scored 0:
                                         ``dead_letters_all`` pages it by (tenant, id)
     ``Q paused``                string  present while the queue is paused (claims read it)
+    ``Q limits``                string  the queue's ``QueueLimits`` as JSON (claims read it)
+    ``Q count:leased-key``      hash    limit key -> leased items holding it
+    ``Q count:leased-pair``     hash    ``ref(T, limit key)`` -> leased items of T holding it
+    ``Q spent:<k|t>:<seg(n)>``  hash    rate bucket -> weight claimed in it, per limit key
+                                        (k) or tenant (t); expires after two periods
+    ``Q rate-wake``             string  µs when the earliest item a rate held back fits
     ``Q prune-lock``            string  the pruning process's token (SET NX PX), expiring
     ``Q op:<seg(call id)>``     string  a write's replay key, expiring (lua/_common.lua);
                                         for a claim a list of what it claimed
@@ -231,6 +237,14 @@ class QueueKeys:
     @property
     def paused(self) -> str:
         return f"{self.prefix}paused"
+
+    @property
+    def limits(self) -> str:
+        return f"{self.prefix}limits"
+
+    @property
+    def rate_wake(self) -> str:
+        return f"{self.prefix}rate-wake"
 
     @property
     def prune_lock(self) -> str:

@@ -37,6 +37,7 @@ from statepact.queue import (
     FailOutcome,
     LapseOutcome,
     OnCancel,
+    QueueLimits,
     QueuePolicy,
     WorkWatch,
     unique_slot,
@@ -340,6 +341,21 @@ class RedisWorkQueue(BaseWorkQueue):
     async def _set_paused(self, paused: bool) -> None:
         await self._run("pause" if paused else "resume", "set_paused", None, "1" if paused else "0")
 
+    async def _set_limits(self, limits: QueueLimits) -> None:
+        key = self._keys.limits.encode("utf-8")
+        text = limits.to_json()
+        await self._failover.run(
+            f"set_limits (queue {self.name!r})",
+            lambda: self._redis.delete(key) if limits.empty else self._redis.set(key, text),
+        )
+
+    async def _limits(self) -> QueueLimits:
+        key = self._keys.limits.encode("utf-8")
+        text = await self._failover.run(
+            f"limits (queue {self.name!r})", lambda: self._redis.get(key)
+        )
+        return QueueLimits.from_json(None if text is None else as_text(text))
+
     async def _paused(self) -> bool:
         key = self._keys.paused.encode("utf-8")
         found = await self._failover.run(
@@ -503,7 +519,16 @@ class RedisWorkQueue(BaseWorkQueue):
             f"next_due (queue {self.name!r})",
             lambda: self._redis.zrangebyscore(key, after, "+inf", start=0, num=1, withscores=True),
         )
-        return from_micros(int(first[0][1])) if first else None
+        due = from_micros(int(first[0][1])) if first else None
+        wake_key = self._keys.rate_wake.encode("utf-8")
+        wake = await self._failover.run(
+            f"next_due (queue {self.name!r})", lambda: self._redis.get(wake_key)
+        )
+        if wake is not None:
+            at = from_micros(int(as_text(wake)))
+            if at > now and (due is None or at < due):
+                return at
+        return due
 
     # -- helpers ------------------------------------------------------------
 
@@ -531,6 +556,8 @@ class RedisWorkQueue(BaseWorkQueue):
                     None if "ufor" not in record else timedelta(microseconds=int(record["ufor"]))
                 ),
                 "timeout": None if "timeout" not in record else float(record["timeout"]),
+                "limit_key": record.get("lkey"),
+                "weight": int(record.get("weight", 1)),
             },
         )
 
@@ -558,6 +585,8 @@ def _put_args(item: WorkItem, payload: bytes) -> tuple[str | int | bytes, ...]:
         "" if item.unique_for is None else item.unique_for // timedelta(microseconds=1),
         "" if item.timeout is None else repr(float(item.timeout)),
         slot or "",
+        item.limit_key or "",
+        item.weight,
     )
 
 

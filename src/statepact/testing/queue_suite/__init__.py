@@ -70,6 +70,12 @@ docstring has the full list):
   and not taken back by ``requeue``. Within one batch the first item wins.
 - ``prune`` deletes an item whose ``updated_at`` is strictly before
   ``now - keep``; two prunes at once delete each item once between them.
+- Flow control (``QueueLimits``): a tenant, key or (tenant, key) at its cap, or an
+  item a rate would exceed, is passed over and the rotation goes on (the passed
+  tenant keeps its turn); every end of a lease (ack, fail, release, reap, cancel)
+  frees its slot; a rate holds ``<= weight`` in any window of ``per``, and
+  ``next_due`` tells when a held-back item fits. An item heavier than its rate is
+  never claimed while the rate holds.
 - Paused, ``claim``/``claim_batch`` answer nothing for every queue object on the
   storage; ``resume`` wakes watches.
 """
@@ -81,6 +87,7 @@ from statepact.testing.queue_suite.claim import ClaimConformance
 from statepact.testing.queue_suite.enqueue import EnqueueConformance
 from statepact.testing.queue_suite.inputs import InputConformance
 from statepact.testing.queue_suite.lifecycle import LifecycleConformance
+from statepact.testing.queue_suite.limits import FlowControlConformance
 from statepact.testing.queue_suite.retention import RetentionConformance
 from statepact.testing.queue_suite.settle import SettleConformance
 from statepact.testing.queue_suite.unique import UniqueConformance
@@ -96,6 +103,7 @@ class WorkQueueConformance(
     LifecycleConformance,
     UniqueConformance,
     RetentionConformance,
+    FlowControlConformance,
 ):
     """One test per promise of ``WorkQueue``; see the module docstring for the fixtures.
 

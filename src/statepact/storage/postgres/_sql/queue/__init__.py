@@ -63,6 +63,8 @@ class QueueStatements(Generic[S]):
     prune_unlock: S
     set_paused: S
     paused: S
+    set_limits: S
+    limits: S
     count_prunable: S
     dead_letters_all: S
     queue_names: S
@@ -105,6 +107,8 @@ class QueueStatements(Generic[S]):
             prune_unlock=maintain.prune_unlock(tables.queue_control),
             set_paused=maintain.set_paused(tables.queue_control),
             paused=maintain.paused(tables.queue_control),
+            set_limits=maintain.set_limits(tables.queue_control),
+            limits=maintain.limits(tables.queue_control),
             count_prunable=reads.count_prunable(work),
             dead_letters_all=reads.dead_letters_all(work),
             queue_names=reads.queue_names(work),

@@ -96,6 +96,8 @@ def item_columns(work: Table, source: Any = None) -> list[ColumnElement[Any]]:
         "unique_key",
         "unique_for",
         "timeout",
+        "limit_key",
+        "weight",
     )
     return [cast(source.c.payload, Text).label("payload"), *(source.c[name] for name in names)]
 

@@ -65,6 +65,8 @@ def enqueue(tables: Tables) -> Select[Any]:
             unique_for=param("unique_for", Interval()),
             timeout=param("timeout", Double()),
             unique_slot=param("unique_slot", Text()),
+            limit_key=param("limit_key", Text()),
+            weight=param("weight", Integer()),
         )
         # No conflict target: the item's key or its unique slot, whichever is held.
         .on_conflict_do_nothing()
@@ -93,6 +95,8 @@ _BATCH_COLUMNS = (
     "unique_fors",
     "timeouts",
     "slots",
+    "limit_keys",
+    "weights",
 )
 
 
@@ -123,7 +127,7 @@ def _batch_insert(tables: Tables, *, skip_stored: bool) -> tuple[CTE, CTE]:
         text(
             f"SELECT * FROM ROWS FROM ({elements}) WITH ORDINALITY AS unnested("
             "tenant, item_id, payload, priority, available_place, created_place, "
-            "unique_key, unique_for, timeout, unique_slot, ord)"
+            "unique_key, unique_for, timeout, unique_slot, limit_key, weight, ord)"
         )
         .bindparams(*(param(name, Text()) for name in _BATCH_COLUMNS))
         .columns(
@@ -137,6 +141,8 @@ def _batch_insert(tables: Tables, *, skip_stored: bool) -> tuple[CTE, CTE]:
             column("unique_for", Text),
             column("timeout", Text),
             column("unique_slot", Text),
+            column("limit_key", Text),
+            column("weight", Text),
             column("ord", BigInteger),
         )
         # Read by the insert and by the anti-join of the skipped items: unnested once.
@@ -164,6 +170,8 @@ def _batch_insert(tables: Tables, *, skip_stored: bool) -> tuple[CTE, CTE]:
             ),
             cast(batch.c.timeout, Double).label("timeout"),
             batch.c.unique_slot,
+            batch.c.limit_key,
+            cast(batch.c.weight, Integer).label("weight"),
         )
         .order_by(batch.c.ord)
         .cte("numbered")
@@ -181,6 +189,8 @@ def _batch_insert(tables: Tables, *, skip_stored: bool) -> tuple[CTE, CTE]:
         "unique_for",
         "timeout",
         "unique_slot",
+        "limit_key",
+        "weight",
     )
     rows = text(
         f"OVERRIDING SYSTEM VALUE SELECT {', '.join(names)}, {QUEUED}, {ZERO}, "

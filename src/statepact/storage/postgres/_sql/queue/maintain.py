@@ -160,6 +160,27 @@ def set_paused(control: Table) -> Select[Any]:
     )
 
 
+def set_limits(control: Table) -> Select[Any]:
+    """Store the queue's ``QueueLimits`` (``p_limits``, JSON text; NULL removes them) in
+    its control row, and wake its watchers (a raised limit may free held-back items)."""
+    statement = pg_insert(control).values(
+        queue=param("queue", Text()), limits=param("limits", Text())
+    )
+    stored = (
+        statement.on_conflict_do_update(
+            index_elements=[control.c.queue], set_={"limits": statement.excluded.limits}
+        )
+        .returning(control.c.queue)
+        .cte("stored")
+    )
+    return select(func.pg_notify(param("channel"), literal_column("''"))).select_from(stored)
+
+
+def limits(control: Table) -> Select[Any]:
+    """The queue's stored limits: one row (NULL: none) when it has a control row."""
+    return select(control.c.limits).where(control.c.queue == param("queue", Text()))
+
+
 def paused(control: Table) -> Select[Any]:
     """Whether the queue is paused: one row when it has a control row."""
     return select(control.c.paused).where(control.c.queue == param("queue", Text()))

@@ -30,9 +30,18 @@
 --   Q wake            list   wake-up tokens for watchers (make_ready below)
 --   Q ctl             pub/sub channel: "<token>:R" when a leased item is cancelled
 --
+--   Q limits          string the queue's QueueLimits as JSON (absent: none)
+--   Q count:leased-key hash  limit key -> leased items holding it
+--   Q count:leased-pair hash ref(T, limit key) -> leased items of T holding it
+--   Q spent:<kind>:<seg(name)> hash  rate bucket -> weight claimed in it, for a
+--                            limit key (kind k) or a tenant (kind t); expires
+--   Q rate-wake       string when the earliest item a rate held back fits, µs
+--                            (next_due's hint; expires)
+-- Those five are named here from Q, not passed as KEYS: all share Q's slot.
+--
 -- Item hash fields besides the above: ukey (unique_key), ufor (unique_for, µs),
 -- timeout (seconds, as the front wrote it), slot (the unique slot it was stored
--- under); each absent when not set.
+-- under), lkey (limit_key), weight (absent: 1); each absent when not set.
 --
 -- Every queue script gets the same KEYS (QueueKeys.fixed() in _keys.py), a
 -- write its replay key after them as KEYS[20], and ARGV[1] = Q, ARGV[2] = now
@@ -120,11 +129,28 @@ local function write_claim(r, token, at)
 end
 
 -- A lease ends (settled or reaped): off the lease set, the token forgotten.
+local N_LEASED_KEY, N_LEASED_PAIR = Q .. 'count:leased-key', Q .. 'count:leased-pair'
+
+-- Count (delta 1) or uncount (-1) a leased item in its limit key's and its
+-- (tenant, key)'s leased counts; kept whether or not limits are set, so limits
+-- set later see the true counts. Every lease start and end passes here.
+local function hold_key(ikey, tenant, delta)
+  local lkey = redis.call('HGET', ikey, 'lkey')
+  if lkey then
+    count(N_LEASED_KEY, lkey, delta)
+    count(N_LEASED_PAIR, ref(tenant, lkey), delta)
+  end
+end
+
 local function end_lease(r, tenant)
   redis.call('ZREM', LEASES, r)
   redis.call('HDEL', LEASE_TOKENS, r)
   redis.call('ZREM', PENDING, r)
   count(N_LEASED, tenant, -1)
+  hold_key(item_key(r), tenant, -1)
+  if redis.call('EXISTS', Q .. 'limits') == 1 then
+    wake() -- a freed slot: a watcher held back by a cap claims again
+  end
 end
 
 -- The item holding unique slot `slot` of `tenant` while it blocks (queued or
@@ -177,7 +203,8 @@ end
 -- or (slot not '') return the item holding that unique slot. Returns {1, {}}
 -- stored now (the caller has its record), {0, item} already there or the slot's
 -- holder, item its HGETALL. ukey, ufor (µs), timeout, slot: '' when not set.
-local function put_item(r, tenant, id, payload, priority, available, created, ukey, ufor, timeout, slot)
+local function put_item(r, tenant, id, payload, priority, available, created, ukey, ufor, timeout,
+                        slot, lkey, weight)
   local ikey = item_key(r)
   if redis.call('EXISTS', ikey) == 1 then
     return { 0, redis.call('HGETALL', ikey) }
@@ -202,6 +229,12 @@ local function put_item(r, tenant, id, payload, priority, available, created, uk
   end
   if timeout ~= '' then
     redis.call('HSET', ikey, 'timeout', timeout)
+  end
+  if lkey ~= '' then
+    redis.call('HSET', ikey, 'lkey', lkey)
+  end
+  if weight ~= '1' then
+    redis.call('HSET', ikey, 'weight', weight)
   end
   count(N_QUEUED, tenant, 1)
   schedule(tenant, id, ikey, available)

@@ -2,9 +2,9 @@
 
 KEYS     QueueKeys.fixed()
 ARGV[1]  Q                 ARGV[2]  now, µs
-then, per item, eleven values as enqueue's ARGV[3..13]: R, tenant, item_id,
+then, per item, thirteen values as enqueue's ARGV[3..15]: R, tenant, item_id,
 payload (already size-checked), priority, available_at µs, created_at µs,
-unique_key, unique_for µs, timeout, slot ('' when not set).
+unique_key, unique_for µs, timeout, slot, limit_key ('' when not set), weight.
 
 Returns  per item, in order, its flag and (flag 0 only: the item was there) its HGETALL,
          flat; the caller has the records of the items stored now. An item whose slot
@@ -12,9 +12,9 @@ Returns  per item, in order, its flag and (flag 0 only: the item was there) its 
 The front checked every argument, so no call below can fail half-way.
 ]]
 local out = {}
-for i = 3, #ARGV, 11 do
+for i = 3, #ARGV, 13 do
   local put = put_item(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5],
-    ARGV[i + 6], ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10])
+    ARGV[i + 6], ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 11], ARGV[i + 12])
   out[#out + 1] = put[1]
   out[#out + 1] = put[2]
 end
