@@ -35,7 +35,7 @@ from statepact.models import (
     TenantQueueStats,
     WorkItem,
 )
-from statepact.queue import QueuePolicy, WorkQueue
+from statepact.queue import QueueLimits, QueuePolicy, Rate, WorkQueue
 from statepact.settings import (
     MemoryStoreSettings,
     PostgresStoreSettings,
@@ -66,9 +66,11 @@ __all__ = [
     "PoolExhaustedError",
     "PostgresStoreSettings",
     "PreflightError",
+    "QueueLimits",
     "QueuePolicy",
     "QueueStats",
     "QueueUnavailableError",
+    "Rate",
     "RedisStoreSettings",
     "RetryPolicy",
     "RunNotFoundError",

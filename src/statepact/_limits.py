@@ -10,15 +10,22 @@ __all__ = [
     "DEFAULT_MAX_VALUE_BYTES",
     "LEASE_EXPIRED",
     "MAX_BATCH_BYTES",
+    "MAX_CAP",
     "MAX_COUNTER",
     "MAX_ENQUEUE_BATCH",
     "MAX_HISTORY",
+    "MAX_LIMIT_KEYS",
     "MAX_PAGE",
+    "MAX_PRIORITY",
+    "MAX_RATE_PERIOD",
+    "MAX_RATE_WEIGHT",
     "MAX_RETRY_DELAY",
     "MAX_SHARED_COMMITS",
     "MAX_SHARED_ENQUEUES",
     "MAX_SHARED_READS",
     "MAX_SHARED_WRITES",
+    "MAX_WEIGHT",
+    "PRUNE_BATCH",
 ]
 
 #: The largest serialized blob, payload or value accepted unless settings say otherwise.
@@ -29,6 +36,9 @@ MAX_ENQUEUE_BATCH = 10_000
 MAX_BATCH_BYTES = 64 * 1024 * 1024
 #: The most rows one page of ``list_runs``/``list_sessions``/``dead_letters`` returns.
 MAX_PAGE = 1000
+#: The bound of a work item's priority, either way: ``-MAX_PRIORITY..MAX_PRIORITY``
+#: (the front checks it; PostgreSQL's table holds it as a CHECK constraint).
+MAX_PRIORITY = 1000
 #: The most versions one ``history`` call returns.
 MAX_HISTORY = 1000
 #: The largest value a run counter holds (cost in nano-units): a signed 64-bit integer.
@@ -44,3 +54,15 @@ LEASE_EXPIRED = "lease expired"
 #: The longest a failed item's retry may be put off, in seconds (30 days): ``Retry(delay)``
 #: raised by a worker's handler and ``WorkQueue.fail(retry_in=)`` alike.
 MAX_RETRY_DELAY = 30 * 86_400.0
+#: The most rows (PostgreSQL) or records (Redis) one prune statement or script looks at
+#: (``WorkQueue.prune``, ``StateStore.prune_runs``, a transaction history prune): a prune
+#: of a million rows is many short steps, none holding the server for long.
+PRUNE_BATCH = 500
+#: The largest ``WorkItem.weight`` (e.g. a model call's tokens) and the largest concurrency
+#: cap or rate a ``QueueLimits`` holds (``MAX_RATE_WEIGHT``: weight per period).
+MAX_WEIGHT = 10_000_000
+MAX_CAP = 1_000_000
+MAX_RATE_WEIGHT = 2**40
+#: The longest period of a ``Rate`` (one day) and the most keys ``QueueLimits`` names.
+MAX_RATE_PERIOD = 86_400.0
+MAX_LIMIT_KEYS = 1000

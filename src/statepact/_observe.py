@@ -94,8 +94,8 @@ def backing_of(obj: object) -> str:
 
 
 def _backend_of(obj: object) -> object:
-    manager = getattr(obj, "_manager", None)  # a Transaction
-    if manager is not None:
+    manager = getattr(obj, "manager", None)  # a Transaction
+    if manager is not None and not isinstance(obj, type):
         obj = manager
     backend = getattr(obj, "backend", None)  # a TransactionManager
     if backend is not None and not isinstance(obj, type):
@@ -127,10 +127,16 @@ def target_of(obj: object) -> Target:
 
 def _find_target(backend: object, backing: str) -> Target:
     if backing == "redis":
-        return _redis_target(getattr(backend, "_redis", None))
+        return _redis_target(_client_of(backend))
     if backing == "postgres":
-        return _postgres_target(backend)
+        return _postgres_target(_client_of(backend))
     return Target(backing)
+
+
+def _client_of(backend: object) -> object:
+    """What ``backend`` sends its calls through: its public ``client`` (a Redis client; an
+    SQLAlchemy engine, connection or session)."""
+    return getattr(backend, "client", None)
 
 
 def _redis_target(client: object) -> Target:
@@ -154,13 +160,8 @@ def _redis_target(client: object) -> Target:
     return Target("redis")
 
 
-def _postgres_target(backend: object) -> Target:
-    engine: Any = getattr(backend, "_engine", None)
-    executor = getattr(backend, "_executor", None)
-    if engine is None and executor is not None:
-        engine = getattr(executor, "_engine", None) or getattr(executor, "_connection", None)
-        if engine is None:  # a bound executor: the caller's session or connection
-            engine = getattr(executor, "_target", None)
+def _postgres_target(client: object) -> Target:
+    engine: Any = client
     engine = getattr(engine, "bind", None) or engine  # an AsyncSession's engine
     engine = getattr(engine, "engine", None) or engine  # an AsyncConnection's engine
     url = getattr(engine, "url", None)
@@ -291,6 +292,7 @@ CALLS: tuple[CallSpec, ...] = (
     CallSpec(_STATE, "patch_run", "state", "patch_run", _ids("tenant", "run_id", "runs")),
     CallSpec(_STATE, "list_runs", "state", "list_runs", _ids("tenant", None, "runs")),
     CallSpec(_STATE, "delete_run", "state", "delete_run", _ids("tenant", "run_id", "runs")),
+    CallSpec(_STATE, "prune_runs", "state", "prune_runs", _ids("tenant", None, "runs")),
     CallSpec(
         _STATE, "put_session", "state", "put_session", _record("record", "session_id", "sessions")
     ),
@@ -298,6 +300,13 @@ CALLS: tuple[CallSpec, ...] = (
         _STATE, "get_session", "state", "get_session", _ids("tenant", "session_id", "sessions")
     ),
     CallSpec(_STATE, "list_sessions", "state", "list_sessions", _ids("tenant", None, "sessions")),
+    CallSpec(
+        _STATE,
+        "delete_session",
+        "state",
+        "delete_session",
+        _ids("tenant", "session_id", "sessions"),
+    ),
     CallSpec(_QUEUE, "enqueue", "queue", "enqueue", _record("item", "item_id", None)),
     CallSpec(_QUEUE, "enqueue_many", "queue", "enqueue_many"),
     CallSpec(_QUEUE, "claim", "queue", "claim"),
@@ -307,6 +316,17 @@ CALLS: tuple[CallSpec, ...] = (
     CallSpec(_QUEUE, "ack_many", "queue", "ack_many"),
     CallSpec(_QUEUE, "fail", "queue", "fail", _lease),
     CallSpec(_QUEUE, "release", "queue", "release", _lease),
+    CallSpec(_QUEUE, "cancel", "queue", "cancel", _ids("tenant", "item_id", None)),
+    CallSpec(_QUEUE, "cancel_many", "queue", "cancel_many", _ids("tenant", None, None)),
+    CallSpec(_QUEUE, "pause", "queue", "pause"),
+    CallSpec(_QUEUE, "resume", "queue", "resume"),
+    CallSpec(_QUEUE, "paused", "queue", "paused"),
+    CallSpec(_QUEUE, "prune", "queue", "prune"),
+    CallSpec(_QUEUE, "prunable", "queue", "prunable"),
+    CallSpec(_QUEUE, "dead_letters_all", "queue", "dead_letters_all"),
+    CallSpec(_QUEUE, "queues", "queue", "queues"),
+    CallSpec(_QUEUE, "set_limits", "queue", "set_limits"),
+    CallSpec(_QUEUE, "limits", "queue", "limits"),
     CallSpec(_QUEUE, "reap", "queue", "reap"),
     CallSpec(_QUEUE, "dead_letters", "queue", "dead_letters", _ids("tenant", None, None)),
     CallSpec(_QUEUE, "requeue", "queue", "requeue", _record("item", "item_id", None)),
@@ -323,6 +343,7 @@ CALLS: tuple[CallSpec, ...] = (
     CallSpec(_MANAGER, "renew_lease", "tx", "renew_lease"),
     CallSpec(_MANAGER, "release_lease", "tx", "release_lease"),
     CallSpec(_MANAGER, "history", "tx", "history", _keyed),
+    CallSpec(_MANAGER, "prune_history", "tx", "prune_history"),
     CallSpec(_MANAGER, "register_resource", "tx", "register_resource", _named_resource),
     CallSpec(_MANAGER, "resource_info", "tx", "resource_info", _named_resource),
     CallSpec(_MANAGER, "health_check", "tx", "health_check"),

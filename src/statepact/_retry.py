@@ -28,7 +28,15 @@ from statepact import _observe
 from statepact._cancel import finish
 from statepact.errors import StatepactError
 
-__all__ = ["RetryPolicy", "UniqueIds", "call_with_failover", "new_op_id"]
+__all__ = [
+    "FAILOVER",
+    "RetryPolicy",
+    "Retrying",
+    "UniqueIds",
+    "call_with_failover",
+    "new_op_id",
+    "retry",
+]
 
 T = TypeVar("T")
 
@@ -95,6 +103,83 @@ class RetryPolicy:
         return sum(self.ceiling(i) for i in range(self.attempts - 1))
 
 
+@dataclass(frozen=True, slots=True)
+class Retrying:
+    """How one kind of retry loop names itself and logs: ``reason`` (``failover``,
+    ``conflict``) for :func:`statepact._observe.retried`, the logger, and the levels of
+    a retry and of giving up. A connection error retried is news (WARNING, then ERROR);
+    a conflict retried is the design working (DEBUG, then WARNING)."""
+
+    reason: str
+    log: logging.Logger
+    retry_level: int
+    give_up_level: int
+
+
+FAILOVER = Retrying("failover", _log, logging.WARNING, logging.ERROR)
+
+
+async def retry(
+    attempt: Callable[[], Awaitable[T]],
+    *,
+    policy: RetryPolicy,
+    retryable: Callable[[Exception], bool],
+    how: Retrying,
+    what: str,
+    backing: str,
+    give_up: Callable[[Exception], BaseException] | None = None,
+) -> T:
+    """The one retry loop: ``attempt()`` until it returns or raises an error that is not
+    ``retryable``, at most ``policy.attempts`` times, sleeping ``policy.delay`` between.
+
+    Past the budget the last error is raised (``give_up(error)`` instead, from it, when
+    given). Every retry and the giving up are logged as ``how`` says, naming the error's
+    type only, and reported to the installed observer. The sleeps are cancellable.
+    """
+    count = 0
+    while True:
+        try:
+            return await attempt()
+        except Exception as exc:
+            if not retryable(exc):
+                raise
+            count += 1
+            fields = {
+                "backing": backing,
+                "operation": what,
+                "attempt": count,
+                "max_attempts": policy.attempts,
+                "error_type": type(exc).__name__,
+            }
+            if count >= policy.attempts:
+                how.log.log(
+                    how.give_up_level,
+                    "%s %s: gave up after %d attempt(s), the last failed with %s",
+                    backing,
+                    what,
+                    count,
+                    type(exc).__name__,
+                    extra=fields,
+                )
+                if give_up is None:
+                    raise
+                raise give_up(exc) from exc
+            delay = policy.delay(count - 1)
+            how.log.log(
+                how.retry_level,
+                "%s %s: attempt %d of %d failed with %s; retrying in %.3f s",
+                backing,
+                what,
+                count,
+                policy.attempts,
+                type(exc).__name__,
+                delay,
+                extra={**fields, "delay": delay},
+            )
+            _observe.retried(reason=how.reason, backing=backing, attempt=count, error=exc)
+            await asyncio.sleep(delay)
+
+
 async def call_with_failover(
     operation: Callable[[], Awaitable[T]],
     *,
@@ -106,7 +191,8 @@ async def call_with_failover(
     backing: str = "server",
     shield: bool = True,
 ) -> T:
-    """Run ``operation``, retrying transient (connection) errors within ``policy``.
+    """Run ``operation``, retrying transient (connection) errors within ``policy``
+    (:func:`retry`, logged on ``statepact.retry``).
 
     Each attempt runs to its end even if the caller is cancelled meanwhile
     (:func:`statepact._cancel.finish`); the caller then gets its
@@ -120,8 +206,8 @@ async def call_with_failover(
     raised from the last error. ``what`` (the call) and ``backing`` (``redis``,
     ``postgres``) name it in the log records.
     """
-    attempt = 0
-    while True:
+
+    async def attempt() -> T:
         try:
             # One attempt is one request to the server: once sent, it is answered before
             # a cancellation of the caller goes on (the sleeps between attempts stay
@@ -137,35 +223,14 @@ async def call_with_failover(
                 public = translate(exc)
                 if public is not None:
                     raise public from exc
-                raise
-            attempt += 1
-            fields = {
-                "backing": backing,
-                "operation": what,
-                "attempt": attempt,
-                "max_attempts": policy.attempts,
-                "error_type": type(exc).__name__,
-            }
-            if attempt >= policy.attempts:
-                _log.error(
-                    "%s %s: gave up after %d attempt(s), the last failed with %s",
-                    backing,
-                    what,
-                    attempt,
-                    type(exc).__name__,
-                    extra=fields,
-                )
-                raise give_up(exc) from exc
-            delay = policy.delay(attempt - 1)
-            _log.warning(
-                "%s %s: attempt %d of %d failed with %s; retrying in %.3f s",
-                backing,
-                what,
-                attempt,
-                policy.attempts,
-                type(exc).__name__,
-                delay,
-                extra={**fields, "delay": delay},
-            )
-            _observe.retried(reason="failover", backing=backing, attempt=attempt, error=exc)
-            await asyncio.sleep(delay)
+            raise
+
+    return await retry(
+        attempt,
+        policy=policy,
+        retryable=lambda exc: not isinstance(exc, StatepactError) and is_transient(exc),
+        how=FAILOVER,
+        what=what,
+        backing=backing,
+        give_up=give_up,
+    )

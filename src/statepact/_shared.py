@@ -21,8 +21,8 @@ PostgreSQL backings give it a ``lock_timeout`` and send its calls again one by
 one if it runs out.)
 
 A call may be answered without being sent at all: ``refused(work)``, when given, is
-asked for each waiting call as a batch is formed, and an error it returns is that
-call's answer at once (``PostgresBackend`` refuses there the commits that a commit
+asked for each waiting call as a batch is formed, and an answer (or an error) it
+returns is that call's answer at once (``PostgresBackend`` refuses there the commits that a commit
 of its own, just landed, dooms: on a hot key, all but one of the commits waiting
 behind it, answered together instead of one per batch).
 
@@ -75,8 +75,8 @@ class SharedRoundTrips(Generic[W, R]):
     answers each, in order. ``keys(work)`` are what two calls of one batch must not
     share (none: any calls may go together); ``size(work)`` counts toward
     ``max_bytes`` (asked only of a call about to join a batch). ``refused(work)``, if
-    given, answers a waiting call without sending it: the error it returns (``None``:
-    send it). ``name`` names the sending task.
+    given, answers a waiting call without sending it: the answer or error it returns
+    (``None``: send it). ``name`` names the sending task.
     """
 
     __slots__ = (
@@ -106,7 +106,7 @@ class SharedRoundTrips(Generic[W, R]):
         max_bytes: int,
         name: str,
         patience: float = PATIENCE,
-        refused: Callable[[W], BaseException | None] | None = None,
+        refused: Callable[[W], R | BaseException | None] | None = None,
     ) -> None:
         self._one = one
         self._many = many
@@ -188,10 +188,14 @@ class SharedRoundTrips(Generic[W, R]):
         refused = self._refused
         for waiting in self._waiting:
             if refused is not None:
-                error = refused(waiting.work)
-                if error is not None:
-                    if not waiting.answer.done():
-                        waiting.answer.set_exception(error)  # answered here, never sent
+                answer = refused(waiting.work)
+                if answer is not None:
+                    if waiting.answer.done():
+                        pass
+                    elif isinstance(answer, BaseException):
+                        waiting.answer.set_exception(answer)  # answered here, never sent
+                    else:
+                        waiting.answer.set_result(answer)
                     continue
             if len(batch) >= self._max_items or not taken.isdisjoint(waiting.keys):
                 later.append(waiting)

@@ -8,7 +8,7 @@ content (ids, JSON, sizes) before anything reaches a backing.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
@@ -96,6 +96,7 @@ class ItemStatus(StrEnum):
     LEASED = "leased"
     DONE = "done"
     DEAD = "dead"
+    CANCELLED = "cancelled"
 
 
 class WorkItem(BaseModel):
@@ -104,6 +105,16 @@ class WorkItem(BaseModel):
     Within a tenant, due items are claimed highest ``priority`` first, then in
     enqueue order. ``queue`` may be left ``None``: enqueue fills in the queue's
     own name.
+
+    ``unique_key`` makes the item one of a kind in its tenant while it is queued or
+    leased (with ``unique_for``, also while done, until the period it was enqueued
+    in ends): an enqueue of another item with the key returns that item instead
+    (see ``statepact.queue.unique_slot``). ``timeout`` is the seconds a worker gives
+    its handler before cancelling it (the worker's default when ``None``).
+
+    ``limit_key`` names what the item spends (e.g. ``"openai:gpt-4o"``) and ``weight``
+    how much of it (e.g. the tokens it expects; 1 by default): the queue's
+    ``QueueLimits`` cap and rate-limit claims by them (docs/work-queue.md#flow-control).
     """
 
     model_config = _FROZEN
@@ -119,6 +130,11 @@ class WorkItem(BaseModel):
     last_error: str | None = None
     created_at: datetime | None = None
     updated_at: datetime | None = None
+    unique_key: str | None = None
+    unique_for: timedelta | None = None
+    timeout: float | None = None
+    limit_key: str | None = None
+    weight: int = Field(default=1, ge=1)
 
 
 class Lease(BaseModel):
@@ -144,10 +160,13 @@ class TenantQueueStats(BaseModel):
     queued: int = 0
     leased: int = 0
     dead: int = 0
+    cancelled: int = 0
 
 
 class QueueStats(BaseModel):
-    """Counts per tenant; tenants with nothing queued, leased or dead are left out."""
+    """Counts per tenant; tenants with nothing queued, leased, dead or cancelled are left
+    out. Done items are not counted (a count that grows with finished work would cost
+    what it counts)."""
 
     model_config = _FROZEN
 
@@ -165,6 +184,10 @@ class QueueStats(BaseModel):
     @property
     def dead(self) -> int:
         return sum(t.dead for t in self.tenants.values())
+
+    @property
+    def cancelled(self) -> int:
+        return sum(t.cancelled for t in self.tenants.values())
 
 
 def stored(model: type[M], fields: dict[str, Any]) -> M:

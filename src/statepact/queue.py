@@ -8,22 +8,20 @@ the lease token; two backings can therefore never disagree about poison.
 
 What the front decides or learns is logged on ``statepact.queue`` (see
 docs/observability.md): dead letters and lost leases at WARNING, failures retried
-later, reaped leases, requeued items and purged dead letters at INFO, releases at DEBUG.
+later, reaped leases, requeued items and purged dead letters at INFO, releases at DEBUG;
+cancels, pauses, resumes and prunes at INFO.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-import random
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from statepact import _observe
 from statepact._codec import (
@@ -37,16 +35,28 @@ from statepact._codec import (
 )
 from statepact._limits import (
     DEFAULT_MAX_VALUE_BYTES,
-    LEASE_EXPIRED,
     MAX_BATCH_BYTES,
     MAX_ENQUEUE_BATCH,
+    MAX_PRIORITY,
     MAX_RETRY_DELAY,
     MAX_SHARED_ENQUEUES,
+    MAX_WEIGHT,
+    PRUNE_BATCH,
+)
+from statepact._queue_limits import QueueLimits, Rate
+from statepact._queue_policy import (
+    FailOutcome,
+    LapseOutcome,
+    OnCancel,
+    QueuePolicy,
+    WorkWatch,
+    holds_unique_slot,
+    unique_slot,
 )
 from statepact._shared import SharedRoundTrips
 from statepact.clock import Clock, SystemClock, read_clock
 from statepact.errors import LeaseLostError, StatePersistenceError
-from statepact.models import ItemStatus, Lease, QueueStats, WorkItem, stored
+from statepact.models import ItemStatus, Lease, Page, QueueStats, WorkItem, stored
 from statepact.settings import redact_dsn
 
 __all__ = [
@@ -54,94 +64,20 @@ __all__ = [
     "BaseWorkQueue",
     "FailOutcome",
     "LapseOutcome",
+    "OnCancel",
+    "QueueLimits",
     "QueuePolicy",
+    "Rate",
     "WorkQueue",
     "WorkWatch",
+    "holds_unique_slot",
+    "unique_slot",
 ]
 
-MAX_PRIORITY = 1000
 MAX_ERROR_CHARS = 4096
 MAX_BATCH = 1000
 
 _log = logging.getLogger("statepact.queue")
-
-
-class QueuePolicy(BaseModel):
-    """Retries, backoff and the dead letter, decided once for every backing.
-
-    An attempt is counted when an item is claimed (``release`` gives it back).
-    After a failure with ``attempts < max_attempts`` the item is retried after
-    ``min(backoff_cap, backoff_base * 2**(attempts-1))`` seconds, shortened by up
-    to ``jitter`` of itself at random; otherwise, or when the failure is not
-    retryable, it is dead-lettered with its last error kept. A lease that lapses
-    is treated as a retryable failure without backoff.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_attempts: int = Field(default=5, ge=1, le=10_000)
-    backoff_base: float = Field(default=1.0, gt=0, le=86_400)
-    backoff_cap: float = Field(default=600.0, gt=0, le=30 * 86_400)
-    jitter: float = Field(default=0.1, ge=0, le=1)
-
-    @model_validator(mode="after")
-    def _cap_above_base(self) -> QueuePolicy:
-        if self.backoff_cap < self.backoff_base:
-            raise ValueError("backoff_cap: must not be below backoff_base")
-        return self
-
-    def retry_delay(self, attempts: int, *, rand: float | None = None) -> timedelta:
-        """The wait before the next try, after ``attempts`` tries (1-based)."""
-        exponent = min(max(attempts - 1, 0), 62)
-        ceiling = min(self.backoff_cap, self.backoff_base * (2.0**exponent))
-        draw = random.random() if rand is None else rand
-        return timedelta(seconds=ceiling * (1.0 - self.jitter * draw))
-
-    def after_failure(
-        self, attempts: int, now: datetime, *, retryable: bool, rand: float | None = None
-    ) -> FailOutcome:
-        if not retryable or attempts >= self.max_attempts:
-            return FailOutcome(dead=True, available_at=now)
-        return FailOutcome(dead=False, available_at=now + self.retry_delay(attempts, rand=rand))
-
-    def after_lapse(self) -> LapseOutcome:
-        """What ``reap`` does with an item whose lease lapsed (see :class:`LapseOutcome`)."""
-        return LapseOutcome(dead_at=self.max_attempts, error=LEASE_EXPIRED)
-
-    def lapse_is_dead(self, attempts: int) -> bool:
-        """Whether an item whose lease lapsed after ``attempts`` tries goes to the dead letter."""
-        return self.after_lapse().is_dead(attempts)
-
-
-@dataclass(frozen=True, slots=True)
-class FailOutcome:
-    """What ``QueuePolicy`` decided for a failed item."""
-
-    dead: bool
-    available_at: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class LapseOutcome:
-    """What ``QueuePolicy`` decided for the items ``reap`` moves, handed to the backing.
-
-    An item claimed ``dead_at`` times or more goes to the dead letter, any other
-    back to the queue, due now; each gets ``last_error = error``.
-    """
-
-    dead_at: int
-    error: str
-
-    def is_dead(self, attempts: int) -> bool:
-        return attempts >= self.dead_at
-
-
-class WorkWatch(Protocol):
-    """What ``WorkQueue.watch()`` yields."""
-
-    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - the fallback poll
-        """Until work may have arrived (True) or ``timeout`` seconds passed (False)."""
-        ...
 
 
 @runtime_checkable
@@ -168,7 +104,9 @@ class WorkQueue(Protocol):
     async def enqueue(self, item: WorkItem, *, delay: float | timedelta | None = None) -> WorkItem:
         """Store the item, due at ``now + delay``.
 
-        An item already stored under ``(queue, tenant, item_id)`` is returned as it is.
+        An item already stored under ``(queue, tenant, item_id)`` is returned as it is;
+        then an item of the tenant holding the same unique slot (:func:`unique_slot`)
+        is returned instead, and nothing is written. The server enforces both.
         """
         ...
 
@@ -177,8 +115,9 @@ class WorkQueue(Protocol):
     ) -> list[WorkItem]:
         """Store up to 10,000 items in one round trip, all or none, each due at ``now + delay``.
 
-        Idempotent per item, as ``enqueue`` is: an item already stored is returned
-        as it is, in its place in the answer. Every item is checked (errors name
+        Idempotent per item, as ``enqueue`` is: an item already stored (or holding
+        the item's unique slot, an earlier one of the batch included) is returned as
+        it is, in its place in the answer. Every item is checked (errors name
         ``items[i].field``, a repeated id in the batch included) before anything
         is sent.
         """
@@ -227,8 +166,69 @@ class WorkQueue(Protocol):
         """
         ...
 
-    async def release(self, lease: Lease) -> WorkItem:
-        """Give the item back, due now, without counting the attempt."""
+    async def release(
+        self,
+        lease: Lease,
+        *,
+        delay: float | timedelta | None = None,
+        count_attempt: bool = False,
+    ) -> WorkItem:
+        """Give the item back, due at ``now + delay``.
+
+        The attempt is given back too unless ``count_attempt`` (a worker shutting
+        down keeps it, so an item that always hangs still reaches the dead letter).
+        """
+        ...
+
+    async def cancel(
+        self, tenant: str, item_id: str, *, reason: str | None = None
+    ) -> WorkItem | None:
+        """Cancel one item: ``cancel_many`` of one id."""
+        ...
+
+    async def cancel_many(
+        self, tenant: str, item_ids: Sequence[str], *, reason: str | None = None
+    ) -> list[WorkItem | None]:
+        """Cancel up to 1,000 items of a tenant in one round trip; answers in ``item_ids`` order.
+
+        A queued (delayed too) or leased item becomes ``cancelled`` with
+        ``last_error = reason`` and is never claimed again; a leased one's lease is
+        void (its settles and heartbeats raise ``LeaseLostError``) and every
+        ``watch(on_cancel=...)`` is told. A done, dead or cancelled item is returned
+        unchanged; a missing one is ``None``. An id named twice is refused.
+        """
+        ...
+
+    async def pause(self) -> None:
+        """Stop every process claiming from this queue (stored on the server) until
+        ``resume``; leased items still settle."""
+        ...
+
+    async def resume(self) -> None:
+        """Undo ``pause``; open watches wake as on an enqueue."""
+        ...
+
+    async def paused(self) -> bool:
+        """Whether the queue is paused."""
+        ...
+
+    async def set_limits(self, limits: QueueLimits | None) -> None:
+        """Store the queue's flow control (``QueueLimits``; ``None``: no limits) on the
+        server: every process claims under it from its next claim."""
+        ...
+
+    async def limits(self) -> QueueLimits:
+        """The flow control stored with the queue (empty when none was set)."""
+        ...
+
+    async def prune(self) -> int:
+        """Delete finished items older than the policy's ``keep_*``; return how many.
+
+        Done, cancelled and dead items whose ``updated_at`` is before ``now - keep``
+        go, in batches of at most ``PRUNE_BATCH``; their ids and unique keys are free
+        again. At most one process prunes a queue at a time: another caller gets 0
+        at once.
+        """
         ...
 
     async def reap(self) -> list[WorkItem]:
@@ -262,16 +262,22 @@ class WorkQueue(Protocol):
         """The item's current record, or ``None``."""
         ...
 
-    def watch(self) -> AbstractAsyncContextManager[WorkWatch]:
+    def watch(self, *, on_cancel: OnCancel | None = None) -> AbstractAsyncContextManager[WorkWatch]:
         """Wake-ups for an idle claimer: ``async with queue.watch() as watch:`` then
         ``await watch.wait(timeout)`` returns when work may have arrived (True) or the
         timeout passed (False). A wake-up may be spurious, and one may be lost (a
         dropped connection): claim after every return, and keep the timeout as the
-        bound on how late a lost one makes an item."""
+        bound on how late a lost one makes an item.
+
+        ``on_cancel(tenant, item_id, token)`` is called, while the watch is open, when
+        a leased item is cancelled by any process (``token`` is the voided lease's).
+        Like a wake-up it may be lost: a heartbeat raising ``LeaseLostError`` stays
+        the fallback."""
         ...
 
     async def stats(self) -> QueueStats:
-        """Queued (depth), leased and dead counts per tenant."""
+        """Queued (depth), leased, dead and cancelled counts per tenant; its cost does not
+        grow with done items."""
         ...
 
     async def next_due(self) -> datetime | None:
@@ -283,6 +289,35 @@ class WorkQueue(Protocol):
         the bound.
         """
         ...
+
+
+def _error_text(text: str) -> str:
+    """An error or reason as every backing can store it: no NUL, lone surrogates as "?"
+    (UTF-8 cannot hold them), at most ``MAX_ERROR_CHARS``."""
+    message = text.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+    return message[:MAX_ERROR_CHARS]
+
+
+def _unique_for(field: str, item: WorkItem) -> timedelta | None:
+    """The item's checked ``unique_for``, which only makes sense with a ``unique_key``."""
+    period = item.unique_for
+    if period is None:
+        return None
+    if item.unique_key is None:
+        raise ValueError(f"{field}unique_for: is only meaningful with a unique_key")
+    seconds = require_seconds(f"{field}unique_for", period)
+    return period if isinstance(period, timedelta) else timedelta(seconds=seconds)
+
+
+def _dead_cursor(after: object) -> tuple[str, str]:
+    """``dead_letters_all``'s ``after``: the ``next`` of a page, ``["tenant", "item_id"]``."""
+    if not isinstance(after, str):
+        raise TypeError(f"after: must be a str (a page's next), got {type(after).__name__}")
+    try:
+        tenant, item_id = json.loads(after)
+        return require_id("after", tenant), require_id("after", item_id)
+    except (ValueError, TypeError):
+        raise ValueError("after: is not the next of a dead_letters_all page") from None
 
 
 def _require_lease(lease: object, field: str = "lease") -> Lease:
@@ -389,6 +424,19 @@ class BaseWorkQueue(ABC):
         if not -MAX_PRIORITY <= item.priority <= MAX_PRIORITY:
             raise ValueError(f"{field}priority: must be between -{MAX_PRIORITY} and {MAX_PRIORITY}")
         priority = plain_int(item.priority)
+        unique_key = (
+            None if item.unique_key is None else require_id(f"{field}unique_key", item.unique_key)
+        )
+        unique_for = _unique_for(field, item)
+        timeout = None if item.timeout is None else require_seconds(f"{field}timeout", item.timeout)
+        limit_key = (
+            None if item.limit_key is None else require_id(f"{field}limit_key", item.limit_key)
+        )
+        weight = item.weight
+        if isinstance(weight, bool) or not isinstance(weight, int):
+            raise TypeError(f"{field}weight: must be an int, got {type(weight).__name__}")
+        if not 1 <= weight <= MAX_WEIGHT:
+            raise ValueError(f"{field}weight: must be between 1 and {MAX_WEIGHT}, got {weight}")
         plain, payload = plain_json(f"{field}payload", item.payload)
         if len(payload) > self._max_value_bytes:
             check_size(
@@ -410,6 +458,11 @@ class BaseWorkQueue(ABC):
                 "last_error": None,
                 "created_at": now,
                 "updated_at": now,
+                "unique_key": unique_key,
+                "unique_for": unique_for,
+                "timeout": timeout,
+                "limit_key": limit_key,
+                "weight": plain_int(weight),
             },
         )
         return fresh, payload
@@ -534,9 +587,7 @@ class BaseWorkQueue(ABC):
             if retry_in is None
             else require_seconds("retry_in", retry_in, allow_zero=True, most=MAX_RETRY_DELAY)
         )
-        # Lone surrogates cannot be stored as UTF-8 anywhere; they become "?" like NULs go.
-        message = error.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
-        message = message[:MAX_ERROR_CHARS]
+        message = _error_text(error)
         now = read_clock(self._clock)
         outcome = self._policy.after_failure(checked.item.attempts, now, retryable=retryable)
         if wait is not None and not outcome.dead:
@@ -567,9 +618,28 @@ class BaseWorkQueue(ABC):
             )
         return failed
 
-    async def release(self, lease: Lease) -> WorkItem:
+    async def release(
+        self,
+        lease: Lease,
+        *,
+        delay: float | timedelta | None = None,
+        count_attempt: bool = False,
+    ) -> WorkItem:
         checked = _require_lease(lease)
-        released = await self._release(checked, read_clock(self._clock))
+        wait = (
+            0.0
+            if delay is None
+            else require_seconds("delay", delay, allow_zero=True, most=MAX_RETRY_DELAY)
+        )
+        if not isinstance(count_attempt, bool):
+            raise TypeError(f"count_attempt: must be a bool, got {type(count_attempt).__name__}")
+        now = read_clock(self._clock)
+        released = await self._release(
+            checked,
+            now,
+            available_at=now + timedelta(seconds=wait),
+            count_attempt=count_attempt,
+        )
         if released is None:
             raise self._lost("release", checked)
         _log.debug(
@@ -581,6 +651,127 @@ class BaseWorkQueue(ABC):
             extra=self._fields(released, worker_id=checked.worker_id),
         )
         return released
+
+    async def cancel(
+        self, tenant: str, item_id: str, *, reason: str | None = None
+    ) -> WorkItem | None:
+        checked = require_id("item_id", item_id)
+        return (await self.cancel_many(tenant, [checked], reason=reason))[0]
+
+    async def cancel_many(
+        self, tenant: str, item_ids: Sequence[str], *, reason: str | None = None
+    ) -> list[WorkItem | None]:
+        owner = require_id("tenant", tenant)
+        if isinstance(item_ids, str | bytes) or not isinstance(item_ids, Sequence):
+            raise TypeError(f"item_ids: must be a sequence of str, got {type(item_ids).__name__}")
+        if not 1 <= len(item_ids) <= MAX_BATCH:
+            raise ValueError(
+                f"item_ids: must hold between 1 and {MAX_BATCH} ids, got {len(item_ids)}"
+            )
+        seen: dict[str, int] = {}
+        for index, item_id in enumerate(item_ids):
+            checked = require_id(f"item_ids[{index}]", item_id)
+            first = seen.setdefault(checked, index)
+            if first != index:
+                raise ValueError(
+                    f"item_ids[{index}]: {checked!r} is already item_ids[{first}] of this batch"
+                )
+        if reason is not None and not isinstance(reason, str):
+            raise TypeError(f"reason: must be a str or None, got {type(reason).__name__}")
+        message = None if reason is None else _error_text(reason)
+        now = read_clock(self._clock)
+        answers = await self._cancel_many(owner, list(seen), message, now)
+        cancelled = [
+            item.item_id
+            for item in answers
+            if item is not None and item.status is ItemStatus.CANCELLED and item.updated_at == now
+        ]
+        if cancelled:
+            _log.info(
+                "queue %r: cancelled %d item(s) of tenant %r: %s",
+                self._name,
+                len(cancelled),
+                owner,
+                ", ".join(repr(item_id) for item_id in cancelled[:20]),
+                extra={
+                    "queue": self._name,
+                    "tenant": owner,
+                    "backing": _observe.backing_of(self),
+                    "cancelled": len(cancelled),
+                },
+            )
+        return answers
+
+    async def pause(self) -> None:
+        await self._set_paused(True)
+        _log.info("queue %r paused", self._name, extra=self._queue_fields())
+
+    async def resume(self) -> None:
+        await self._set_paused(False)
+        _log.info("queue %r resumed", self._name, extra=self._queue_fields())
+
+    async def paused(self) -> bool:
+        return await self._paused()
+
+    async def set_limits(self, limits: QueueLimits | None) -> None:
+        """Store the queue's flow control on the server (every process claims under it
+        from its next claim); ``None`` removes every limit."""
+        if limits is not None and not isinstance(limits, QueueLimits):
+            raise TypeError(f"limits: must be a QueueLimits or None, got {type(limits).__name__}")
+        chosen = limits or QueueLimits()
+        await self._set_limits(chosen)
+        _log.info(
+            "queue %r: limits set to %s", self._name, chosen.to_json(), extra=self._queue_fields()
+        )
+
+    async def limits(self) -> QueueLimits:
+        """The flow control stored with the queue (empty when none was set)."""
+        return await self._limits()
+
+    async def prune(self) -> int:
+        now = read_clock(self._clock)
+        cutoffs = self._policy.prune_cutoffs(now)
+        if not cutoffs:
+            return 0
+        pruned = await self._prune(now, cutoffs, PRUNE_BATCH)
+        if pruned:
+            _log.info(
+                "queue %r: pruned %d finished item(s)",
+                self._name,
+                pruned,
+                extra={**self._queue_fields(), "pruned": pruned},
+            )
+        return pruned
+
+    # -- the operator's reads (statepact queue ...); not part of the WorkQueue protocol --
+
+    async def prunable(self) -> dict[ItemStatus, int]:
+        """How many items ``prune`` would delete now, per finished status (``--dry-run``).
+
+        Counts every such item, so it costs what counting them costs; nothing is deleted.
+        """
+        cutoffs = self._policy.prune_cutoffs(read_clock(self._clock))
+        if not cutoffs:
+            return {}
+        return await self._count_prunable(cutoffs)
+
+    async def dead_letters_all(
+        self, *, after: str | None = None, limit: int = 100
+    ) -> Page[WorkItem]:
+        """Dead items of every tenant, by ``(tenant, item_id)``, a page at a time: pass
+        ``next`` back as ``after``. ``after`` is refused (naming it) unless a page gave it."""
+        count = require_limit(limit, MAX_BATCH)
+        start = None if after is None else _dead_cursor(after)
+        items = await self._dead_letters_all(start, count + 1)
+        if len(items) <= count:
+            return Page(items=items)
+        shown = items[:count]
+        return Page(items=shown, next=json.dumps([shown[-1].tenant, shown[-1].item_id]))
+
+    async def queues(self) -> list[QueueStats]:
+        """Every queue that holds items on this queue's storage (done ones included), by
+        name, each with ``stats()``'s counts."""
+        return await self._queues()
 
     async def reap(self) -> list[WorkItem]:
         moved = await self._reap(read_clock(self._clock), self._policy.after_lapse())
@@ -659,11 +850,16 @@ class BaseWorkQueue(ABC):
         return await self._next_due(read_clock(self._clock))
 
     @asynccontextmanager
-    async def watch(self) -> AsyncIterator[WorkWatch]:
-        async with self._watch() as watch:
+    async def watch(self, *, on_cancel: OnCancel | None = None) -> AsyncIterator[WorkWatch]:
+        if on_cancel is not None and not callable(on_cancel):
+            raise TypeError(f"on_cancel: must be callable, got {type(on_cancel).__name__}")
+        async with self._watch(on_cancel) as watch:
             yield _CheckedWatch(watch)
 
     # -- what the log records carry ---------------------------------------
+
+    def _queue_fields(self) -> dict[str, object]:
+        return {"queue": self._name, "backing": _observe.backing_of(self)}
 
     def _fields(self, item: WorkItem, **more: object) -> dict[str, object]:
         """The ``extra`` of a record about ``item``: queue, tenant, item id, backing."""
@@ -704,8 +900,11 @@ class BaseWorkQueue(ABC):
         """Insert ``item`` unless ``(queue, tenant, item_id)`` exists; return the stored item."""
 
     @abstractmethod
-    def _watch(self) -> AbstractAsyncContextManager[WorkWatch]:
-        """The backing's wake-ups (``WorkQueue.watch``); ``timeout`` arrives checked."""
+    def _watch(self, on_cancel: OnCancel | None) -> AbstractAsyncContextManager[WorkWatch]:
+        """The backing's wake-ups (``WorkQueue.watch``); ``timeout`` arrives checked.
+
+        With ``on_cancel``, the watch calls it for every leased item cancelled anywhere
+        while it is open (a callback that raises must not end the watch)."""
 
     @abstractmethod
     async def _enqueue_many(self, batch: list[tuple[WorkItem, bytes]]) -> list[WorkItem]:
@@ -741,7 +940,10 @@ class BaseWorkQueue(ABC):
     ) -> WorkItem | None: ...
 
     @abstractmethod
-    async def _release(self, lease: Lease, now: datetime) -> WorkItem | None: ...
+    async def _release(
+        self, lease: Lease, now: datetime, *, available_at: datetime, count_attempt: bool
+    ) -> WorkItem | None:
+        """Back to queued, due at ``available_at``; attempts less one unless ``count_attempt``."""
 
     @abstractmethod
     async def _reap(self, now: datetime, outcome: LapseOutcome) -> list[WorkItem]:
@@ -770,3 +972,54 @@ class BaseWorkQueue(ABC):
     @abstractmethod
     async def _next_due(self, now: datetime) -> datetime | None:
         """The earliest ``available_at`` later than ``now`` of a queued item, or ``None``."""
+
+    # The lifecycle hooks (issue 33). Not abstract while a backing is without them: a
+    # backing that has not implemented one raises NotImplementedError naming itself.
+
+    async def _cancel_many(
+        self, tenant: str, item_ids: list[str], reason: str | None, now: datetime
+    ) -> list[WorkItem | None]:
+        """Queued/leased items to cancelled (``last_error = reason``, ``updated_at = now``,
+        lease void, slot freed, ``on_cancel`` told of each leased one), all in one round
+        trip; others unchanged; answers in ``item_ids`` order, ``None`` for a missing one."""
+        raise self._missing("cancel")
+
+    async def _set_paused(self, paused: bool) -> None:
+        """Store the flag on the server; on ``False`` wake the watches as an enqueue does."""
+        raise self._missing("pause/resume")
+
+    async def _paused(self) -> bool:
+        raise self._missing("paused")
+
+    async def _set_limits(self, limits: QueueLimits) -> None:
+        """Store ``limits`` with the queue on the server (``to_json``); empty removes them."""
+        raise self._missing("set_limits")
+
+    async def _limits(self) -> QueueLimits:
+        raise self._missing("limits")
+
+    async def _prune(
+        self, now: datetime, cutoffs: Mapping[ItemStatus, datetime], batch: int
+    ) -> int:
+        """The whole prune: take the queue's try-lock (0 at once when another holds it),
+        then delete items of each status in ``cutoffs`` whose ``updated_at`` is before its
+        cutoff, at most ``batch`` per statement/script, until none is left; return how many."""
+        raise self._missing("prune")
+
+    async def _count_prunable(
+        self, cutoffs: Mapping[ItemStatus, datetime]
+    ) -> dict[ItemStatus, int]:
+        """Per status of ``cutoffs``, how many items of it have ``updated_at`` before its cutoff."""
+        raise self._missing("prunable")
+
+    async def _dead_letters_all(self, after: tuple[str, str] | None, limit: int) -> list[WorkItem]:
+        """Up to ``limit`` dead items of any tenant with ``(tenant, item_id)`` after ``after``,
+        in that order."""
+        raise self._missing("dead_letters_all")
+
+    async def _queues(self) -> list[QueueStats]:
+        """The stats of every queue with items on this storage, by queue name."""
+        raise self._missing("queues")
+
+    def _missing(self, call: str) -> NotImplementedError:
+        return NotImplementedError(f"{type(self).__name__} does not implement {call} yet")

@@ -116,6 +116,14 @@ class StoreSettings(_Settings):
         description="A lock expires this long after its grant, by the server's clock, so a "
         "crashed holder cannot keep a key.",
     )
+    history_retention_seconds: float = Field(
+        default=3600.0,
+        gt=0,
+        description="prune_history() drops each key's versions superseded by one committed "
+        "longer ago than this (injected clock); a snapshot that needs a dropped version gets "
+        "ConflictError. An hour: far above any transaction's life (the 30 s statement "
+        "timeout, the 60 s lock TTL), so no live transaction is refused.",
+    )
 
     @property
     def retry_policy(self) -> RetryPolicy:

@@ -11,8 +11,9 @@ another backing.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -26,19 +27,26 @@ from statepact._codec import (
     require_limit,
     to_nanos,
 )
-from statepact._limits import DEFAULT_MAX_VALUE_BYTES, MAX_COUNTER, MAX_PAGE
+from statepact._limits import DEFAULT_MAX_VALUE_BYTES, MAX_COUNTER, MAX_PAGE, PRUNE_BATCH
 from statepact.clock import Clock, SystemClock, read_clock
 from statepact.models import Page, RunRecord, RunStatus, SessionRecord
 
 __all__ = [
+    "TERMINAL_RUN_STATUSES",
     "BaseStateStore",
     "CounterDelta",
     "CounterOverflow",
     "ListQuery",
+    "RunPrune",
     "RunWrite",
     "SessionWrite",
     "StateStore",
 ]
+
+#: The statuses ``prune_runs`` deletes unless told otherwise: a run that will not move again.
+TERMINAL_RUN_STATUSES: frozenset[RunStatus] = frozenset(
+    {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED}
+)
 
 
 @runtime_checkable
@@ -107,6 +115,24 @@ class StateStore(Protocol):
         """Remove the run, its counters and its index entries together; ``True`` if it existed."""
         ...
 
+    async def prune_runs(
+        self,
+        *,
+        older_than: timedelta,
+        statuses: Iterable[RunStatus | str] = TERMINAL_RUN_STATUSES,
+        tenant: str | None = None,
+    ) -> int:
+        """Delete every run in one of ``statuses`` not written for ``older_than``; how many.
+
+        A run goes when its ``updated_at`` is before ``now - older_than`` (the
+        store's clock), each as ``delete_run`` removes one. Of one tenant, or of
+        every tenant when ``tenant`` is ``None``. Done in bounded batches
+        (``PRUNE_BATCH`` runs looked at per statement or script), so the server
+        is never held for long; a run written while the prune runs is judged by
+        its new state.
+        """
+        ...
+
     async def put_session(self, record: SessionRecord) -> SessionRecord:
         """Create (version 0) or update a session under the same version rule as runs."""
         ...
@@ -119,6 +145,10 @@ class StateStore(Protocol):
         self, tenant: str, *, limit: int = 50, after: str | None = None
     ) -> Page[SessionRecord]:
         """Sessions in ``seq`` order."""
+        ...
+
+    async def delete_session(self, tenant: str, session_id: str) -> bool:
+        """Remove the session; ``True`` if it existed. Its runs stay (``prune_runs``)."""
         ...
 
 
@@ -170,6 +200,17 @@ class CounterOverflow:
 
 
 @dataclass(frozen=True, slots=True)
+class RunPrune:
+    """A checked ``prune_runs``: runs of ``tenant`` (``None``: every tenant) in one of
+    ``statuses`` with ``updated_at < cutoff``, looked at ``batch`` at a time."""
+
+    tenant: str | None
+    statuses: frozenset[RunStatus]
+    cutoff: datetime
+    batch: int
+
+
+@dataclass(frozen=True, slots=True)
 class ListQuery:
     tenant: str
     session_id: str | None
@@ -199,6 +240,25 @@ def _require_version(version: object) -> int:
     if not 0 <= version < 2**63:
         raise ValueError(f"version: must be between 0 and 2**63 - 1, got {version}")
     return plain_int(version)
+
+
+def _require_statuses(statuses: object) -> frozenset[RunStatus]:
+    if isinstance(statuses, str | bytes) or not isinstance(statuses, Iterable):
+        raise TypeError(
+            f"statuses: must be a collection of RunStatus, got {type(statuses).__name__}"
+        )
+    checked = frozenset(_require_status(status) for status in statuses)
+    if not checked:
+        raise ValueError("statuses: must name at least one status")
+    return checked
+
+
+def _require_age(older_than: object) -> timedelta:
+    if not isinstance(older_than, timedelta):
+        raise TypeError(f"older_than: must be a timedelta, got {type(older_than).__name__}")
+    if older_than < timedelta(0):
+        raise ValueError(f"older_than: must not be negative, got {older_than}")
+    return older_than
 
 
 def _require_status(status: object) -> RunStatus:
@@ -316,6 +376,22 @@ class BaseStateStore(ABC):
     async def delete_run(self, tenant: str, run_id: str) -> bool:
         return await self._delete_run(require_id("tenant", tenant), require_id("run_id", run_id))
 
+    async def prune_runs(
+        self,
+        *,
+        older_than: timedelta,
+        statuses: Iterable[RunStatus | str] = TERMINAL_RUN_STATUSES,
+        tenant: str | None = None,
+    ) -> int:
+        age = _require_age(older_than)
+        prune = RunPrune(
+            tenant=None if tenant is None else require_id("tenant", tenant),
+            statuses=_require_statuses(statuses),
+            cutoff=read_clock(self._clock) - age,
+            batch=PRUNE_BATCH,
+        )
+        return await self._prune_runs(prune)
+
     async def put_session(self, record: SessionRecord) -> SessionRecord:
         if not isinstance(record, SessionRecord):
             raise TypeError(f"record: must be a SessionRecord, got {type(record).__name__}")
@@ -347,6 +423,11 @@ class BaseStateStore(ABC):
         )
         return _page(items, checked_limit)
 
+    async def delete_session(self, tenant: str, session_id: str) -> bool:
+        return await self._delete_session(
+            require_id("tenant", tenant), require_id("session_id", session_id)
+        )
+
     # -- what a backing implements ---------------------------------------
 
     @abstractmethod
@@ -372,6 +453,11 @@ class BaseStateStore(ABC):
     async def _delete_run(self, tenant: str, run_id: str) -> bool: ...
 
     @abstractmethod
+    async def _prune_runs(self, prune: RunPrune) -> int:
+        """The whole prune: batches of at most ``prune.batch`` runs looked at, until none
+        is left; how many runs were deleted."""
+
+    @abstractmethod
     async def _put_session(self, write: SessionWrite) -> SessionRecord: ...
 
     @abstractmethod
@@ -380,6 +466,9 @@ class BaseStateStore(ABC):
     @abstractmethod
     async def _list_sessions(self, tenant: str, limit: int, after_seq: int) -> list[SessionRecord]:
         """Up to ``limit + 1`` sessions with ``seq > after_seq`` in ``seq`` order."""
+
+    @abstractmethod
+    async def _delete_session(self, tenant: str, session_id: str) -> bool: ...
 
 
 R = TypeVar("R", RunRecord, SessionRecord)

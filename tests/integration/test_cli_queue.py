@@ -111,11 +111,11 @@ async def test_stats_prints_each_tenant_and_the_totals(
     lines = out.splitlines()
     assert "Redis at" in lines[0] or "PostgreSQL at" in lines[0]
     assert lines[1] == "queue 'jobs'"
-    assert lines[2].split() == ["tenant", "queued", "leased", "dead"]
+    assert lines[2].split() == ["tenant", "queued", "leased", "dead", "cancelled"]
     assert [line.split() for line in lines[3:]] == [
-        ["acme", "1", "1", "2"],
-        ["beta", "1", "0", "1"],
-        ["total", "2", "1", "3"],
+        ["acme", "1", "1", "2", "0"],
+        ["beta", "1", "0", "1", "0"],
+        ["total", "2", "1", "3", "0"],
     ]
     code, out, err = await run(options, "stats", "--json")
     assert code == 0, err
@@ -126,6 +126,7 @@ async def test_stats_prints_each_tenant_and_the_totals(
         "queued": 2,
         "leased": 1,
         "dead": 3,
+        "cancelled": 0,
     }
 
 
@@ -134,7 +135,7 @@ async def test_stats_of_an_empty_queue_says_so(served: tuple[list[str], BaseWork
     options, _ = served
     code, out, err = await run(options, "stats")
     assert code == 0, err
-    assert out.splitlines()[1] == "queue 'jobs': no queued, leased or dead items"
+    assert out.splitlines()[1] == "queue 'jobs': no queued, leased, dead or cancelled items"
 
 
 async def test_dead_letters_lists_the_tenants_dead_items_oldest_first(
@@ -285,9 +286,9 @@ async def test_schema_names_the_postgres_schema_holding_the_tables(pg_database_u
         code, out, err = await run(options, "stats")
         assert code == 0, err
         assert out.splitlines()[0].endswith(", schema 'ops'")
-        assert out.splitlines()[5].split() == ["total", "2", "1", "3"]
+        assert out.splitlines()[5].split() == ["total", "2", "1", "3", "0"]
         code, out, _ = await run(["--postgres", pg_database_url], "stats")
-        empty = "queue 'default': no queued, leased or dead items"
+        empty = "queue 'default': no queued, leased, dead or cancelled items"
         assert (code, out.splitlines()[1]) == (0, empty)
         code, out, err = await run(options, "purge-dead", "beta", "--yes")
         assert (code, out) == (0, "purged 1 dead item(s) of tenant 'beta' from queue 'default'\n")

@@ -51,14 +51,22 @@ async def boom(job: Job) -> None:
 worker = Worker(handlers={"boom": boom}, poll_interval=0.05, reap_every=0)
 
 # What Worker(policy=...) carries: the command reads it when no option overrides it.
-carrying = Worker(handlers={"boom": boom}, poll_interval=0.05, reap_every=0)
-carrying.policy = QueuePolicy(max_attempts=3, backoff_base=0.05, backoff_cap=0.1, jitter=0)
+carrying = Worker(
+    handlers={"boom": boom},
+    poll_interval=0.05,
+    reap_every=0,
+    policy=QueuePolicy(max_attempts=3, backoff_base=0.05, backoff_cap=0.1, jitter=0),
+)
 
 
 def factory(queue: WorkQueue) -> Worker:
-    made = Worker(queue, handlers={"boom": boom}, poll_interval=0.05, reap_every=0)
-    made.policy = QueuePolicy(max_attempts=2)
-    return made
+    return Worker(
+        queue,
+        handlers={"boom": boom},
+        poll_interval=0.05,
+        reap_every=0,
+        policy=QueuePolicy(max_attempts=2),
+    )
 """
 
 

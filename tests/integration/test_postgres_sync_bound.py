@@ -352,3 +352,33 @@ def test_the_adapters_are_what_bound_returns_for_sync_sessions() -> None:
         assert isinstance(queue.bound(session), SyncBoundWorkQueue)
         assert isinstance(queue.bound(scoped_session(sessionmaker(sync))), SyncBoundWorkQueue)
     assert isinstance(state.bound(AsyncSession()), PostgresStateStore)
+
+
+async def test_a_cancel_in_a_sync_request_lands_with_its_commit_only(stores: Stores) -> None:
+    """``bound(session).cancel``: rolled back, the item is still queued; committed, it is
+    cancelled with the reason, and ``cancel_many`` answers in the order asked."""
+    for item_id in ("c1", "c2"):
+        await stores.queue.enqueue(WorkItem(tenant="acme", item_id=item_id))
+
+    def cancel(fail: bool) -> WorkItem | None:
+        found = stores.queue.bound(stores.db).cancel("acme", "c1", reason="customer left")
+        if fail:
+            raise ValueError("changed their mind")
+        return found
+
+    with pytest.raises(ValueError, match="changed their mind"):
+        await asyncio.to_thread(stores.request, lambda: cancel(True))
+    kept = await stores.queue.get_item("acme", "c1")
+    assert kept is not None and kept.status == ItemStatus.QUEUED
+    answered = await asyncio.to_thread(stores.request, lambda: cancel(False))
+    assert answered is not None and answered.status == ItemStatus.CANCELLED
+    gone = await stores.queue.get_item("acme", "c1")
+    assert gone is not None and (gone.status, gone.last_error) == (
+        ItemStatus.CANCELLED,
+        "customer left",
+    )
+    many = await asyncio.to_thread(
+        stores.request,
+        lambda: stores.queue.bound(stores.db).cancel_many("acme", ["missing", "c2"]),
+    )
+    assert [None if item is None else item.item_id for item in many] == [None, "c2"]

@@ -27,6 +27,8 @@ pytestmark = pytest.mark.integration
 #: default ``namespace`` (adk) and ``tx_prefix`` (statepact).
 COMMANDS = ["+@all", "-@dangerous", "+info"]
 KEYS = ["adk:*", "{adk:*", "{statepact}:*"]
+#: The queue's control channel (a cancel of a leased item publishes on it).
+CHANNELS = ["{adk:queue}:*"]
 
 
 @pytest.fixture
@@ -42,10 +44,21 @@ async def server(
         await admin.aclose()
 
 
-async def _user(server: tuple[Redis, int], *, commands: list[str], keys: list[str]) -> str:
+async def _user(
+    server: tuple[Redis, int],
+    *,
+    commands: list[str],
+    keys: list[str],
+    channels: list[str] = CHANNELS,
+) -> str:
     admin, port = server
     await admin.acl_setuser(
-        "app", enabled=True, passwords=["+app-secret"], commands=commands, keys=keys
+        "app",
+        enabled=True,
+        passwords=["+app-secret"],
+        commands=commands,
+        keys=keys,
+        channels=channels,
     )
     return f"redis://app:app-secret@127.0.0.1:{port}/0"
 

@@ -41,6 +41,7 @@ from statepact.tx import (
     CommitRequest,
     CommitResult,
     Isolation,
+    Refusal,
     Snapshot,
     Transaction,
     TransactionManager,
@@ -392,7 +393,9 @@ async def test_a_resent_commit_answers_as_it_did_and_a_refused_one_stays_refused
     fenced = request("txn-fenced", await backend.begin("txn-fenced"), '"fenced"', old)
     for _ in range(2):
         with pytest.raises(FencingError):
-            await backend.commit(fenced)
+            verdict = await backend.commit(fenced)  # a refusal is answered, not raised:
+            assert isinstance(verdict, Refusal)
+            raise verdict.error()  # what the front raises for it
     assert await redis_client.exists(TxKeys(backend.prefix).op("txn-fenced")) == 0
     assert (await manager.history(R, "o1"))[0].value == 2
 

@@ -33,7 +33,7 @@ import pytest
 from statepact.clock import Clock, ManualClock
 from statepact.errors import LeaseLostError, StatePersistenceError
 from statepact.models import ItemStatus, Lease, QueueStats, WorkItem
-from statepact.queue import BaseWorkQueue, QueuePolicy, WorkWatch
+from statepact.queue import BaseWorkQueue, OnCancel, QueuePolicy, WorkWatch
 from statepact.worker import Job, Worker, WorkerHooks
 from tests.unit.test_worker import Recorder, until
 
@@ -126,8 +126,36 @@ class Relay:
     ) -> WorkItem:
         return await self.inner.fail(lease, error, retryable=retryable, retry_in=retry_in)
 
-    async def release(self, lease: Lease) -> WorkItem:
-        return await self.inner.release(lease)
+    async def release(
+        self,
+        lease: Lease,
+        *,
+        delay: float | timedelta | None = None,
+        count_attempt: bool = False,
+    ) -> WorkItem:
+        return await self.inner.release(lease, delay=delay, count_attempt=count_attempt)
+
+    async def cancel(
+        self, tenant: str, item_id: str, *, reason: str | None = None
+    ) -> WorkItem | None:
+        return await self.inner.cancel(tenant, item_id, reason=reason)
+
+    async def cancel_many(
+        self, tenant: str, item_ids: Sequence[str], *, reason: str | None = None
+    ) -> list[WorkItem | None]:
+        return await self.inner.cancel_many(tenant, item_ids, reason=reason)
+
+    async def pause(self) -> None:
+        await self.inner.pause()
+
+    async def resume(self) -> None:
+        await self.inner.resume()
+
+    async def paused(self) -> bool:
+        return await self.inner.paused()
+
+    async def prune(self) -> int:
+        return await self.inner.prune()
 
     async def reap(self) -> list[WorkItem]:
         return await self.inner.reap()
@@ -144,8 +172,8 @@ class Relay:
     async def get_item(self, tenant: str, item_id: str) -> WorkItem | None:
         return await self.inner.get_item(tenant, item_id)
 
-    def watch(self) -> AbstractAsyncContextManager[WorkWatch]:
-        return self.inner.watch()
+    def watch(self, *, on_cancel: OnCancel | None = None) -> AbstractAsyncContextManager[WorkWatch]:
+        return self.inner.watch(on_cancel=on_cancel)
 
     async def stats(self) -> QueueStats:
         return await self.inner.stats()
@@ -210,7 +238,7 @@ async def test_two_leases_of_one_item_are_both_in_flight_and_stop_waits_for_both
     assert running == 0, "stop() returned while a handler ran"
     assert hooks.kinds("x") == ["started", "started", "lease_lost", "released"]
     item = await record(queue, "x")
-    assert (item.status, item.attempts) == (ItemStatus.QUEUED, 1)
+    assert (item.status, item.attempts) == (ItemStatus.QUEUED, 2)  # the second run kept its try
     assert (await queue.stats()).leased == 0
 
 
@@ -319,9 +347,9 @@ async def test_stop_right_after_a_claim_keeps_its_grace_and_claims_nothing_more(
     took = await stopping[0]
     assert events == ["started a", "stop"], "an item was claimed after stop()"
     assert took < 1.5, f"stop(grace_period=0.2) took {took:.2f} s"
-    for item_id in ("a", "b"):
+    for item_id, attempts in (("a", 1), ("b", 0)):  # a ran: its attempt is kept
         item = await record(queue, item_id)
-        assert (item.status, item.attempts) == (ItemStatus.QUEUED, 0)
+        assert (item.status, item.attempts) == (ItemStatus.QUEUED, attempts)
 
 
 # -- 4. a cancellation that raises at shutdown ------------------------------------------
@@ -334,7 +362,8 @@ async def test_a_handler_whose_cancellation_raises_is_released_at_shutdown(
 ) -> None:
     """Past the grace period a handler is cancelled; its cleanup raising ``RuntimeError`` or
     ``TimeoutError`` does not make the item failed (dead, at ``max_attempts=1``): it is
-    released, due now, the attempt not counted."""
+    released, due now, the attempt kept (so a job that always hangs still reaches the dead
+    letter: issue 33)."""
     assert queue_policy.max_attempts == 1
     hooks = Recorder()
     started = asyncio.Event()
@@ -353,7 +382,7 @@ async def test_a_handler_whose_cancellation_raises_is_released_at_shutdown(
     await worker.stop(grace_period=0.05)
     assert hooks.kinds("x") == ["started", "released"]
     item = await record(queue, "x")
-    assert (item.status, item.attempts) == (ItemStatus.QUEUED, 0)
+    assert (item.status, item.attempts) == (ItemStatus.QUEUED, 1)
 
 
 # -- 5. a BaseException that is not an Exception ----------------------------------------

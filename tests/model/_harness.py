@@ -234,6 +234,7 @@ POSTGRES_STATE_TABLES = (
     "adk_sessions",
     "adk_work",
     "adk_queue_turns",
+    "adk_queue_control",
     "adk_run_writes",
 )
 

@@ -27,6 +27,8 @@ FOUNDATION = frozenset(
         "statepact._shared",
         "statepact._turns",
         "statepact._observe",
+        "statepact._queue_policy",
+        "statepact._queue_limits",
     }
 )
 FRONTS = frozenset({"statepact.state", "statepact.queue", "statepact.tx"})
@@ -65,7 +67,7 @@ def _layer(name: str) -> str:
         return "package"
     if name in FOUNDATION:
         return "foundation"
-    if name in FRONTS:
+    if name in FRONTS or name.startswith("statepact._tx"):
         return "front"
     if name in RUNTIME or name.startswith("statepact.worker."):
         return "runtime"
@@ -80,6 +82,11 @@ def _layer(name: str) -> str:
     if name.startswith("statepact.integrations"):
         return "integration"
     raise AssertionError(f"{name} is in no layer of docs/architecture.md; add it there")
+
+
+def _front(name: str) -> str:
+    """``statepact.tx`` for the transaction front's private parts (``statepact._tx``)."""
+    return "statepact.tx" if name.startswith("statepact._tx") else name
 
 
 def _backing(name: str) -> str | None:
@@ -132,6 +139,8 @@ def _broken_rule(importer: str, imported: str) -> str | None:
         "backing": {"foundation", "front", "storage", "backing"},
         "integration": {"foundation", "front", "storage", "backing", "integration"},
     }
+    if source == target == "front" and _front(importer) == _front(imported):
+        return None  # a front and its own private parts (statepact._tx)
     if source in allowed and target not in allowed[source]:
         return f"{_a(source)} {source} module imports {_a(target)} {target} module"
     if source == target == "integration" and _integration(importer) != _integration(imported):
@@ -185,6 +194,10 @@ def test_no_module_imports_across_its_layers_rules() -> None:
         ("statepact.queue", "statepact.storage.redis", "a front module imports a backing"),
         ("statepact.errors", "statepact.models", None),
         ("statepact.models", "statepact.tx", "a foundation module imports a front"),
+        ("statepact.tx", "statepact._tx.transaction", None),
+        ("statepact._tx.transaction", "statepact._tx.models", None),
+        ("statepact.state", "statepact._tx.models", "a front module imports a front"),
+        ("statepact._tx.models", "statepact.queue", "a front module imports a front"),
         ("statepact.worker", "statepact.storage.memory", "a runtime module imports a backing"),
         ("statepact.worker._executor", "statepact.storage.redis", "a runtime module imports"),
         ("statepact.worker._claimer", "statepact.worker._worker", "the face it sits below"),
@@ -316,3 +329,102 @@ def test_import_statepact_loads_no_driver() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_the_priority_bound_is_the_one_in_limits() -> None:
+    """``statepact.queue.MAX_PRIORITY`` is ``_limits``' own object (the schema's CHECK reads
+    that one): one bound, re-exported, never a second copy."""
+    from statepact import _limits, queue
+
+    assert queue.MAX_PRIORITY is _limits.MAX_PRIORITY
+    assert "MAX_PRIORITY =" not in Path(queue.__file__).read_text()
+
+
+# -- no reach into another layer's privates, no driver error caught outside the boundary ------
+
+#: ``getattr(obj, "_private")`` on something not ``self``: allowed only here, each with why.
+PRIVATE_GETATTR_ALLOWED = {
+    # A driver's private, not a statepact layer's: SQLAlchemy's pool and Alembic's proxy,
+    # redis-py's metrics hooks, each read defensively with a default.
+    ("statepact.storage.postgres._direct", "_max_overflow"),
+    ("statepact.storage.postgres.migrate", "_proxy"),
+    ("statepact.storage.redis._client", "_async_collector_resolved"),
+    ("statepact.storage.redis._client", "_async_metrics_collector"),
+}
+
+#: Modules that catch a driver's (redis-py's, asyncpg's) exception class other than the
+#: backings' error boundaries (``storage/<backing>/_client.py``), each with why.
+DRIVER_CATCH_ALLOWED = {
+    # The Redis queue's pub/sub watch subscribes again after the connection fails: any
+    # RedisError there means "the subscription is gone", whatever _client would call it.
+    "statepact.storage.redis._queue_watch",
+    # Reloading a script the server lost (NOSCRIPT) is the script registry's own job.
+    "statepact.storage.redis._scripts",
+    # Preflight reads CONFIG and falls back to INFO where CONFIG is refused: a diagnosis.
+    "statepact.storage.redis.preflight",
+}
+
+DRIVERS = ("asyncpg", "redis")
+
+
+def _private_getattrs(tree: ast.AST) -> Iterator[str]:
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+            continue
+        if node.func.id != "getattr" or len(node.args) < 2:
+            continue
+        owner, name = node.args[0], node.args[1]
+        if isinstance(owner, ast.Name) and owner.id in {"self", "cls"}:
+            continue
+        if (
+            isinstance(name, ast.Constant)
+            and isinstance(name.value, str)
+            and name.value.startswith("_")
+            and not name.value.startswith("__")
+        ):
+            yield name.value
+
+
+def _driver_catches(tree: ast.AST) -> Iterator[str]:
+    """The driver names an ``except`` clause of ``tree`` names (a class imported from a
+    driver, or the driver module itself)."""
+    driver_names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in DRIVERS:
+            driver_names.update(alias.asname or alias.name for alias in node.names)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in DRIVERS:
+                    driver_names.add((alias.asname or alias.name).split(".")[0])
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ExceptHandler) and node.type is not None:
+            for name in ast.walk(node.type):
+                if isinstance(name, ast.Name) and name.id in driver_names:
+                    yield name.id
+
+
+def test_no_module_reads_another_layers_private_names_through_getattr() -> None:
+    """What another layer needs is a public attribute (``client``, ``target``, ``manager``):
+    ``getattr(other, "_private")`` is allowed only where PRIVATE_GETATTR_ALLOWED says why."""
+    found = {
+        (name, private)
+        for name, path in _modules().items()
+        for private in _private_getattrs(ast.parse(path.read_text("utf-8")))
+    }
+    assert found - PRIVATE_GETATTR_ALLOWED == set()
+    assert PRIVATE_GETATTR_ALLOWED - found == set(), "an allowlisted reach is gone: drop it"
+
+
+def test_driver_exceptions_are_caught_only_at_the_backings_boundary() -> None:
+    """A backing (or an integration) catches redis-py's or asyncpg's exceptions only in its
+    ``_client`` (which turns them into predicates and statepact errors). Tools (``cli/``,
+    ``testing/``) diagnose servers and may name a driver's errors."""
+    found = {
+        name
+        for name, path in _modules().items()
+        if _layer(name) in {"backing", "integration", "front", "foundation", "runtime"}
+        and not name.endswith("._client")
+        and any(True for _ in _driver_catches(ast.parse(path.read_text("utf-8"))))
+    }
+    assert found - DRIVER_CATCH_ALLOWED == set()
+    assert DRIVER_CATCH_ALLOWED - found == set(), "an allowlisted catch is gone: drop it"

@@ -64,9 +64,21 @@ OPTIONS: dict[str, list[str]] = {
     ],
     "queue": ["ACTION", *LOGGING],
     "queue stats": QUEUE_OPTIONS,
-    "queue dead-letters": ["TENANT", "--limit N", *QUEUE_OPTIONS],
+    "queue dead-letters": ["TENANT", "--limit N", "--after CURSOR", *QUEUE_OPTIONS],
     "queue requeue": ["TENANT", "ITEM", *QUEUE_OPTIONS],
     "queue purge-dead": ["TENANT", "--yes", *QUEUE_OPTIONS],
+    "queue cancel": ["TENANT", "ITEM", "--reason TEXT", *QUEUE_OPTIONS],
+    "queue pause": QUEUE_OPTIONS,
+    "queue resume": QUEUE_OPTIONS,
+    "queue prune": [
+        "--dry-run",
+        "--keep-done SECONDS",
+        "--keep-cancelled SECONDS",
+        "--keep-dead SECONDS",
+        *QUEUE_OPTIONS,
+    ],
+    "queue show": ["TENANT", "ITEM", *QUEUE_OPTIONS],
+    "queue queues": QUEUE_OPTIONS,
 }
 
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from statepact._limits import PRUNE_BATCH
 from statepact.clock import ManualClock, SystemClock
 from statepact.errors import LeaseLostError, StatePersistenceError
 from statepact.models import (
@@ -30,15 +31,18 @@ from statepact.queue import (
     BaseWorkQueue,
     FailOutcome,
     LapseOutcome,
+    OnCancel,
     QueuePolicy,
     SleepWatch,
     WorkWatch,
+    unique_slot,
 )
 from statepact.state import (
     BaseStateStore,
     CounterDelta,
     CounterOverflow,
     ListQuery,
+    RunPrune,
     RunWrite,
     SessionWrite,
 )
@@ -85,6 +89,14 @@ class RecordingStore(BaseStateStore):
         self.calls.append(("list_sessions", (tenant, limit, after_seq)))
         return []
 
+    async def _prune_runs(self, prune: RunPrune) -> int:
+        self.calls.append(("prune_runs", prune))
+        return 0
+
+    async def _delete_session(self, tenant: str, session_id: str) -> bool:
+        self.calls.append(("delete_session", (tenant, session_id)))
+        return False
+
 
 class RecordingQueue(BaseWorkQueue):
     """Answers every settle as if the lease held, or, with ``lost``, as if it did not."""
@@ -99,7 +111,7 @@ class RecordingQueue(BaseWorkQueue):
         self.calls.append(("enqueue", (item, payload)))
         return item
 
-    def _watch(self) -> AbstractAsyncContextManager[WorkWatch]:
+    def _watch(self, on_cancel: OnCancel | None) -> AbstractAsyncContextManager[WorkWatch]:
         return nullcontext(SleepWatch())
 
     async def _ack_many(self, leases: list[Lease], now: datetime) -> list[WorkItem | None]:
@@ -130,8 +142,10 @@ class RecordingQueue(BaseWorkQueue):
         self.calls.append(("fail", (lease, now, error, outcome)))
         return None if self.lost else lease.item
 
-    async def _release(self, lease: Lease, now: datetime) -> WorkItem | None:
-        self.calls.append(("release", (lease, now)))
+    async def _release(
+        self, lease: Lease, now: datetime, *, available_at: datetime, count_attempt: bool
+    ) -> WorkItem | None:
+        self.calls.append(("release", (lease, now, available_at, count_attempt)))
         return None if self.lost else lease.item
 
     async def _reap(self, now: datetime, outcome: LapseOutcome) -> list[WorkItem]:
@@ -434,3 +448,73 @@ def test_queue_refuses_a_bad_name_or_size_limit() -> None:
     assert isinstance(queue.clock, SystemClock)
     assert queue.policy == QueuePolicy()
     assert queue.name == "default"
+
+
+async def test_prune_runs_hands_down_the_cutoff_by_the_stores_clock(clock: ManualClock) -> None:
+    """prune_runs reads the clock once: the backing gets now - older_than, the statuses as
+    RunStatus members and the batch from _limits."""
+    store = RecordingStore(clock=clock)
+    await store.prune_runs(older_than=timedelta(hours=2), statuses=["failed"], tenant="acme")
+    assert store.calls == [
+        (
+            "prune_runs",
+            RunPrune(
+                tenant="acme",
+                statuses=frozenset({RunStatus.FAILED}),
+                cutoff=clock.now() - timedelta(hours=2),
+                batch=PRUNE_BATCH,
+            ),
+        )
+    ]
+
+
+async def test_release_hands_down_when_it_is_due_and_whether_the_attempt_counts(
+    clock: ManualClock,
+) -> None:
+    """release computes ``available_at`` from the clock; the backing gets it and the flag."""
+    queue = RecordingQueue(clock=clock)
+    lease = _lease(clock)
+    await queue.release(lease)
+    await queue.release(lease, delay=timedelta(seconds=30), count_attempt=True)
+    assert [call[1][2:] for call in queue.calls] == [
+        (clock.now(), False),
+        (clock.now() + timedelta(seconds=30), True),
+    ]
+
+
+async def test_a_policy_keeping_everything_prunes_without_a_round_trip(clock: ManualClock) -> None:
+    """keep_* all None: prune answers 0 and the backing is never asked."""
+    forever = QueuePolicy(keep_done=None, keep_cancelled=None, keep_dead=None)
+    queue = RecordingQueue(clock=clock, policy=forever)
+    assert await queue.prune() == 0
+    assert await queue.prunable() == {}
+    assert queue.calls == []
+
+
+async def test_a_backing_without_the_lifecycle_hooks_names_itself(clock: ManualClock) -> None:
+    """A backing that has not implemented cancel/pause/prune raises NotImplementedError
+    naming its class and the call, after the front checked the input."""
+    queue = RecordingQueue(clock=clock)
+    for call, name in (
+        (lambda: queue.cancel("acme", "i"), "cancel"),
+        (queue.pause, "pause/resume"),
+        (queue.paused, "paused"),
+        (queue.prune, "prune"),
+        (queue.queues, "queues"),
+        (lambda: queue.dead_letters_all(limit=5), "dead_letters_all"),
+    ):
+        with pytest.raises(NotImplementedError, match=f"RecordingQueue does not implement {name}"):
+            await call()
+    with pytest.raises(ValueError, match="tenant"):
+        await queue.cancel("", "i")
+
+
+def test_unique_slot_is_the_key_or_the_key_and_its_period() -> None:
+    """No key: None; a key: itself; a key and a period: key@floor(epoch seconds / period)."""
+    now = datetime(2024, 1, 1, 10, 30, tzinfo=UTC)
+    assert unique_slot(WorkItem(tenant="t", item_id="i"), now) is None
+    assert unique_slot(WorkItem(tenant="t", item_id="i", unique_key="k"), now) == "k"
+    hourly = WorkItem(tenant="t", item_id="i", unique_key="k", unique_for=timedelta(hours=1))
+    assert unique_slot(hourly, now) == f"k@{int(now.timestamp()) // 3600}"
+    assert unique_slot(hourly, now + timedelta(minutes=29, seconds=59)) == unique_slot(hourly, now)
+    assert unique_slot(hourly, now + timedelta(minutes=30)) != unique_slot(hourly, now)

@@ -249,6 +249,7 @@ def test_a_queue_is_one_slot(name: str, tenant: str, item_id: str) -> None:
         queue.ready(tenant),
         queue.dead(tenant),
         queue.op("abcdefghijkl"),
+        queue.prune_lock,
     ]
     slots = {key_slot(key.encode("utf-8")) for key in keys}
     assert slots == {key_slot(b"{adk:queue}")}

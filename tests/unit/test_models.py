@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -77,7 +77,7 @@ def test_status_strings_become_enums() -> None:
         "failed",
         "cancelled",
     ]
-    assert [s.value for s in ItemStatus] == ["queued", "leased", "done", "dead"]
+    assert [s.value for s in ItemStatus] == ["queued", "leased", "done", "dead", "cancelled"]
 
 
 def test_session_record_defaults() -> None:
@@ -171,6 +171,11 @@ def test_a_stored_lease_is_the_validated_one() -> None:
         "last_error": None,
         "created_at": NOW,
         "updated_at": NOW,
+        "unique_key": "k",
+        "unique_for": timedelta(hours=1),
+        "timeout": 2.5,
+        "limit_key": "openai:gpt-4o",
+        "weight": 7,
     }
     fast_item, checked_item = stored(WorkItem, dict(item)), WorkItem(**item)  # type: ignore[arg-type]
     assert fast_item == checked_item and repr(fast_item) == repr(checked_item)

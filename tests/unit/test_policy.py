@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pydantic import ValidationError
 
+from statepact.models import ItemStatus
 from statepact.queue import FailOutcome, QueuePolicy
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -89,3 +90,24 @@ def test_a_lapse_is_dead_at_max_attempts() -> None:
     assert policy.lapse_is_dead(1) is False
     assert policy.lapse_is_dead(2) is True
     assert policy.lapse_is_dead(3) is True
+
+
+@pytest.mark.parametrize(
+    "keep", [timedelta(seconds=-1), -5, "soon"], ids=["negative", "negative-int", "text"]
+)
+def test_policy_refuses_a_bad_keep_naming_it(keep: object) -> None:
+    """keep_done/keep_cancelled/keep_dead refuse what is not a duration >= 0."""
+    for field in ("keep_done", "keep_cancelled", "keep_dead"):
+        with pytest.raises(ValueError, match=field):
+            QueuePolicy(**{field: keep})  # type: ignore[arg-type]
+
+
+def test_prune_cutoffs_leave_out_what_is_kept_forever() -> None:
+    """A status kept forever (None) has no cutoff; the others are now - keep."""
+    now = datetime(2024, 1, 1, tzinfo=UTC)
+    policy = QueuePolicy(keep_done=timedelta(hours=1), keep_cancelled=None)
+    assert policy.prune_cutoffs(now) == {
+        ItemStatus.DONE: now - timedelta(hours=1),
+        ItemStatus.DEAD: now - timedelta(days=7),
+    }
+    assert QueuePolicy(keep_done=None, keep_cancelled=None, keep_dead=None).prune_cutoffs(now) == {}

@@ -22,6 +22,10 @@ SOURCES = sorted(
     if path.suffix in (".py", ".lua") and path.is_file()
 )
 DOC_LINK = re.compile(r"docs/([\w-]+\.md)(?:#([\w-]+))?")
+# A heading cited by its words: docs/page.md, "Heading" (or docs/page.md "Heading").
+QUOTED_HEADING = re.compile(r'docs/([\w-]+\.md)`{0,2},?\s+\(?"([^"]+)"')
+# A line break inside a comment or docstring, with the next line's comment marker.
+WRAP = re.compile(r"\s*\n\s*(?:#|--)?\s*")
 FILE_NAME = re.compile(r"(?<![\w./-])((?:[\w-]+/)*[\w-]+\.(?:py|lua))\b")
 # Documents a reader of the repository cannot open.
 UNFINDABLE = re.compile(r"\bthe seed\b|\bseed's\b|\bDESIGN(?:\.md| section)", re.IGNORECASE)
@@ -76,6 +80,17 @@ def test_every_docs_link_in_the_source_names_a_page_and_a_heading() -> None:
                 broken.append(f"{where}:{number}: docs/{page} does not exist")
             elif anchor and anchor not in _anchors(page):
                 broken.append(f"{where}:{number}: docs/{page} has no heading #{anchor}")
+    assert broken == []
+
+
+def test_every_heading_the_source_quotes_is_on_its_page() -> None:
+    """``docs/page.md, "Heading"`` names a heading the page has (by its anchor)."""
+    broken = [
+        f"{path.relative_to(REPO).as_posix()}: docs/{page} has no heading {heading!r}"
+        for path in SOURCES
+        for page, heading in QUOTED_HEADING.findall(WRAP.sub(" ", path.read_text("utf-8")))
+        if (REPO / "docs" / page).is_file() and _slug(heading) not in _anchors(page)
+    ]
     assert broken == []
 
 

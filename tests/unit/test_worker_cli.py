@@ -122,8 +122,7 @@ def test_the_two_postgres_variables_must_agree(monkeypatch: pytest.MonkeyPatch) 
 def test_policy_precedence_option_then_worker_then_default() -> None:
     """Field by field: an option given, else the Worker's policy, else QueuePolicy()."""
     carried = QueuePolicy(max_attempts=3, backoff_base=2.0, backoff_cap=60.0, jitter=0.0)
-    worker = Worker()
-    worker.policy = carried  # type: ignore[attr-defined]  # what Worker(policy=) will carry
+    worker = Worker(policy=carried)
     assert worker_cli.carried_policy(worker) == carried
     args = parse(worker_cli.add_arguments, "app:worker", "--max-attempts", "7")
     assert worker_cli.queue_policy(args, carried) == carried.model_copy(update={"max_attempts": 7})

@@ -13,10 +13,21 @@ import pytest
 
 from statepact.models import ItemStatus, WorkItem
 from statepact.storage.memory import MemoryWorkQueue
-from statepact.worker import DoNotRetry, Job, Retry, WorkerHooks
+from statepact.worker import DoNotRetry, Job, Retry, Snooze, WorkerHooks
 from statepact.worker._completer import Completer
-from statepact.worker._executor import Ack, Cut, Executor, Fail, Nothing, Release, decide
+from statepact.worker._executor import (
+    Ack,
+    Cancelled,
+    Completed,
+    Cut,
+    Executor,
+    Fail,
+    Nothing,
+    Release,
+    decide,
+)
 from statepact.worker._hooks import HookSet
+from statepact.worker._in_tx import TxState
 from statepact.worker._runtime import Runtime, Settings
 from tests.unit.test_worker import Recorder, until
 
@@ -39,13 +50,22 @@ class Abort(BaseException):
             None,
             Fail("CancelledError: the handler was cancelled", retryable=True),
         ),
-        (SystemExit(), None, None, Release()),
-        (asyncio.CancelledError(), Cut.SHUTDOWN, None, Release()),
-        (RuntimeError("cleanup"), Cut.SHUTDOWN, None, Release()),
-        (None, Cut.SHUTDOWN, None, Release()),
+        (SystemExit(), None, None, Release(count_attempt=True)),
+        (asyncio.CancelledError(), Cut.SHUTDOWN, None, Release(count_attempt=True)),
+        (RuntimeError("cleanup"), Cut.SHUTDOWN, None, Release(count_attempt=True)),
+        (None, Cut.SHUTDOWN, None, Release(count_attempt=True)),
         (asyncio.CancelledError(), Cut.LOST, "gone", Nothing("gone")),
         (None, None, "gone", Nothing("gone")),
         (RuntimeError("x"), Cut.SHUTDOWN, "gone", Nothing("gone")),
+        (Snooze(7), None, None, Release(count_attempt=False, delay=7.0)),
+        (
+            asyncio.CancelledError(),
+            Cut.TIMEOUT,
+            None,
+            Fail("TimeoutError: the handler timed out after 0 s", retryable=True),
+        ),
+        (asyncio.CancelledError(), Cut.CANCEL, "by an operator", Cancelled("by an operator")),
+        (None, Cut.CANCEL, None, Cancelled("an operator cancelled the item")),
     ],
 )
 def test_decide_maps_what_the_handler_did_to_one_outcome(
@@ -161,3 +181,36 @@ async def test_the_completer_never_names_an_item_twice_in_one_batch() -> None:
     for item_id in ("a", "b"):
         item = await queue.get_item("t", item_id)
         assert item is not None and item.status == ItemStatus.DONE
+
+
+@pytest.mark.parametrize(
+    ("raised", "tx", "outcome"),
+    [
+        (None, TxState.COMMITTED, Completed()),
+        (ValueError("after"), TxState.COMMITTED, Completed()),
+        (None, TxState.COMMITTING, Completed()),
+        (ValueError("x"), TxState.COMMITTING, Fail("ValueError: x", retryable=True)),
+        (
+            None,
+            TxState.ROLLED_BACK,
+            Fail("the transaction job.complete_in joined was rolled back", retryable=True),
+        ),
+        (ValueError("x"), TxState.ROLLED_BACK, Fail("ValueError: x", retryable=True)),
+        (
+            None,
+            TxState.PENDING,
+            Fail(
+                "the handler returned with the transaction job.complete_in joined still open; "
+                "commit it before returning",
+                retryable=True,
+            ),
+        ),
+        (None, TxState.NONE, Ack()),
+    ],
+)
+def test_decide_reads_what_the_transaction_of_complete_in_did(
+    raised: BaseException | None, tx: TxState, outcome: object
+) -> None:
+    """A committed completion settles nothing more; a connection's commit counts once the
+    handler returned; a rollback or an open transaction is a failure."""
+    assert decide(raised, None, None, tx) == outcome

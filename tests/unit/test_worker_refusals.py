@@ -262,5 +262,5 @@ def test_system_exit_from_a_handler_releases_the_item_then_goes_on(
     with pytest.raises(raised):
         asyncio.run(main())
     assert [(item.item_id, item.status, item.attempts) for item in released] == [
-        ("x", ItemStatus.QUEUED, 0)
+        ("x", ItemStatus.QUEUED, 1)
     ]

@@ -1,67 +1,47 @@
-"""The worker: claims an order's work item, processes the order, finishes its run, acks.
+"""The worker: a statepact ``Worker`` that processes each order's work item.
 
 ``python -m orders_app.worker`` runs until stopped (Ctrl-C or SIGTERM: it
-finishes the item in hand first); ``--until-idle`` exits once no item is ready.
+finishes the items in hand first); ``--until-idle`` exits once no item is ready.
+``statepact worker orders_app.worker:worker`` runs the same ``worker`` from the
+command line (it opens the queue from ``STATEPACT_POSTGRES_URL``).
 
-One item, over the public ``WorkQueue`` API:
+The ``Worker`` claims, heartbeats the lease while the handler runs, and settles:
 
-1. ``claim`` a lease (fenced: only this lease may settle the item);
-2. do the work while a task ``heartbeat``s the lease, so a long step keeps it;
-3. in ONE transaction: mark the order processed, put the run ``succeeded``,
-   count the iteration (``patch_run``) and ``ack`` the lease (``bound(session)``),
-   so the order, the run and the item agree whatever happens;
-4. on an error, ``fail`` the lease: the queue's policy retries the item later
-   or, after ``max_attempts``, moves it to the dead letter.
+1. ``startup`` opens the application's services once per process (the engine,
+   the session factory, statepact's stores); each handler reaches them as
+   ``job.context``, and ``shutdown`` disposes of the engine when the worker stops;
+2. the handler does the work, then in ONE transaction marks the order
+   processed, puts the run ``succeeded``, counts the iteration (``patch_run``)
+   and completes the item (``job.complete_in(session)``: the fenced ack is a
+   statement of that transaction), so the order, the run and the item agree
+   whatever happens;
+3. if the handler raises (the transaction rolled back), the worker fails the
+   item: the queue's policy (``POLICY``) retries it later or, after
+   ``max_attempts``, moves it to the dead letter.
 
-A worker that dies mid-item leaves its lease to expire; ``reap()`` (called
-here whenever the queue is idle) hands the item to the next claim.
+A worker that dies mid-item leaves its lease to expire; the worker's reaper hands
+the item to the next claim.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
-import signal
 import socket
+import time
 from dataclasses import dataclass
 
 import sqlalchemy as sa
 
 from orders_app.models import orders
-from orders_app.services import Services
-from statepact import Lease, LeaseLostError, RunStatus
+from orders_app.services import POLICY, Services
+from orders_app.settings import store_settings
+from statepact import RunStatus, WorkItem
+from statepact.storage.postgres import PostgresWorkQueue, create_engine
+from statepact.worker import Job, Worker, WorkerHooks
 
-POLL_SECONDS = 1.0
-
-
-class Heartbeat:
-    """Extends ``lease`` every third of its length until stopped; ``lease`` is the newest."""
-
-    def __init__(self, services: Services, lease: Lease) -> None:
-        self.lease = lease
-        self.beats = 0
-        self._services = services
-        self._task: asyncio.Task[None] | None = None
-
-    async def _beat(self) -> None:
-        while True:
-            await asyncio.sleep(self.lease.lease_seconds / 3)
-            self.lease = await self._services.queue.heartbeat(self.lease)
-            self.beats += 1
-
-    async def __aenter__(self) -> Heartbeat:
-        if self._task is not None:
-            raise RuntimeError("a Heartbeat runs once")
-        self._task = asyncio.create_task(self._beat())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+IDLE_CHECK_SECONDS = 0.2
 
 
 @dataclass(frozen=True)
@@ -77,13 +57,60 @@ async def fulfil(order_id: int, item: str, quantity: int, options: Options) -> s
     return f"PKG-{order_id:06d}-{quantity}x{item.upper()}"
 
 
-async def process(services: Services, heartbeat: Heartbeat, options: Options) -> str:
-    """Process the order the lease names, extending the lease while working; return the
-    order's label."""
-    lease = heartbeat.lease
-    tenant, run_id = lease.item.tenant, lease.item.item_id
-    order_id = int(lease.item.payload["order_id"])
-    async with heartbeat:
+class Report(WorkerHooks):
+    """One line per item settled, and how often its lease was extended meanwhile."""
+
+    def __init__(self) -> None:
+        self.beats: dict[str, int] = {}
+        self.labels: dict[str, str] = {}
+        self.last_seen = time.monotonic()  # the last item started or settled
+
+    def started(self, job: Job) -> None:
+        self.last_seen = time.monotonic()
+
+    def renewed(self, job: Job) -> None:
+        self.beats[job.item.item_id] = self.beats.get(job.item.item_id, 0) + 1
+
+    def succeeded(self, job: Job, item: WorkItem) -> None:
+        self.last_seen = time.monotonic()
+        print(
+            f"processed order {item.payload['order_id']} ({item.tenant}/{item.item_id}): "
+            f"{self.labels.pop(item.item_id, '?')}, lease extended "
+            f"{self.beats.pop(item.item_id, 0)} times",
+            flush=True,
+        )
+
+    def failed(self, job: Job, item: WorkItem, error: str) -> None:
+        self.last_seen = time.monotonic()
+        self.beats.pop(item.item_id, None)
+        print(
+            f"failed order {item.payload.get('order_id')} ({item.tenant}/{item.item_id}): "
+            f"{error}; the item is {item.status.value}",
+            flush=True,
+        )
+
+    def lease_lost(self, job: Job, reason: str) -> None:
+        # The lease lapsed and another worker holds the item now: it settles it, not us.
+        print(f"lost the lease on {job.item.tenant}/{job.item.item_id}", flush=True)
+
+
+def build(options: Options, report: Report | None = None) -> Worker:
+    """The worker: the services as its context, the example's retry policy, one handler."""
+    report = report or Report()
+    worker = Worker(
+        worker_id=options.worker_id,
+        lease_for=options.lease_seconds,
+        policy=POLICY,
+        startup=Services.open,
+        shutdown=Services.close,
+        hooks=report,
+    )
+
+    @worker.set_default  # the items name no task: every one is an order to process
+    async def process(job: Job) -> None:
+        services: Services = job.context
+        tenant, run_id = job.item.tenant, job.item.item_id
+        order_id = int(job.payload["order_id"])
         async with services.sessions() as session:
             row = (
                 await session.execute(
@@ -91,83 +118,59 @@ async def process(services: Services, heartbeat: Heartbeat, options: Options) ->
                 )
             ).one()
         label = await fulfil(order_id, row.item, row.quantity, options)
-    lease = heartbeat.lease  # the newest token: the ack is fenced on it
 
-    async with services.sessions() as session, session.begin():
-        await session.execute(
-            sa.update(orders)
-            .where(orders.c.id == order_id)
-            .values(status="processed", label=label, processed_at=sa.func.now())
-        )
-        state = services.state.bound(session)
-        run = await state.get_run(tenant, run_id)
-        if run is None:
-            raise LookupError(f"order {order_id} has no run {run_id!r}")
-        run = await state.put_run(
-            run.model_copy(
-                update={
-                    "status": RunStatus.SUCCEEDED,
-                    "data": {**run.data, "label": label, "worker": options.worker_id},
-                }
+        async with services.sessions() as session, session.begin():
+            await session.execute(
+                sa.update(orders)
+                .where(orders.c.id == order_id)
+                .values(status="processed", label=label, processed_at=sa.func.now())
             )
-        )
-        await state.patch_run(tenant, run_id, iterations=1)
-        await services.queue.bound(session).ack(lease)
-    return label
+            state = services.state.bound(session)
+            run = await state.get_run(tenant, run_id)
+            if run is None:
+                raise LookupError(f"order {order_id} has no run {run_id!r}")
+            run = await state.put_run(
+                run.model_copy(
+                    update={
+                        "status": RunStatus.SUCCEEDED,
+                        "data": {**run.data, "label": label, "worker": job.worker_id},
+                    }
+                )
+            )
+            await state.patch_run(tenant, run_id, iterations=1)
+            await job.complete_in(session)  # the ack commits with the order and the run
+        report.labels[run_id] = label
+
+    return worker
 
 
-async def work_once(services: Services, options: Options) -> bool:
-    """Claim and settle one item; ``False`` when none was ready."""
-    lease = await services.queue.claim(options.worker_id, lease_for=options.lease_seconds)
-    if lease is None:
+#: For ``statepact worker orders_app.worker:worker``.
+worker = build(Options(worker_id=f"{socket.gethostname()}-{os.getpid()}"))
+
+
+async def idle(worker: Worker, report: Report, queue: PostgresWorkQueue) -> bool:
+    """Nothing in hand, and no item started for two poll intervals: the worker claims
+    whenever a slot is free, so nothing was ready (an item waiting for its retry is not)."""
+    if worker.in_flight or time.monotonic() - report.last_seen < 2 * worker.poll_interval:
         return False
-    heartbeat = Heartbeat(services, lease)
-    item = lease.item
-    try:
-        try:
-            label = await process(services, heartbeat, options)
-        except LeaseLostError:
-            raise
-        except Exception as exc:
-            # Settled on the newest lease: a heartbeat replaced the token the claim gave.
-            failed = await services.queue.fail(heartbeat.lease, f"{type(exc).__name__}: {exc}")
-            print(
-                f"failed order {item.payload.get('order_id')} ({item.tenant}/{item.item_id}): "
-                f"{type(exc).__name__}: {exc}; the item is {failed.status.value}",
-                flush=True,
-            )
-            return True
-    except LeaseLostError:
-        # The lease lapsed and another worker holds the item now: it settles it, not us.
-        print(f"lost the lease on {item.tenant}/{item.item_id}", flush=True)
-        return True
-    print(
-        f"processed order {item.payload['order_id']} ({item.tenant}/{item.item_id}): "
-        f"{label}, lease extended {heartbeat.beats} times",
-        flush=True,
-    )
-    return True
+    return (await queue.stats()).leased == 0
 
 
 async def main(options: Options, *, until_idle: bool = False) -> None:
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stopping.set)
-    services = await Services.open()
+    settings = store_settings()
+    engine = create_engine(settings)  # the queue's; the handlers use the services' engine
     try:
-        while not stopping.is_set():
-            if await work_once(services, options):
-                continue
-            moved = await services.queue.reap()  # items of workers that died, back to ready
-            if moved:
-                continue
-            if until_idle:
-                break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), POLL_SECONDS)
+        queue = await PostgresWorkQueue.open(engine, settings=settings, policy=POLICY)
+        report = Report()
+        chosen = build(options, report).bind(queue)
+        if not until_idle:
+            await chosen.run()  # until SIGTERM or Ctrl-C, then drains
+            return
+        async with chosen:
+            while not await idle(chosen, report, queue):  # noqa: ASYNC110 -- polls the server
+                await asyncio.sleep(IDLE_CHECK_SECONDS)
     finally:
-        await services.close()
+        await engine.dispose()
 
 
 def cli() -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -105,7 +106,9 @@ def build_parser(commands: Sequence[Subcommand] = COMMANDS) -> argparse.Argument
 
 def main(argv: list[str] | None = None) -> int:
     """The ``statepact`` entry point; returns the exit code."""
-    args: Any = build_parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    args: Any = build_parser().parse_args(arguments)
+    args.arguments = arguments  # what `worker --processes` hands its children
     level = getattr(args, "log_level", args.default_log_level)
     level = "debug" if getattr(args, "debug", False) else level
     args.debug = level == "debug"  # the traceback of a command that fails, too

@@ -1,9 +1,11 @@
-"""``statepact queue stats | dead-letters | requeue | purge-dead``: look into a queue, recover.
+"""``statepact queue ACTION``: look into a queue, recover, stop work, clean up.
 
 The operator's view of an existing queue on Redis or PostgreSQL (opened as the
 worker opens it, through ``open()``'s preflight or verify): per-tenant counts,
-a tenant's dead letter, one dead item brought back, a tenant's dead letter
-deleted. Lines for a person by default, one JSON document with ``--json``.
+a tenant's dead letter (or every tenant's, paged), one dead item brought back, a
+tenant's dead letter deleted; and (cli/_queue/lifecycle.py) cancel, pause,
+resume, prune, one item shown whole, every queue listed. Lines for a person by
+default, one JSON document with ``--json``.
 What each action refuses (an item that is not dead, a purge without ``--yes``)
 is one line on stderr and exit 1; docs/operations.md has the details.
 
@@ -18,6 +20,7 @@ import argparse
 import io
 import json
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
 from statepact.cli._common import (
@@ -28,9 +31,19 @@ from statepact.cli._common import (
     queue_where,
     run_command,
 )
+from statepact.cli._queue.lifecycle import (
+    KEEP_OPTIONS,
+    LIFECYCLE,
+    dead_letters_all,
+    keep_seconds,
+    policy_of,
+)
+from statepact.cli._queue.shown import clip as _clip
+from statepact.cli._queue.shown import item_json as _item_json
+from statepact.cli._queue.shown import refused as _refused
 from statepact.clock import SystemClock
 from statepact.models import QueueStats, WorkItem
-from statepact.queue import WorkQueue
+from statepact.queue import QueuePolicy, WorkQueue
 
 __all__ = ["ACTIONS", "DESCRIPTION", "add_arguments", "command", "run_action"]
 
@@ -38,14 +51,22 @@ DESCRIPTION = """\
 Look into a statepact work queue on Redis or PostgreSQL and recover from its dead
 letter:
 
-  stats                       queued, leased and dead items per tenant
-  dead-letters TENANT         the tenant's dead items, oldest death first (--limit N)
+  stats                       queued, leased, dead and cancelled items per tenant
+  dead-letters [TENANT]       the tenant's dead items, oldest death first (--limit N);
+                              without TENANT every tenant's, by tenant, paged (--after)
   requeue TENANT ITEM         bring one dead item back, due now, attempts reset
   purge-dead TENANT --yes     delete every dead item of the tenant
+  cancel TENANT ITEM...       cancel items (--reason TEXT); running ones are told
+  pause | resume              stop every worker claiming from the queue, or let them
+  prune [--dry-run]           delete finished items past retention (--keep-done,
+                              --keep-cancelled, --keep-dead: seconds or 'forever')
+  show TENANT ITEM            one item, every field
+  queues                      every queue holding items, with its counts
 
 Output is lines for a person; --json prints one JSON document instead. requeue
 of an item that is not dead, and purge-dead without --yes (it says how many it
-would delete), change nothing and exit 1. Passwords in URLs are never printed.
+would delete), change nothing and exit 1; so do show and cancel of an item that
+does not exist. Passwords in URLs are never printed.
 """
 
 #: Each action: its one-line help.
@@ -54,10 +75,8 @@ ACTIONS: dict[str, str] = {
     "dead-letters": "a tenant's dead items, oldest death first",
     "requeue": "bring a dead item back, due now, with its attempts reset",
     "purge-dead": "delete every dead item of a tenant (needs --yes)",
+    **{name: help_text for name, (help_text, _run) in LIFECYCLE.items()},
 }
-
-#: The most characters of an item's payload or last error a human-readable line shows.
-SHOWN_CHARS = 120
 
 
 def _common_options(parser: argparse.ArgumentParser) -> None:
@@ -79,17 +98,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help=help_text,
             description=f"{help_text[0].upper()}{help_text[1:]}, on the queue the options name.",
         )
-        if name != "stats":
-            sub.add_argument("tenant", metavar="TENANT", help="the tenant whose dead items")
-        if name == "requeue":
-            sub.add_argument("item_id", metavar="ITEM", help="the dead item's id (item_id)")
+        if name in ("requeue", "purge-dead", "cancel", "show"):
+            sub.add_argument("tenant", metavar="TENANT", help="the tenant whose items")
+        if name in ("requeue", "show"):
+            sub.add_argument("item_id", metavar="ITEM", help="the item's id (item_id)")
+        if name == "cancel":
+            sub.add_argument("item_ids", metavar="ITEM", nargs="+", help="the items' ids")
+            sub.add_argument(
+                "--reason", metavar="TEXT", help="why; stored as each item's last_error"
+            )
+        if name == "prune":
+            _prune_options(sub)
         if name == "dead-letters":
+            sub.add_argument(
+                "tenant",
+                metavar="TENANT",
+                nargs="?",
+                help="the tenant whose dead items; without it, every tenant's",
+            )
             sub.add_argument(
                 "--limit",
                 type=int,
                 default=100,
                 metavar="N",
                 help="show at most N items, 1 to 1000 (default: 100)",
+            )
+            sub.add_argument(
+                "--after",
+                metavar="CURSOR",
+                help="without TENANT: the page after the one that printed this cursor",
             )
         if name == "purge-dead":
             sub.add_argument(
@@ -100,15 +137,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         _common_options(sub)
 
 
+def _prune_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="count what would be deleted, per status, and delete nothing",
+    )
+    for option, field, status in KEEP_OPTIONS:
+        kept = getattr(QueuePolicy(), field)
+        parser.add_argument(
+            option,
+            dest=field,
+            type=keep_seconds,
+            default=...,
+            metavar="SECONDS",
+            help=f"keep {status.value} items this long after they finished, or 'forever' "
+            f"(default: {kept.total_seconds():g}, the QueuePolicy default)",
+        )
+
+
 # -- the actions, on any WorkQueue -------------------------------------------------
-
-
-def _clip(text: str) -> str:
-    return text if len(text) <= SHOWN_CHARS else f"{text[: SHOWN_CHARS - 3]}..."
-
-
-def _item_json(item: WorkItem) -> dict[str, Any]:
-    return item.model_dump(mode="json")
 
 
 def _stats_json(stats: QueueStats) -> dict[str, Any]:
@@ -118,12 +166,8 @@ def _stats_json(stats: QueueStats) -> dict[str, Any]:
         "queued": stats.queued,
         "leased": stats.leased,
         "dead": stats.dead,
+        "cancelled": stats.cancelled,
     }
-
-
-def _refused(exc: ValueError | TypeError) -> CommandError:
-    """A front's refusal of an argument (``tenant: must not be empty``) as the command's."""
-    return CommandError(str(exc).splitlines()[0])
 
 
 async def _stats(queue: WorkQueue, args: argparse.Namespace, out: TextIO) -> int:
@@ -132,19 +176,24 @@ async def _stats(queue: WorkQueue, args: argparse.Namespace, out: TextIO) -> int
         print(json.dumps(_stats_json(stats)), file=out)
         return 0
     if not stats.tenants:
-        print(f"queue {stats.queue!r}: no queued, leased or dead items", file=out)
+        print(f"queue {stats.queue!r}: no queued, leased, dead or cancelled items", file=out)
         return 0
     width = max(len("tenant"), len("total"), *(len(t) for t in stats.tenants))
     print(f"queue {stats.queue!r}", file=out)
-    print(f"  {'tenant':<{width}}  {'queued':>8}  {'leased':>8}  {'dead':>8}", file=out)
-    rows = [(t, c.queued, c.leased, c.dead) for t, c in stats.tenants.items()]
-    rows.append(("total", stats.queued, stats.leased, stats.dead))
-    for tenant, queued, leased, dead in rows:
-        print(f"  {tenant:<{width}}  {queued:>8}  {leased:>8}  {dead:>8}", file=out)
+    heads = ("queued", "leased", "dead", "cancelled")
+    print(f"  {'tenant':<{width}}  " + "  ".join(f"{h:>9}" for h in heads), file=out)
+    rows = [(t, c.queued, c.leased, c.dead, c.cancelled) for t, c in stats.tenants.items()]
+    rows.append(("total", stats.queued, stats.leased, stats.dead, stats.cancelled))
+    for tenant, *counts in rows:
+        print(f"  {tenant:<{width}}  " + "  ".join(f"{c:>9}" for c in counts), file=out)
     return 0
 
 
 async def _dead_letters(queue: WorkQueue, args: argparse.Namespace, out: TextIO) -> int:
+    if args.tenant is None:
+        return await dead_letters_all(queue, args, out)
+    if args.after is not None:
+        raise CommandError("--after: pages the listing without TENANT only")
     try:
         items = await queue.dead_letters(args.tenant, limit=args.limit)
     except (ValueError, TypeError) as exc:
@@ -219,11 +268,14 @@ async def _purge_dead(queue: WorkQueue, args: argparse.Namespace, out: TextIO) -
     return 0
 
 
-_RUN = {
+_Action = Callable[[WorkQueue, argparse.Namespace, TextIO], Awaitable[int]]
+
+_RUN: dict[str, _Action] = {
     "stats": _stats,
     "dead-letters": _dead_letters,
     "requeue": _requeue,
     "purge-dead": _purge_dead,
+    **{name: run for name, (_help, run) in LIFECYCLE.items()},
 }
 
 
@@ -240,11 +292,12 @@ def command(
     async def body() -> int:
         if args.action == "dead-letters" and not 1 <= args.limit <= 1000:
             raise CommandError(f"--limit: must be between 1 and 1000, got {args.limit}")
-        async with open_queue(args, pool_size=2, clock=SystemClock()) as queue:
+        policy = policy_of(args) if args.action == "prune" else None
+        async with open_queue(args, pool_size=2, clock=SystemClock(), policy=policy) as queue:
             # Printed only once the action succeeded: a refusal leaves stdout empty.
             shown = io.StringIO()
             code = await run_action(queue, args, shown)
-        if not args.json and args.action in ("stats", "dead-letters"):
+        if not args.json and args.action in ("stats", "dead-letters", "queues", "prune"):
             print(queue_where(args), file=stream)
         stream.write(shown.getvalue())
         return code

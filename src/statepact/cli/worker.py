@@ -28,9 +28,11 @@ from statepact.cli._common import (
     queue_where,
     run_command,
 )
+from statepact.cli._common.supervisor import CHILD_ENV, Supervisor, child_arguments
 from statepact.clock import SystemClock
 from statepact.queue import QueuePolicy, WorkQueue
 from statepact.worker import Worker
+from statepact.worker._policy import PolicyMismatchError, describe_policy, settle_policy
 
 __all__ = [
     "DESCRIPTION",
@@ -80,6 +82,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--grace-period", type=float, metavar="S", help="seconds handlers get on SIGTERM"
     )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="worker processes under one supervisor, each with its own pool (default 1)",
+    )
     default = QueuePolicy()
     for option, field, kind, help_text in POLICY_OPTIONS:
         parser.add_argument(
@@ -93,38 +102,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def carried_policy(found: object) -> QueuePolicy | None:
-    """The ``QueuePolicy`` a Worker carries (its ``policy``), or ``None``."""
-    policy = getattr(found, "policy", None) if isinstance(found, Worker) else None
-    return policy if isinstance(policy, QueuePolicy) else None
+    """The ``QueuePolicy`` a Worker carries (``Worker(policy=)``), or ``None``."""
+    return found.policy if isinstance(found, Worker) else None
 
 
 def queue_policy(args: argparse.Namespace, carried: QueuePolicy | None) -> QueuePolicy:
-    """The queue's policy, field by field: the option given, else ``carried`` (the
-    Worker's), else ``QueuePolicy``'s default. A value the policy refuses is a
-    ``CommandError`` naming the option."""
+    """The queue's policy by the one rule (:func:`statepact.worker._policy.settle_policy`):
+    the option given, else ``carried`` (the Worker's), else ``QueuePolicy``'s default. A
+    value the policy refuses is a ``CommandError`` naming the option."""
     from pydantic import ValidationError
 
-    base = (carried or QueuePolicy()).model_dump()
-    given = {
-        field: getattr(args, field, None)
-        for _, field, _, _ in POLICY_OPTIONS
-        if getattr(args, field, None) is not None
-    }
+    given = {field: getattr(args, field, None) for _, field, _, _ in POLICY_OPTIONS}
     try:
-        return QueuePolicy(**{**base, **given})
+        return settle_policy(given, carried)
     except ValidationError as exc:
         error = exc.errors()[0]
         field = str(error["loc"][0]) if error["loc"] else "backoff_cap"
         option = next((o for o, f, _, _ in POLICY_OPTIONS if f == field), "--backoff-cap")
         message = str(error["msg"]).removeprefix("Value error, ").removeprefix(field + ": ")
         raise CommandError(f"{option}: {message}") from None
-
-
-def describe_policy(policy: QueuePolicy) -> str:
-    return (
-        f"max_attempts {policy.max_attempts}, backoff {policy.backoff_base:g}s to "
-        f"{policy.backoff_cap:g}s, jitter {policy.jitter:g}"
-    )
 
 
 def load_worker_object(target: str) -> Any:
@@ -148,11 +144,25 @@ def load_worker_object(target: str) -> Any:
     return found
 
 
+def _factory_policy(own: QueuePolicy, runs: QueuePolicy) -> str:
+    return (
+        f"MODULE:OBJECT: the factory's Worker carries a policy ({describe_policy(own)}) other "
+        f"than its queue's ({describe_policy(runs)}); pass it as options (--max-attempts, "
+        "--backoff-base, --backoff-cap, --jitter), or define the Worker with no queue for this "
+        "command to bind"
+    )
+
+
 async def load_worker(found: object, queue: WorkQueue) -> Worker:
     """Bind a Worker to ``queue``, or build one with a factory; refuse anything else."""
     worker: object = found
     if not isinstance(found, Worker) and callable(found):
-        worker = found(queue)
+        try:
+            worker = found(queue)
+        except PolicyMismatchError as exc:
+            # A factory's Worker: its queue was opened (with the options and the default)
+            # before the factory could say what it wanted.
+            raise CommandError(_factory_policy(exc.wanted, exc.runs)) from None
         if inspect.isawaitable(worker):
             worker = await worker
         if not isinstance(worker, Worker):
@@ -176,6 +186,9 @@ async def load_worker(found: object, queue: WorkQueue) -> Worker:
 
 def command(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
     stream = out or sys.stdout
+    if args.processes > 1 and os.environ.get(CHILD_ENV) is None:
+        arguments = child_arguments(getattr(args, "arguments", sys.argv[1:]))
+        return Supervisor(arguments, args.processes, out=stream).run()
 
     async def body() -> int:
         where = queue_where(args)
@@ -186,22 +199,19 @@ def command(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
             concurrency = found.concurrency
         if concurrency is not None and concurrency < 1:
             raise CommandError(f"--concurrency: must be 1 or more, got {concurrency}")
+        if args.processes < 1:
+            raise CommandError(f"--processes: must be 1 or more, got {args.processes}")
         # A worker holds at most concurrency + 2 connections (its items and claim, the
         # LISTEN, the reaper), + 3 with schedules (docs/worker.md): size for the most.
         pool_size = (concurrency or 10) + 3
         clock = SystemClock()
+        if isinstance(found, Worker) and found.policy is not None:
+            found._settled(policy)  # the options override the Worker's, field by field
         async with open_queue(args, pool_size=pool_size, clock=clock, policy=policy) as queue:
             worker = await load_worker(found, queue)
             own = carried_policy(worker)
             if worker is not found and own is not None and own != policy:
-                # A factory's Worker: its queue was opened (with the options and the
-                # default) before the factory could say what it wanted.
-                raise CommandError(
-                    f"MODULE:OBJECT: the factory's Worker carries a policy ({describe_policy(own)})"
-                    f" other than its queue's ({describe_policy(policy)}); pass it as options "
-                    "(--max-attempts, --backoff-base, --backoff-cap, --jitter), or define the "
-                    "Worker with no queue for this command to bind"
-                )
+                raise CommandError(_factory_policy(own, policy))
             if args.concurrency is not None:
                 worker.concurrency = args.concurrency
             if worker.concurrency + 3 > pool_size:

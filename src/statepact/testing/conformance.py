@@ -93,6 +93,18 @@ class PostgresWorkQueueConformance(WorkQueueConformance):
     def work_queue(self, statepact_postgres_work_queue: WorkQueue) -> WorkQueue:
         return statepact_postgres_work_queue
 
+    @pytest.fixture
+    def work_queue_peer(self, request: pytest.FixtureRequest) -> WorkQueue:
+        """A second ``PostgresWorkQueue`` on the test's database, as another process holds."""
+        from statepact.storage.postgres import PostgresWorkQueue
+
+        return PostgresWorkQueue(
+            request.getfixturevalue("statepact_postgres_engine"),
+            clock=request.getfixturevalue("statepact_clock"),
+            settings=request.getfixturevalue("statepact_postgres_settings"),
+            policy=request.getfixturevalue("statepact_queue_policy"),
+        )
+
 
 class PostgresTransactionConformance(TransactionConformance):
     """``TransactionConformance`` on ``statepact_postgres_backend`` (a database per test)."""
@@ -116,6 +128,18 @@ class RedisWorkQueueConformance(WorkQueueConformance):
     @pytest.fixture
     def work_queue(self, statepact_redis_work_queue: WorkQueue) -> WorkQueue:
         return statepact_redis_work_queue
+
+    @pytest.fixture
+    def work_queue_peer(self, request: pytest.FixtureRequest) -> WorkQueue:
+        """A second ``RedisWorkQueue`` under the test's namespace, as another process holds."""
+        from statepact.storage.redis import RedisWorkQueue
+
+        return RedisWorkQueue(
+            request.getfixturevalue("statepact_redis_client"),
+            clock=request.getfixturevalue("statepact_clock"),
+            settings=request.getfixturevalue("statepact_redis_settings"),
+            policy=request.getfixturevalue("statepact_queue_policy"),
+        )
 
 
 class RedisTransactionConformance(TransactionConformance):

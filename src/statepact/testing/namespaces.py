@@ -24,7 +24,8 @@ import os
 import uuid
 from typing import Any
 
-from statepact.storage.redis import QueueKeys, StateKeys, TxKeys, create_client, glob_escape
+from statepact.storage.redis import create_client
+from statepact.storage.redis import namespace_patterns as _patterns
 
 __all__ = ["clear_namespace", "clear_namespace_at", "namespace_patterns", "unique_namespace"]
 
@@ -37,19 +38,9 @@ def unique_namespace() -> str:
 
 
 def namespace_patterns(namespace: str) -> tuple[str, ...]:
-    """SCAN ``MATCH`` patterns covering every key of ``namespace`` and no other namespace's.
-
-    Read off the key codec: the state prefix up to its tenant tag, the queue's
-    hash tag, and the transaction backend's whole tag (``prefix=namespace``).
-    """
-    state = StateKeys(namespace).prefix("").split("{", 1)[0]  # "<ns>:state:"
-    queue = QueueKeys(namespace=namespace).prefix
-    queue_tag = queue[: queue.index("}") + 1]  # "{<ns>:queue}"
-    return (
-        f"{glob_escape(state)}*",
-        f"{glob_escape(queue_tag)}:*",
-        TxKeys(namespace).match_all,
-    )
+    """SCAN ``MATCH`` patterns covering every key of ``namespace`` and no other namespace's,
+    as the key codec gives them (``statepact.storage.redis.namespace_patterns``)."""
+    return _patterns(namespace)
 
 
 async def clear_namespace(redis: Any, namespace: str) -> int:

@@ -4,7 +4,8 @@ A worker claims items while it has free slots (``concurrency``), routes each to
 the handler registered under the payload's task field, heartbeats the lease
 every ``heartbeat_every`` seconds while the handler runs, and settles the item
 by what the handler did: a return acks it, :class:`Retry` fails it to be tried
-again in N seconds, :class:`DoNotRetry` dead-letters it, any other exception
+again in N seconds, :class:`Snooze` puts it back for N seconds with the attempt
+given back, :class:`DoNotRetry` dead-letters it, any other exception
 fails it through the queue's ``QueuePolicy``. A lease lost on the way (a
 heartbeat refused, or the lease's expiry passed on the worker's clock) cancels
 the handler and settles nothing. ``stop()`` (or SIGTERM/SIGINT under ``run()``)
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from statepact._limits import MAX_RETRY_DELAY  # noqa: F401 -- importable here as it was
 from statepact.worker._hooks import WorkerHooks
-from statepact.worker._job import DoNotRetry, Handler, Job, Retry
+from statepact.worker._job import DoNotRetry, Handler, Job, Retry, Snooze
 from statepact.worker._schedules import SCHEDULED_FOR_FIELD, Schedule  # noqa: F401
 from statepact.worker._worker import DEFAULT_TASK_FIELD, Worker
 
@@ -37,6 +38,7 @@ __all__ = [
     "Job",
     "Retry",
     "Schedule",
+    "Snooze",
     "Worker",
     "WorkerHooks",
 ]

@@ -53,12 +53,31 @@ class Claimer:
         """Claim until ``stopping``; a claim in flight then finishes and its leases are run."""
         # The queue's wake-ups (LISTEN on PostgreSQL, a blocking pop on Redis) for as long
         # as this worker claims; on PostgreSQL that holds one connection of the pool.
-        async with self._rt.queue.watch() as watch:
+        # Its control notices too: an item cancelled while this worker runs it.
+        loop = asyncio.get_running_loop()
+
+        def on_cancel(tenant: str, item_id: str, token: int) -> None:
+            try:
+                here = asyncio.get_running_loop() is loop
+            except RuntimeError:
+                here = False
+            if here:
+                self._cancel(tenant, item_id, token)
+            else:  # a backing's listener on a thread of its own
+                loop.call_soon_threadsafe(self._cancel, tenant, item_id, token)
+
+        async with self._rt.queue.watch(on_cancel=on_cancel) as watch:
             self._watch = watch
             try:
                 await self._claims()
             finally:
                 self._watch = None
+
+    def _cancel(self, tenant: str, item_id: str, token: int) -> None:
+        """Cut the handler running the cancelled item's lease, if this worker runs it."""
+        executor = self._rt.newest.get((tenant, item_id))
+        if executor is not None:
+            executor.cancel(token)
 
     async def _claims(self) -> None:
         rt = self._rt
@@ -85,7 +104,9 @@ class Claimer:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                logger.warning("worker %s: claim failed: %s", rt.worker_id, describe(exc))
+                logger.warning(
+                    "worker %s: claim failed: %s", rt.worker_id, describe(exc), extra=rt.fields()
+                )
                 width = 1
                 await self._wait_for_work(rt.settings.poll_interval)
                 continue
@@ -143,7 +164,9 @@ class Claimer:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            logger.warning("worker %s: next_due failed: %s", rt.worker_id, describe(exc))
+            logger.warning(
+                "worker %s: next_due failed: %s", rt.worker_id, describe(exc), extra=rt.fields()
+            )
             return poll
         if due is None:
             return poll
@@ -174,5 +197,8 @@ class Claimer:
             failed = None if arrived.cancelled() else arrived.exception()
             if failed is not None:
                 logger.warning(
-                    "worker %s: waiting for work failed: %s", rt.worker_id, describe(failed)
+                    "worker %s: waiting for work failed: %s",
+                    rt.worker_id,
+                    describe(failed),
+                    extra=rt.fields(),
                 )

@@ -94,7 +94,11 @@ class Completer:
             answers = await rt.queue.ack_many([job.lease for job in batch])
         except _AWAY as exc:
             logger.warning(
-                "worker %s: ack of %d item(s) failed: %s", rt.worker_id, len(batch), describe(exc)
+                "worker %s: ack of %d item(s) failed: %s",
+                rt.worker_id,
+                len(batch),
+                describe(exc),
+                extra=rt.fields(),
             )
             return
         except Exception as exc:
@@ -103,6 +107,7 @@ class Completer:
                 rt.worker_id,
                 len(batch),
                 describe(exc),
+                extra=rt.fields(),
             )
             for job in batch:
                 await self._ack_one(job)
@@ -129,9 +134,11 @@ class Completer:
         if item is not None:
             self._rt.hooks.call("failed", job, item, error)
 
-    async def release(self, job: Job) -> None:
-        """Give the item back, due now, the attempt not counted; run under ``finish``."""
-        item = await self._settle("release", job, self._rt.queue.release(job.lease))
+    async def release(self, job: Job, *, count_attempt: bool, delay: float | None = None) -> None:
+        """Give the item back, due after ``delay`` (now without one), the attempt kept or
+        given back; run under ``finish``."""
+        released = self._rt.queue.release(job.lease, delay=delay, count_attempt=count_attempt)
+        item = await self._settle("release", job, released)
         if item is not None:
             self._rt.hooks.call("released", job, item)
 
@@ -149,6 +156,7 @@ class Completer:
                 what,
                 job.item.item_id,
                 describe(exc),
+                extra=self._rt.fields(job.item, job.task),
             )
         return None
 
@@ -156,6 +164,10 @@ class Completer:
         """The lease moved on: nothing is settled for it; say why."""
         rt = self._rt
         logger.warning(
-            "worker %s: lease of item %r lost: %s", rt.worker_id, job.item.item_id, reason
+            "worker %s: lease of item %r lost: %s",
+            rt.worker_id,
+            job.item.item_id,
+            reason,
+            extra=rt.fields(job.item, job.task),
         )
         rt.hooks.call("lease_lost", job, reason)

@@ -33,7 +33,10 @@ class WorkerHooks:
     ``renewed``: a heartbeat landed (``job.lease`` holds the new token).
     ``failed``: the item was failed (``item.status`` says retried or dead).
     ``lease_lost``: the lease moved on; the handler was cancelled (or had
-    finished) and nothing was settled. ``released``: given back at shutdown.
+    finished) and nothing was settled. ``released``: given back at shutdown, or
+    snoozed (``item.available_at`` says when it is due). ``cancelled``: an operator
+    cancelled the item (``queue.cancel``); the handler was cancelled and nothing
+    was settled.
     """
 
     def started(self, job: Job) -> None:
@@ -54,8 +57,19 @@ class WorkerHooks:
     def released(self, job: Job, item: WorkItem) -> None:
         pass
 
+    def cancelled(self, job: Job, reason: str) -> None:
+        pass
 
-HOOK_NAMES = ("started", "renewed", "succeeded", "failed", "lease_lost", "released")
+
+HOOK_NAMES = (
+    "started",
+    "renewed",
+    "succeeded",
+    "failed",
+    "lease_lost",
+    "released",
+    "cancelled",
+)
 
 
 class HookSet:
@@ -93,7 +107,11 @@ class HookSet:
                 result = getattr(hooks, name)(*args)
             except Exception:
                 logger.exception(
-                    "worker %s: hook %s.%s raised", self._worker_id, type(hooks).__name__, name
+                    "worker %s: hook %s.%s raised",
+                    self._worker_id,
+                    type(hooks).__name__,
+                    name,
+                    extra={"worker_id": self._worker_id},
                 )
                 continue
             if result is not None and inspect.isawaitable(result):
@@ -108,4 +126,5 @@ class HookSet:
                     self._worker_id,
                     type(hooks).__name__,
                     name,
+                    extra={"worker_id": self._worker_id},
                 )

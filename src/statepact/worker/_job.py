@@ -1,17 +1,19 @@
-"""What a handler sees and raises: :class:`Job`, :class:`Retry`, :class:`DoNotRetry`.
+"""What a handler sees and raises: :class:`Job`, :class:`Retry`, :class:`Snooze`,
+:class:`DoNotRetry`.
 
-A ``Job`` is one claimed lease as the handler sees it; ``Retry`` and
-``DoNotRetry`` are control flow a handler uses to tell the worker how to settle
-the item (so they live here, not in ``statepact.errors``). See docs/worker.md,
-"Handlers and routing" and "What settles an item". This module must never
-touch the queue.
+A ``Job`` is one claimed lease as the handler sees it (with the application
+context and ``complete_in``, which the executor provides); ``Retry``,
+``Snooze`` and ``DoNotRetry`` are control flow a handler uses to tell the worker
+how to settle the item (so they live here, not in ``statepact.errors``). See
+docs/worker.md, "Handlers and routing" and "What settles an item". This module
+must never touch the queue.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeAlias
 
@@ -20,7 +22,7 @@ from statepact._limits import MAX_RETRY_DELAY
 from statepact.models import Lease, WorkItem
 from statepact.queue import MAX_ERROR_CHARS
 
-__all__ = ["DoNotRetry", "Handler", "Job", "Retry", "check_handler", "describe"]
+__all__ = ["DoNotRetry", "Handler", "Job", "Retry", "Snooze", "check_handler", "describe"]
 
 
 @dataclass
@@ -29,11 +31,38 @@ class Job:
 
     ``lease`` is replaced by each heartbeat (the token changes), so a handler that
     fences its own writes on the lease reads ``job.lease.token`` when it writes.
+    ``context`` is what the worker's ``startup`` returned (``None`` without one).
     """
 
     lease: Lease
     task: str | None
     worker_id: str
+    context: Any = None
+    # Set by the executor running this job: what complete_in() calls.
+    _complete: Callable[[object], Awaitable[WorkItem]] | None = field(
+        default=None, repr=False, compare=False
+    )
+
+    async def complete_in(self, session: object) -> WorkItem:
+        """Make this item's ack part of the caller's open transaction (PostgreSQL only).
+
+        ``session`` is an SQLAlchemy ``AsyncSession`` or ``AsyncConnection`` inside a
+        transaction the handler began. The fenced ack runs in it; when that transaction
+        commits, the item is done with the handler's rows, and the worker sends no ack
+        of its own (the ``succeeded`` hook fires after the commit). Rolled back, the
+        item stays leased and the worker settles it as if the handler had raised.
+        Returns the item as the ack wrote it (``done``, not yet committed). Raises
+        ``LeaseLostError`` (the lease moved on: roll back), ``TypeError`` on a queue
+        that cannot join an SQL transaction (Redis, memory) or a session of another
+        kind, ``RuntimeError`` when called twice in one transaction or outside a
+        worker's handler. See docs/worker.md, "Completing in your transaction".
+        """
+        if self._complete is None:
+            raise RuntimeError(
+                "job.complete_in: this Job is not running in a Worker's handler; only the "
+                "handler a Worker called can complete its item in a transaction"
+            )
+        return await self._complete(session)
 
     @property
     def item(self) -> WorkItem:
@@ -64,6 +93,20 @@ class Retry(Exception):
         self.delay = require_seconds("delay", delay, allow_zero=True, most=MAX_RETRY_DELAY)
         self.reason = reason
         super().__init__(f"retry in {self.delay:g} s" + (f": {reason}" if reason else ""))
+
+
+class Snooze(Exception):
+    """Raised by a handler: put the item back, due again in ``seconds``, the attempt given back.
+
+    ``seconds`` is seconds or a ``timedelta``, 0 to ``MAX_RETRY_DELAY`` (30 days). Unlike
+    :class:`Retry` this is no failure: ``attempts`` is as it was before the claim and
+    ``last_error`` is untouched, so an item may snooze any number of times. Fenced as
+    every settle (a lease lost meanwhile snoozes nothing).
+    """
+
+    def __init__(self, seconds: float | timedelta) -> None:
+        self.seconds = require_seconds("seconds", seconds, allow_zero=True, most=MAX_RETRY_DELAY)
+        super().__init__(f"snooze {self.seconds:g} s")
 
 
 class DoNotRetry(Exception):

@@ -3,10 +3,10 @@
 A :class:`Service` is a name, an interval and one async call; :class:`Maintenance`
 runs each in a task of its own, every ``every`` seconds until the worker stops,
 each call to its end (``finish``) and each failure logged and tried again at the
-next interval. The reaper is the one service today (``queue.reap()``, every
-``reap_every`` seconds, waking the claimer when it moved items); a pruner, a
-limit reconciler or a registry heartbeat is one more :class:`Service` in
-:func:`services`. See docs/worker.md, "The reaper". This module must never
+next interval. The reaper (``queue.reap()``, every ``reap_every`` seconds, waking
+the claimer when it moved items) and the pruner (``queue.prune()``, every
+``prune_every`` seconds); a limit reconciler or a registry heartbeat is one more
+:class:`Service` in :func:`services`. See docs/worker.md, "The reaper". This module must never
 touch a lease.
 """
 
@@ -41,6 +41,8 @@ def services(rt: Runtime) -> list[Service]:
     found: list[Service] = []
     if rt.settings.reap_every > 0:
         found.append(Service("reap", rt.settings.reap_every, lambda: _reap(rt)))
+    if rt.settings.prune_every > 0:
+        found.append(Service("prune", rt.settings.prune_every, lambda: _prune(rt)))
     return found
 
 
@@ -48,8 +50,17 @@ async def _reap(rt: Runtime) -> None:
     """``reap`` once; each reap is atomic, so every worker may run one."""
     moved = await rt.queue.reap()
     if moved:
-        logger.info("worker %s: reaped %d expired lease(s)", rt.worker_id, len(moved))
+        logger.info(
+            "worker %s: reaped %d expired lease(s)", rt.worker_id, len(moved), extra=rt.fields()
+        )
         rt.work.set()
+
+
+async def _prune(rt: Runtime) -> None:
+    """``prune`` once: the queue deletes finished items past its policy's ``keep_*`` (and
+    logs how many). Its server-side try-lock keeps it to one process per queue: every other
+    worker's call returns 0 at once."""
+    await rt.queue.prune()
 
 
 class Maintenance:
@@ -81,5 +92,9 @@ class Maintenance:
                 raise
             except Exception as exc:
                 logger.warning(
-                    "worker %s: %s failed: %s", self._rt.worker_id, service.name, describe(exc)
+                    "worker %s: %s failed: %s",
+                    self._rt.worker_id,
+                    service.name,
+                    describe(exc),
+                    extra=self._rt.fields(),
                 )

@@ -17,13 +17,14 @@ __all__ = ["Tasks"]
 class Tasks:
     """A worker's handlers by task name, and its default handler."""
 
-    __slots__ = ("_default", "_field", "_handlers")
+    __slots__ = ("_default", "_field", "_handlers", "_timeouts")
 
     def __init__(self, task_field: str) -> None:
         if not isinstance(task_field, str) or not task_field:
             raise ValueError(f"task_field: must be a non-empty str, got {task_field!r}")
         self._field = task_field
         self._handlers: dict[str, Handler] = {}
+        self._timeouts: dict[str, float] = {}
         self._default: Handler | None = None
 
     @property
@@ -39,13 +40,24 @@ class Tasks:
         """Whether any handler (a task's or the default) is registered."""
         return bool(self._handlers) or self._default is not None
 
-    def add(self, name: str, handler: Handler) -> None:
+    def add(self, name: str, handler: Handler, timeout: float | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"task name: must be a non-empty str, got {name!r}")
         checked = check_handler(name, handler)
         if name in self._handlers:
             raise ValueError(f"task {name!r}: a handler is already registered under this name")
         self._handlers[name] = checked
+        if timeout is not None:
+            self._timeouts[name] = timeout
+
+    def timeout(self, job: Job, default: float | None) -> float | None:
+        """The seconds ``job``'s handler may run: the item's own ``timeout``, else its task's,
+        else ``default`` (the worker's); ``None``: no deadline."""
+        if job.item.timeout is not None:
+            return job.item.timeout
+        if job.task is not None and job.task in self._timeouts:
+            return self._timeouts[job.task]
+        return default
 
     def set_default(self, handler: Handler) -> None:
         checked = check_handler("(default)", handler)

@@ -12,18 +12,23 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from statepact._codec import require_seconds
 from statepact.clock import Clock, read_clock
-from statepact.models import Lease
+from statepact.models import Lease, WorkItem
 from statepact.queue import WorkQueue
 from statepact.worker._hooks import HookSet
 
 if TYPE_CHECKING:
     from statepact.worker._executor import Executor
 
-__all__ = ["Runtime", "Settings", "require_concurrency"]
+__all__ = ["Runtime", "Settings", "require_concurrency", "require_timeout"]
+
+
+def require_timeout(field: str, value: object) -> float | None:
+    """A handler deadline: ``None`` (none), or seconds or a ``timedelta`` above 0."""
+    return None if value is None else require_seconds(field, value)
 
 
 def require_concurrency(value: object) -> int:
@@ -45,6 +50,8 @@ class Settings:
     poll_interval: float
     reap_every: float
     grace_period: float
+    timeout: float | None = None
+    prune_every: float = 60.0
 
     @classmethod
     def read(
@@ -56,11 +63,15 @@ class Settings:
         poll_interval: object,
         reap_every: object,
         grace_period: object,
+        timeout: object = None,
+        prune_every: object = 60.0,
     ) -> Settings:
         """Each setting checked, naming it. A duration is read by the rule the queue's calls
         read theirs with (``claim_batch``'s ``lease_for``, ``watch().wait``'s timeout), so
         what the queue would refuse later is refused here. ``heartbeat_every`` defaults to
-        a third of ``lease_for``, ``reap_every`` to ``lease_for`` (0 turns the reaper off)."""
+        a third of ``lease_for``, ``reap_every`` to ``lease_for`` (0 turns the reaper off);
+        ``timeout`` is the handlers' default deadline (``None``: none); ``prune_every``
+        0 turns the pruner off."""
         lease = require_seconds("lease_for", lease_for)
         every = require_seconds(
             "heartbeat_every", lease / 3 if heartbeat_every is None else heartbeat_every
@@ -78,6 +89,8 @@ class Settings:
             poll_interval=require_seconds("poll_interval", poll_interval),
             reap_every=require_seconds("reap_every", reap, allow_zero=True),
             grace_period=require_seconds("grace_period", grace_period, allow_zero=True),
+            timeout=require_timeout("timeout", timeout),
+            prune_every=require_seconds("prune_every", prune_every, allow_zero=True),
         )
 
 
@@ -96,6 +109,7 @@ class Runtime:
     __slots__ = (
         "acks_sending",
         "clock",
+        "context",
         "hooks",
         "newest",
         "queue",
@@ -115,12 +129,22 @@ class Runtime:
         self.settings = settings
         self.clock = clock
         self.hooks = hooks
+        # What the worker's startup returned: every job's ``context``.
+        self.context: Any = None
         self.running: set[Executor] = set()
         self.newest: dict[tuple[str, str], Executor] = {}
         self.acks_sending = False
         self.stopping = asyncio.Event()
         self.work = asyncio.Event()
         self.slot_freed = asyncio.Event()
+
+    def fields(self, item: WorkItem | None = None, task: str | None = None) -> dict[str, object]:
+        """The ``extra`` of a worker log record: worker id and queue, and the item's tenant,
+        id and task when it is about one (the CLI's text and JSON logs print them)."""
+        found: dict[str, object] = {"worker_id": self.worker_id, "queue": self.queue.name}
+        if item is not None:
+            found.update(tenant=item.tenant, item_id=item.item_id, task=task)
+        return found
 
     def busy(self) -> int:
         """Slots taken: leases in flight, plus one while the completer sends. So a worker

@@ -283,6 +283,7 @@ class ScheduleLoop:
                 schedule.name,
                 _iso(moment),
                 describe(exc),
+                extra=self._rt.fields(),
             )
             if schedule in self._schedules:
                 self._schedules.remove(schedule)
@@ -302,6 +303,7 @@ class ScheduleLoop:
                 schedule.name,
                 _iso(tick),
                 describe(exc),
+                extra=rt.fields(),
             )
             return False
         rt.work.set()
@@ -316,4 +318,5 @@ class ScheduleLoop:
                 schedule.name,
                 _iso(previous),
                 _iso(tick),
+                extra=self._rt.fields(),
             )

@@ -25,15 +25,17 @@ from statepact._cancel import finish
 from statepact._codec import require_id, require_seconds
 from statepact.clock import Clock, SystemClock
 from statepact.models import Lease
-from statepact.queue import BaseWorkQueue, WorkQueue
+from statepact.queue import BaseWorkQueue, QueuePolicy, WorkQueue
 from statepact.worker._claimer import Claimer
 from statepact.worker._completer import Completer
 from statepact.worker._executor import Executor
 from statepact.worker._hooks import HookSet, WorkerHooks
 from statepact.worker._job import Handler
+from statepact.worker._lifespan import Lifespan, Shutdown, Startup
 from statepact.worker._maintenance import Maintenance, services
+from statepact.worker._policy import PolicyMismatchError, require_policy, settle_policy
 from statepact.worker._registry import Tasks
-from statepact.worker._runtime import Runtime, Settings, require_concurrency
+from statepact.worker._runtime import Runtime, Settings, require_concurrency, require_timeout
 from statepact.worker._schedules import Schedule, ScheduleLoop, Schedules
 
 __all__ = ["DEFAULT_TASK_FIELD", "Worker"]
@@ -73,7 +75,14 @@ class Worker:
         default: Handler | None = None,
         hooks: WorkerHooks | Iterable[WorkerHooks] | None = None,
         clock: Clock | None = None,
+        policy: QueuePolicy | None = None,
+        startup: Startup | None = None,
+        shutdown: Shutdown | None = None,
+        timeout: float | timedelta | None = None,
+        prune_every: float | timedelta = 60.0,
     ) -> None:
+        self._policy = require_policy(policy)
+        self._lifespan = Lifespan(startup, shutdown)
         self._settings = Settings.read(
             concurrency=concurrency,
             lease_for=lease_for,
@@ -81,6 +90,8 @@ class Worker:
             poll_interval=poll_interval,
             reap_every=reap_every,
             grace_period=grace_period,
+            timeout=timeout,
+            prune_every=prune_every,
         )
         self.worker_id = require_id("worker_id", worker_id or f"worker-{uuid.uuid4().hex[:12]}")
         self._tasks = Tasks(task_field)
@@ -129,6 +140,15 @@ class Worker:
         return self._settings.heartbeat_every
 
     @property
+    def timeout(self) -> float | None:
+        """The handlers' default deadline in seconds (``None``: none)."""
+        return self._settings.timeout
+
+    @property
+    def prune_every(self) -> float:
+        return self._settings.prune_every
+
+    @property
     def poll_interval(self) -> float:
         return self._settings.poll_interval
 
@@ -139,6 +159,13 @@ class Worker:
     @property
     def task_field(self) -> str:
         return self._tasks.field
+
+    @property
+    def policy(self) -> QueuePolicy | None:
+        """The retry policy this worker asks its queue to run with (``Worker(policy=)``), or
+        ``None``: the queue's own. ``statepact worker`` opens the queue with it (its options
+        override it field by field: :func:`~statepact.worker._policy.settle_policy`)."""
+        return self._policy
 
     @property
     def queue(self) -> WorkQueue:
@@ -154,12 +181,26 @@ class Worker:
         queue_clock = getattr(self._queue, "clock", None)
         return queue_clock if isinstance(queue_clock, Clock) else SystemClock()
 
+    def _settled(self, policy: QueuePolicy) -> None:
+        """``statepact worker`` settled the policy (its options over this worker's): run
+        with that one. Only before a queue is bound."""
+        if self._queue is not None:
+            raise RuntimeError("this Worker already has a queue")
+        self._policy = policy
+
     def bind(self, queue: WorkQueue) -> Worker:
         """Give the worker its queue (once, before it starts); returns the worker."""
         if not isinstance(queue, WorkQueue):
             raise TypeError(f"queue: must be a WorkQueue, got {type(queue).__name__}")
         if self._queue is not None and self._queue is not queue:
             raise RuntimeError("this Worker already has a queue")
+        runs = getattr(queue, "policy", None)
+        if self._policy is not None and isinstance(runs, QueuePolicy):
+            wanted = settle_policy({}, self._policy, runs)
+            if wanted != runs:
+                # The queue applies its policy in every fail and reap; a worker cannot
+                # change it after the queue was opened, so a different one is refused.
+                raise PolicyMismatchError(wanted, runs)
         self._queue = queue
         return self
 
@@ -170,15 +211,21 @@ class Worker:
         """The registered task names, sorted."""
         return self._tasks.names
 
-    def add_task(self, name: str, handler: Handler) -> None:
-        """Register ``handler`` for items whose payload names task ``name``."""
-        self._tasks.add(name, handler)
+    def add_task(
+        self, name: str, handler: Handler, *, timeout: float | timedelta | None = None
+    ) -> None:
+        """Register ``handler`` for items whose payload names task ``name``; ``timeout``
+        (seconds) bounds each run of it, unless the item sets its own."""
+        self._tasks.add(name, handler, require_timeout(f"task {name!r}: timeout", timeout))
 
-    def task(self, name: str) -> Callable[[Handler], Handler]:
-        """Decorator form of :meth:`add_task`: ``@worker.task("summarise")``."""
+    def task(
+        self, name: str, *, timeout: float | timedelta | None = None
+    ) -> Callable[[Handler], Handler]:
+        """Decorator form of :meth:`add_task`: ``@worker.task("summarise", timeout=30)``."""
+        checked = require_timeout(f"task {name!r}: timeout", timeout)
 
         def register(handler: Handler) -> Handler:
-            self.add_task(name, handler)
+            self.add_task(name, handler, timeout=checked)
             return handler
 
         return register
@@ -278,14 +325,30 @@ class Worker:
         if not self._tasks:
             raise RuntimeError("this Worker has no handlers; register one with @worker.task")
         self._schedules.check(self._tasks.names, _value_limit(queue))
-        rt = self._rt = Runtime(queue, self.worker_id, self._settings, self.clock, self._hooks)
+        rt = Runtime(queue, self.worker_id, self._settings, self.clock, self._hooks)
+        # The application context first: nothing is claimed before it is open. Anything
+        # after it failing to start closes it again.
+        rt.context = await self._lifespan.open()
+        try:
+            self._begin(rt)
+        except BaseException:
+            await finish(self._lifespan.close(self.worker_id))
+            raise
+
+    def _begin(self, rt: Runtime) -> None:
+        """Start the loops of a started worker, sharing ``rt``."""
+        queue = rt.queue
+        self._rt = rt
         completer = self._completer = Completer(rt)
         route = self._tasks.route
         worker_id = self.worker_id
 
+        tasks = self._tasks
+        default_timeout = rt.settings.timeout
+
         def spawn(lease: Lease) -> None:
             job, handler = route(lease, worker_id)
-            Executor(rt, completer, job, handler).start()
+            Executor(rt, completer, job, handler, tasks.timeout(job, default_timeout)).start()
 
         logger.info(
             "worker %s starting on queue %r: concurrency %d, lease %g s, heartbeat every %g s",
@@ -294,6 +357,7 @@ class Worker:
             rt.settings.concurrency,
             rt.settings.lease_for,
             rt.settings.heartbeat_every,
+            extra=rt.fields(),
         )
         loops = [asyncio.create_task(Claimer(rt, spawn).run(), name="statepact-claim")]
         loops += Maintenance(rt, services(rt)).start()
@@ -308,7 +372,12 @@ class Worker:
         """A loop ends at stop(); one that ended on an error (a bug) is logged at once."""
         if not task.cancelled() and (error := task.exception()) is not None:
             logger.error(
-                "worker %s: %s ended: %s", self.worker_id, task.get_name(), error, exc_info=error
+                "worker %s: %s ended: %s",
+                self.worker_id,
+                task.get_name(),
+                error,
+                exc_info=error,
+                extra={"worker_id": self.worker_id},
             )
 
     async def stop(self, grace_period: float | timedelta | None = None) -> None:
@@ -331,8 +400,11 @@ class Worker:
                 # Not cut short by a cancellation: what is in flight is settled or released.
                 await finish(self._drain(rt, grace))
         finally:
-            self._stopped.set()
-        logger.info("worker %s stopped", self.worker_id)
+            try:
+                await finish(self._lifespan.close(self.worker_id))
+            finally:
+                self._stopped.set()
+        logger.info("worker %s stopped", self.worker_id, extra={"worker_id": self.worker_id})
 
     async def _drain(self, rt: Runtime, grace: float) -> None:
         if self._loops:
@@ -343,6 +415,7 @@ class Worker:
                 self.worker_id,
                 len(rt.running),
                 grace,
+                extra=rt.fields(),
             )
             # Every handler done, the grace period over, or a second signal: whichever is
             # first. (Cancelling the wait below leaves the items' tasks running.)
@@ -384,10 +457,17 @@ class Worker:
 
     def _on_signal(self, sig: signal.Signals) -> None:
         if self._stop_task is not None or (self._rt is not None and self._rt.stopping.is_set()):
-            logger.info("worker %s: %s again, cancelling what is left", self.worker_id, sig.name)
+            logger.info(
+                "worker %s: %s again, cancelling what is left",
+                self.worker_id,
+                sig.name,
+                extra={"worker_id": self.worker_id},
+            )
             self._hurry.set()
             return
-        logger.info("worker %s: %s, draining", self.worker_id, sig.name)
+        logger.info(
+            "worker %s: %s, draining", self.worker_id, sig.name, extra={"worker_id": self.worker_id}
+        )
         self._stop_task = asyncio.get_running_loop().create_task(self.stop(), name="statepact-stop")
 
     async def __aenter__(self) -> Worker:

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from statepact.cli._bench.report import Progress
-from statepact.tx import CommitRequest, CommitResult, StorageBackend
+from statepact.tx import CommitRequest, CommitResult, Refusal, StorageBackend
 
 
 async def spread(
@@ -128,7 +128,7 @@ class _CommitMarked:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)
 
-    async def commit(self, request: CommitRequest) -> CommitResult:
+    async def commit(self, request: CommitRequest) -> CommitResult | Refusal:
         token = _IN_COMMIT.set(True)
         try:
             return await self._backend.commit(request)

@@ -535,17 +535,19 @@ def first_line(exc: BaseException) -> str:
 
 
 async def _delete_redis_namespace(client: Any, tag: str) -> None:
-    """Delete this run's keys: ``tag:state:...``, ``{tag:queue}...`` and ``{tag}:...``.
+    """Delete this run's keys: every key under the namespace (and transaction prefix)
+    ``tag``, as the key codec lays them out (``namespace_patterns``).
 
     ``tag`` is unique to the run, so the match cannot reach anyone else's keys.
     """
-    starts = (f"{tag}:".encode(), f"{{{tag}:".encode(), f"{{{tag}}}".encode())
+    from statepact.storage.redis import namespace_patterns
+
     batch: list[bytes] = []
-    async for key in client.scan_iter(match=f"*{tag}*", count=1000):
-        if bytes(key).startswith(starts):
+    for pattern in namespace_patterns(tag):
+        async for key in client.scan_iter(match=pattern, count=1000):
             batch.append(key)
-        if len(batch) >= 500:
-            await client.delete(*batch)
-            batch.clear()
+            if len(batch) >= 500:
+                await client.delete(*batch)
+                batch.clear()
     if batch:
         await client.delete(*batch)

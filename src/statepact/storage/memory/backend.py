@@ -15,13 +15,11 @@ import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Self
+from typing import Self, TypedDict, Unpack
 
 from statepact.clock import Clock
 from statepact.errors import (
     ConflictError,
-    FencingError,
-    IdempotencyConflictError,
     LockTimeoutError,
 )
 from statepact.settings import MemoryStoreSettings
@@ -34,6 +32,7 @@ from statepact.tx import (
     Lease,
     LeaseRequest,
     LockMode,
+    Refusal,
     Snapshot,
     StoredResource,
     StoredValue,
@@ -102,6 +101,16 @@ class _Chain:
         self.until = [self.until[i] for i in indexes]
 
 
+class MemoryBackendOptions(TypedDict, total=False):
+    """The keyword forms of ``MemoryStoreSettings``' transaction fields; ``None`` keeps the
+    setting."""
+
+    lock_timeout: float | None
+    serialization_window: int | None
+    retain_versions: int | None
+    gc: bool | None
+
+
 class MemoryBackend:
     """The in-process ``StorageBackend`` (see the module docstring).
 
@@ -121,6 +130,9 @@ class MemoryBackend:
 
     detects_deadlocks = True
     pins_snapshots = True
+    #: No time-based retention: a version goes as soon as no live snapshot (nor
+    #: ``retain_versions``) needs it, so no snapshot is ever refused as too old.
+    history_retention: float | None = None
     in_process = True
 
     def __init__(
@@ -128,17 +140,9 @@ class MemoryBackend:
         *,
         clock: Clock | None = None,
         settings: MemoryStoreSettings | None = None,
-        lock_timeout: float | None = None,
-        serialization_window: int | None = None,
-        retain_versions: int | None = None,
-        gc: bool | None = None,
+        **options: Unpack[MemoryBackendOptions],
     ) -> None:
-        self._settings = (settings or MemoryStoreSettings()).replace(
-            lock_timeout=lock_timeout,
-            serialization_window=serialization_window,
-            retain_versions=retain_versions,
-            gc=gc,
-        )
+        self._settings = (settings or MemoryStoreSettings()).replace(**options)
         self.clock: Clock | None = clock
         self.lock_timeout = self._settings.lock_timeout
         self.serialization_window = self._settings.serialization_window
@@ -264,7 +268,7 @@ class MemoryBackend:
 
     # -- commit ---------------------------------------------------------------------------
 
-    async def commit(self, request: CommitRequest) -> CommitResult:
+    async def commit(self, request: CommitRequest) -> CommitResult | Refusal:
         # Atomic in the event loop: nothing below awaits, so no other task runs between
         # the checks and the apply.
         if self._closed:
@@ -273,51 +277,52 @@ class MemoryBackend:
             fence = request.fencing
             highest = self._fence.get(fence.resource, 0)
             if fence.token < highest:
-                raise FencingError(resource=fence.resource, token=fence.token, highest=highest)
+                return Refusal("fenced", fence.resource, seen=fence.token, latest=highest)
         if request.idempotency_key is not None:
             seen = self._idempotency.get(request.idempotency_key)
             if seen is not None:
                 if seen[0] != request.fingerprint:
-                    raise IdempotencyConflictError(request.idempotency_key)
+                    return Refusal("idempotency", key=request.idempotency_key)
                 return replace(seen[1], replayed=True)
         snapshot = request.snapshot
         taken_at = self._seq if snapshot is None else snapshot.sequence
         if request.isolation is not _READ_COMMITTED:
-            self._validate(request, taken_at)
+            refusal = self._validate(request, taken_at)
+            if refusal is not None:
+                return refusal
         result = self._apply(request, taken_at)
         if request.idempotency_key is not None and request.fingerprint is not None:
             self._idempotency[request.idempotency_key] = (request.fingerprint, result)
         return result
 
-    def _validate(self, request: CommitRequest, taken_at: int) -> None:
+    def _validate(self, request: CommitRequest, taken_at: int) -> Refusal | None:
         chains = self._chains
         for write in request.writes:
             chain = chains.get((write.resource, write.key))
             if chain is not None and chain.versions[-1] > taken_at:
-                raise ConflictError.write_conflict(
-                    write.resource, write.key, latest=chain.versions[-1], taken_at=taken_at
+                return Refusal(
+                    "write", write.resource, write.key, latest=chain.versions[-1], taken_at=taken_at
                 )
         if request.isolation is not _SERIALIZABLE:
-            return
+            return None
         for read in request.reads:
             latest = self._latest((read.resource, read.key))
             if latest != read.version:
-                raise ConflictError.read_conflict(
-                    read.resource, read.key, seen=read.version, latest=latest
-                )
+                return Refusal("read", read.resource, read.key, seen=read.version, latest=latest)
         if not request.writes:
-            return  # a read-only commit takes no place in the commit order
+            return None  # a read-only commit takes no place in the commit order
         # The audit: a second, independent check. Backward validation above already
         # leaves the candidate no edge to a retained commit, so this is not expected to
         # refuse; it re-derives serializability from the footprints instead of trusting it.
         candidate = self._footprint(request, self._seq + 1)
         cycle = self._graph.cycle_through(candidate)
         if cycle is not None:
-            raise ConflictError(
-                "serialization-graph audit: committing would close the dependency cycle "
-                + " -> ".join([*cycle, cycle[0]])
-                + "; retry the transaction"
+            return Refusal(
+                "other",
+                reason="serialization-graph audit: committing would close the dependency "
+                "cycle " + " -> ".join([*cycle, cycle[0]]) + "; retry the transaction",
             )
+        return None
 
     @staticmethod
     def _footprint(request: CommitRequest, seq: int) -> Footprint:
@@ -362,6 +367,13 @@ class MemoryBackend:
         return CommitResult(seq)
 
     # -- garbage collection ---------------------------------------------------------------
+
+    async def prune_history(self, cutoff: datetime, batch: int) -> int:
+        """Collect now what the batched collection has pending; how many versions went.
+        ``cutoff`` plays no part: live snapshots pin what they need (``pins_snapshots``)."""
+        before = sum(len(chain.versions) for chain in self._chains.values())
+        self._collect_all()
+        return before - sum(len(chain.versions) for chain in self._chains.values())
 
     def _collect(self, slots: Iterable[Slot]) -> None:
         """Drop versions of ``slots`` that neither a live snapshot nor retention needs."""

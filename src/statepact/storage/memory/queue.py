@@ -7,22 +7,23 @@ told, fenced on the lease token, and decides only the order of claims. The
 rules it pins for every backing: docs/backings.md#memory.
 
 It must never await inside a read-modify-write (each call is one step of the
-event loop) and never scan the backlog to claim; it is not safe across OS
-threads or processes.
+event loop) and never scan the backlog to claim or prune; it is not safe across
+OS threads or processes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import heapq
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Self
 
 from statepact._codec import decode_json
-from statepact.clock import Clock
+from statepact._queue_limits import QueueLimits, admissible_at, bucket_of, window_start
+from statepact.clock import Clock, from_micros, to_micros
 from statepact.models import (
     ItemStatus,
     Lease,
@@ -32,10 +33,22 @@ from statepact.models import (
     stored,
     stored_lease,
 )
-from statepact.queue import BaseWorkQueue, FailOutcome, LapseOutcome, QueuePolicy, WorkWatch
+from statepact.queue import (
+    BaseWorkQueue,
+    FailOutcome,
+    LapseOutcome,
+    OnCancel,
+    QueuePolicy,
+    WorkWatch,
+    holds_unique_slot,
+    unique_slot,
+)
 from statepact.settings import MemoryStoreSettings
 
 __all__ = ["MemoryWorkQueue"]
+
+# The most held-back items one claim passes over in a tenant before it tries the next.
+_LOOKAHEAD = 64
 
 
 @dataclass(slots=True)
@@ -52,6 +65,12 @@ class _Item:
     status: ItemStatus = ItemStatus.QUEUED
     last_error: str | None = None
     token: int = 0
+    unique_key: str | None = None
+    unique_for: timedelta | None = None
+    timeout: float | None = None
+    slot: str | None = None  # the unique slot it holds now (see queue.unique_slot)
+    limit_key: str | None = None
+    weight: int = 1
 
 
 class MemoryWorkQueue(BaseWorkQueue):
@@ -59,13 +78,19 @@ class MemoryWorkQueue(BaseWorkQueue):
 
     - ``_ready[tenant]``: due queued items, ``(-priority, order, item_id)``.
     - ``_delayed``: queued items not yet due, ``(available_at, order, tenant, item_id)``.
-      Every queued item has exactly one entry in one of the two: only a claim
-      takes an item out of ``queued``, and it pops that entry.
+      Every queued item has exactly one entry in one of the two: a claim takes an
+      item out of ``queued`` and pops that entry; a cancel leaves it, stale (the item
+      is no longer queued, or a new item has its id and another order), and the
+      heaps skip it when they reach it.
     - ``_rotation``: one ``(turn, tenant)`` per tenant in ``_active`` (tenants with
       entries in ``_ready``).
     - ``_expiry``: ``(expires_at, token, tenant, item_id)`` per lease given; an
       entry is stale once the item was settled or its token moved on, and is
       dropped when ``reap`` reaches it (a queue never reaped keeps them).
+    - ``_finished``: ``(updated_at, order, tenant, item_id)`` per item that finished
+      (done, cancelled, dead), by status; stale once the item moved on (requeued,
+      purged), dropped when ``prune`` reaches it.
+    - ``_slots``: ``(tenant, slot) -> item_id`` for every unique slot held.
     """
 
     def __init__(
@@ -100,6 +125,18 @@ class MemoryWorkQueue(BaseWorkQueue):
         self._order_counter = 0
         self._dead: dict[str, set[str]] = {}
         self._counts: dict[str, dict[ItemStatus, int]] = {}
+        self._finished: dict[ItemStatus, list[tuple[datetime, int, str, str]]] = {}
+        self._slots: dict[tuple[str, str], str] = {}
+        self._paused_now = False
+        self._flow = QueueLimits()
+        # Leased items per limit key and per (tenant, key); per tenant is _counts.
+        self._leased_keys: dict[str, int] = {}
+        self._leased_pairs: dict[tuple[str, str], int] = {}
+        # Weight claimed per rate bucket: ("key" | "tenant", name) -> {bucket: weight}.
+        self._spent: dict[tuple[str, str], dict[int, int]] = {}
+        # When the earliest item a rate held back in the last claim fits (next_due's hint).
+        self._rate_wake: datetime | None = None
+        self._pruning = False
         # The open watches (watch()); each is told when an item is scheduled.
         self._watches: set[_MemoryWatch] = set()
 
@@ -123,8 +160,8 @@ class MemoryWorkQueue(BaseWorkQueue):
         return self._put(item, payload)
 
     @asynccontextmanager
-    async def _watch(self) -> AsyncIterator[WorkWatch]:
-        watch = _MemoryWatch()
+    async def _watch(self, on_cancel: OnCancel | None) -> AsyncIterator[WorkWatch]:
+        watch = _MemoryWatch(on_cancel)
         self._watches.add(watch)
         try:
             yield watch
@@ -141,6 +178,12 @@ class MemoryWorkQueue(BaseWorkQueue):
         if existing is not None:
             return self._record(existing)
         assert item.available_at is not None and item.created_at is not None  # set by the front
+        slot = unique_slot(item, item.created_at)
+        if slot is not None:
+            holder = self._slots.get((item.tenant, slot))
+            if holder is not None:
+                return self._record(self._items[(item.tenant, holder)])
+            self._slots[(item.tenant, slot)] = item.item_id
         self._order_counter += 1
         entry = _Item(
             tenant=item.tenant,
@@ -151,6 +194,12 @@ class MemoryWorkQueue(BaseWorkQueue):
             available_at=item.available_at,
             created_at=item.created_at,
             updated_at=item.created_at,
+            unique_key=item.unique_key,
+            unique_for=item.unique_for,
+            timeout=item.timeout,
+            slot=slot,
+            limit_key=item.limit_key,
+            weight=item.weight,
         )
         self._items[key] = entry
         self._count(entry.tenant, ItemStatus.QUEUED, +1)
@@ -160,7 +209,11 @@ class MemoryWorkQueue(BaseWorkQueue):
     async def _claim(
         self, worker_id: str, now: datetime, seconds: float, limit: int
     ) -> list[Lease]:
+        if self._paused_now:
+            return []
         self._promote(now)
+        if not self._flow.empty:
+            return self._claim_limited(worker_id, now, seconds, limit)
         leases: list[Lease] = []
         while len(leases) < limit and self._rotation:
             _turn, tenant = heapq.heappop(self._rotation)
@@ -168,18 +221,133 @@ class MemoryWorkQueue(BaseWorkQueue):
             if entry is None:
                 self._active.discard(tenant)
                 continue
-            self._turn_counter += 1
-            self._turns[tenant] = self._turn_counter
-            if self._ready.get(tenant):
-                heapq.heappush(self._rotation, (self._turn_counter, tenant))
-            else:
-                self._active.discard(tenant)
-                self._ready.pop(tenant, None)
+            self._take_turn(tenant)
             self._set_status(entry, ItemStatus.LEASED)
             entry.attempts += 1
             entry.updated_at = now
             leases.append(self._grant(entry, worker_id, now, seconds))
         return leases
+
+    def _claim_limited(
+        self, worker_id: str, now: datetime, seconds: float, limit: int
+    ) -> list[Lease]:
+        """``_claim`` under ``QueueLimits``: a tenant whose next items are held back by a cap
+        or a rate keeps its turn and the rotation goes on to the next tenant; within a
+        tenant at most ``_LOOKAHEAD`` held-back items are passed over per claim, so the
+        cost does not grow with the backlog."""
+        micros = to_micros(now)
+        leases: list[Lease] = []
+        passed: list[tuple[int, str]] = []
+        wake: int | None = None
+        while len(leases) < limit and self._rotation:
+            turn, tenant = heapq.heappop(self._rotation)
+            cap = self._flow.tenant_cap(tenant)
+            if cap is not None and self._counts.get(tenant, {}).get(ItemStatus.LEASED, 0) >= cap:
+                passed.append((turn, tenant))
+                continue
+            entry, held, fits_at = self._pop_allowed(tenant, micros)
+            if fits_at is not None:
+                wake = fits_at if wake is None else min(wake, fits_at)
+            if entry is None:
+                if held:
+                    passed.append((turn, tenant))
+                else:
+                    self._active.discard(tenant)
+                continue
+            self._take_turn(tenant)
+            self._spend(entry, micros)
+            self._set_status(entry, ItemStatus.LEASED)
+            entry.attempts += 1
+            entry.updated_at = now
+            leases.append(self._grant(entry, worker_id, now, seconds))
+        for turn_tenant in passed:
+            heapq.heappush(self._rotation, turn_tenant)
+        self._rate_wake = None if wake is None else from_micros(wake)
+        return leases
+
+    def _take_turn(self, tenant: str) -> None:
+        """The tenant was served: to the back of the rotation, or out of it when idle."""
+        self._turn_counter += 1
+        self._turns[tenant] = self._turn_counter
+        if self._ready.get(tenant):
+            heapq.heappush(self._rotation, (self._turn_counter, tenant))
+        else:
+            self._active.discard(tenant)
+            self._ready.pop(tenant, None)
+
+    def _pop_allowed(self, tenant: str, micros: int) -> tuple[_Item | None, bool, int | None]:
+        """The tenant's best due item no limit holds back (taken off its heap), whether
+        items were held back, and when the earliest one a rate held back fits."""
+        ready = self._ready.get(tenant)
+        held: list[tuple[int, int, str]] = []
+        found: _Item | None = None
+        fits_at: int | None = None
+        while ready and len(held) < _LOOKAHEAD:
+            top = heapq.heappop(ready)
+            if self._stale(top[1], tenant, top[2]):
+                continue
+            entry = self._items[(tenant, top[2])]
+            blocked, at = self._held_back(entry, micros)
+            if not blocked:
+                found = entry
+                break
+            held.append(top)
+            if at is not None:
+                fits_at = at if fits_at is None else min(fits_at, at)
+        for top in held:
+            heapq.heappush(ready, top)  # type: ignore[arg-type]  # ready is set when held
+        return found, bool(held), fits_at
+
+    def _held_back(self, entry: _Item, micros: int) -> tuple[bool, int | None]:
+        """Whether a cap or a rate holds the item back now; for a rate, when it would fit
+        (``None``: a cap, or never)."""
+        flow, key = self._flow, entry.limit_key
+        if key is not None:
+            cap = flow.key_cap(key)
+            if cap is not None and self._leased_keys.get(key, 0) >= cap:
+                return True, None
+            pair = flow.tenant_key_cap(key)
+            if pair is not None and self._leased_pairs.get((entry.tenant, key), 0) >= pair:
+                return True, None
+        latest = micros
+        for kind, name, rate in (
+            ("key", key, flow.rate_of_key(key)),
+            ("tenant", entry.tenant, flow.tenant_rate),
+        ):
+            if rate is None or name is None:
+                continue
+            at = admissible_at(rate, self._spent.get((kind, name), {}), micros, entry.weight)
+            if at is None:
+                return True, None
+            latest = max(latest, at)
+        return (latest > micros), (latest if latest > micros else None)
+
+    def _spend(self, entry: _Item, micros: int) -> None:
+        """Count the item's weight in the rate windows it is claimed under."""
+        flow, key = self._flow, entry.limit_key
+        for kind, name, rate in (
+            ("key", key, flow.rate_of_key(key)),
+            ("tenant", entry.tenant, flow.tenant_rate),
+        ):
+            if rate is None or name is None:
+                continue
+            buckets = self._spent.setdefault((kind, name), {})
+            bucket = bucket_of(rate, micros)
+            buckets[bucket] = buckets.get(bucket, 0) + entry.weight
+            oldest = window_start(rate, micros)
+            for old in [b for b in buckets if b < oldest]:
+                del buckets[old]
+
+    def _hold_key(self, entry: _Item, change: int) -> None:
+        key = entry.limit_key
+        assert key is not None
+        self._leased_keys[key] = self._leased_keys.get(key, 0) + change
+        if not self._leased_keys[key]:
+            del self._leased_keys[key]
+        pair = (entry.tenant, key)
+        self._leased_pairs[pair] = self._leased_pairs.get(pair, 0) + change
+        if not self._leased_pairs[pair]:
+            del self._leased_pairs[pair]
 
     # -- settle -------------------------------------------------------------
 
@@ -220,14 +388,87 @@ class MemoryWorkQueue(BaseWorkQueue):
             self._end_lease(entry, ItemStatus.QUEUED, now)
         return self._record(entry)
 
-    async def _release(self, lease: Lease, now: datetime) -> WorkItem | None:
+    async def _release(
+        self, lease: Lease, now: datetime, *, available_at: datetime, count_attempt: bool
+    ) -> WorkItem | None:
         entry = self._held(lease)
         if entry is None:
             return None
-        entry.attempts -= 1
-        entry.available_at = now
+        if not count_attempt:
+            entry.attempts -= 1
+        entry.available_at = available_at
         self._end_lease(entry, ItemStatus.QUEUED, now)
         return self._record(entry)
+
+    async def _cancel_many(
+        self, tenant: str, item_ids: list[str], reason: str | None, now: datetime
+    ) -> list[WorkItem | None]:
+        # No await between the cancels: the batch is one step of the loop. A queued item's
+        # heap entry stays behind, stale; the heaps skip it.
+        answers: list[WorkItem | None] = []
+        for item_id in item_ids:
+            entry = self._items.get((tenant, item_id))
+            if entry is None:
+                answers.append(None)
+                continue
+            if entry.status is ItemStatus.QUEUED or entry.status is ItemStatus.LEASED:
+                voided = entry.token if entry.status is ItemStatus.LEASED else None
+                entry.last_error = reason
+                self._end_lease(entry, ItemStatus.CANCELLED, now)
+                if voided is not None:
+                    for watch in self._watches:
+                        watch.cancelled(tenant, item_id, voided)
+            answers.append(self._record(entry))
+        return answers
+
+    async def _set_paused(self, paused: bool) -> None:
+        self._paused_now = paused
+        if not paused:
+            for watch in self._watches:
+                watch.notify()
+
+    async def _paused(self) -> bool:
+        return self._paused_now
+
+    async def _set_limits(self, limits: QueueLimits) -> None:
+        self._flow = limits
+        for watch in self._watches:
+            watch.notify()  # a raised limit may make held-back items claimable
+
+    async def _limits(self) -> QueueLimits:
+        return self._flow
+
+    async def _prune(
+        self, now: datetime, cutoffs: Mapping[ItemStatus, datetime], batch: int
+    ) -> int:
+        if self._pruning:
+            return 0  # another prune of this queue is under way
+        self._pruning = True
+        pruned = 0
+        try:
+            for status, cutoff in cutoffs.items():
+                while True:
+                    taken = self._prune_batch(status, cutoff, batch)
+                    pruned += taken
+                    if taken < batch:
+                        break
+                    await asyncio.sleep(0)  # let the loop breathe between batches
+        finally:
+            self._pruning = False
+        return pruned
+
+    def _prune_batch(self, status: ItemStatus, cutoff: datetime, batch: int) -> int:
+        """Delete up to ``batch`` items of ``status`` that finished before ``cutoff``; the
+        heap entries this skips (stale) are not counted against ``batch``."""
+        heap = self._finished.get(status, [])
+        taken = 0
+        while heap and taken < batch and heap[0][0] < cutoff:
+            entry = self._finished_entry(status, *heapq.heappop(heap))
+            if entry is None:
+                continue
+            self._delete(entry)
+            taken += 1
+        return taken
 
     async def _reap(self, now: datetime, outcome: LapseOutcome) -> list[WorkItem]:
         moved: list[WorkItem] = []
@@ -269,14 +510,47 @@ class MemoryWorkQueue(BaseWorkQueue):
         return self._record(entry)
 
     async def _purge_dead(self, tenant: str) -> int:
-        # A dead item sits in no ready, delayed or rotation heap; an _expiry entry it
-        # left is skipped by reap once the record is gone.
-        ids = self._dead.pop(tenant, set())
+        # A dead item sits in no ready, delayed or rotation heap; an _expiry or _finished
+        # entry it left is skipped once the record is gone.
+        ids = list(self._dead.get(tenant, ()))
         for item_id in ids:
-            del self._items[(tenant, item_id)]
-        if ids:
-            self._count(tenant, ItemStatus.DEAD, -len(ids))
+            self._delete(self._items[(tenant, item_id)])
         return len(ids)
+
+    async def _count_prunable(
+        self, cutoffs: Mapping[ItemStatus, datetime]
+    ) -> dict[ItemStatus, int]:
+        counts: dict[ItemStatus, int] = {}
+        for status, cutoff in cutoffs.items():
+            counts[status] = sum(
+                1
+                for updated_at, order, tenant, item_id in self._finished.get(status, ())
+                if updated_at < cutoff
+                and self._finished_entry(status, updated_at, order, tenant, item_id)
+            )
+        return counts
+
+    async def _dead_letters_all(self, after: tuple[str, str] | None, limit: int) -> list[WorkItem]:
+        keys = sorted((tenant, item_id) for tenant, ids in self._dead.items() for item_id in ids)
+        chosen = [key for key in keys if after is None or key > after][:limit]
+        return [self._record(self._items[key]) for key in chosen]
+
+    async def _queues(self) -> list[QueueStats]:
+        return [await self._stats()] if self._items else []
+
+    def _finished_entry(
+        self, status: ItemStatus, updated_at: datetime, order: int, tenant: str, item_id: str
+    ) -> _Item | None:
+        """The item a ``_finished`` entry stands for, or ``None`` when it is stale."""
+        entry = self._items.get((tenant, item_id))
+        if (
+            entry is None
+            or entry.order != order
+            or entry.status is not status
+            or entry.updated_at != updated_at
+        ):
+            return None
+        return entry
 
     async def _get_item(self, tenant: str, item_id: str) -> WorkItem | None:
         entry = self._items.get((tenant, item_id))
@@ -288,6 +562,7 @@ class MemoryWorkQueue(BaseWorkQueue):
                 queued=counts.get(ItemStatus.QUEUED, 0),
                 leased=counts.get(ItemStatus.LEASED, 0),
                 dead=counts.get(ItemStatus.DEAD, 0),
+                cancelled=counts.get(ItemStatus.CANCELLED, 0),
             )
             for tenant, counts in sorted(self._counts.items())
             if any(counts.values())
@@ -296,7 +571,13 @@ class MemoryWorkQueue(BaseWorkQueue):
 
     async def _next_due(self, now: datetime) -> datetime | None:
         self._promote(now)
-        return self._delayed[0][0] if self._delayed else None
+        while self._delayed and self._stale(*self._delayed[0][1:]):
+            heapq.heappop(self._delayed)
+        due = self._delayed[0][0] if self._delayed else None
+        wake = self._rate_wake
+        if wake is not None and wake > now and (due is None or wake < due):
+            return wake
+        return due
 
     # -- helpers ------------------------------------------------------------
 
@@ -317,6 +598,11 @@ class MemoryWorkQueue(BaseWorkQueue):
                 "last_error": entry.last_error,
                 "created_at": entry.created_at,
                 "updated_at": entry.updated_at,
+                "unique_key": entry.unique_key,
+                "unique_for": entry.unique_for,
+                "timeout": entry.timeout,
+                "limit_key": entry.limit_key,
+                "weight": entry.weight,
             },
         )
 
@@ -325,7 +611,29 @@ class MemoryWorkQueue(BaseWorkQueue):
         counts[status] = counts.get(status, 0) + change
 
     def _set_status(self, entry: _Item, status: ItemStatus) -> None:
-        """Move the item between statuses, keeping stats and the dead index in step."""
+        """Move the item between statuses, keeping stats, the dead index and its unique
+        slot in step."""
+        self._leave(entry)
+        was_leased = entry.status is ItemStatus.LEASED
+        entry.status = status
+        if status is ItemStatus.LEASED and entry.limit_key is not None:
+            self._hold_key(entry, +1)
+        if was_leased and status is not ItemStatus.LEASED and not self._flow.empty:
+            for watch in self._watches:
+                watch.notify()  # a freed slot: a held-back item may be claimable now
+        if status is not ItemStatus.DONE:
+            self._count(entry.tenant, status, +1)
+        if status is ItemStatus.DEAD:
+            self._dead.setdefault(entry.tenant, set()).add(entry.item_id)
+        if entry.slot is not None and not holds_unique_slot(
+            status, by_period=entry.unique_for is not None
+        ):
+            self._free_slot(entry)
+
+    def _leave(self, entry: _Item) -> None:
+        """Take the item out of its status's count and the dead index."""
+        if entry.status is ItemStatus.LEASED and entry.limit_key is not None:
+            self._hold_key(entry, -1)
         if entry.status is ItemStatus.DEAD:
             dead = self._dead[entry.tenant]
             dead.discard(entry.item_id)
@@ -333,11 +641,23 @@ class MemoryWorkQueue(BaseWorkQueue):
                 del self._dead[entry.tenant]
         if entry.status is not ItemStatus.DONE:
             self._count(entry.tenant, entry.status, -1)
-        entry.status = status
-        if status is not ItemStatus.DONE:
-            self._count(entry.tenant, status, +1)
-        if status is ItemStatus.DEAD:
-            self._dead.setdefault(entry.tenant, set()).add(entry.item_id)
+
+    def _free_slot(self, entry: _Item) -> None:
+        if entry.slot is not None and self._slots.get((entry.tenant, entry.slot)) == entry.item_id:
+            del self._slots[(entry.tenant, entry.slot)]
+        entry.slot = None
+
+    def _delete(self, entry: _Item) -> None:
+        """Forget a finished item: its id and unique slot are free; heap entries it left
+        are stale."""
+        self._leave(entry)
+        self._free_slot(entry)
+        del self._items[(entry.tenant, entry.item_id)]
+
+    def _stale(self, order: int, tenant: str, item_id: str) -> bool:
+        """Whether a ready/delayed heap entry no longer stands for a queued item."""
+        entry = self._items.get((tenant, item_id))
+        return entry is None or entry.order != order or entry.status is not ItemStatus.QUEUED
 
     def _schedule(self, entry: _Item, now: datetime) -> None:
         """Put a queued item where a claim will find it: ready if due, else delayed."""
@@ -361,17 +681,19 @@ class MemoryWorkQueue(BaseWorkQueue):
     def _promote(self, now: datetime) -> None:
         """Move delayed items that have come due into their tenants' ready heaps."""
         while self._delayed and self._delayed[0][0] <= now:
-            _at, _order, tenant, item_id = heapq.heappop(self._delayed)
-            self._push_ready(self._items[(tenant, item_id)])
+            _at, order, tenant, item_id = heapq.heappop(self._delayed)
+            if not self._stale(order, tenant, item_id):
+                self._push_ready(self._items[(tenant, item_id)])
 
     def _pop_ready(self, tenant: str) -> _Item | None:
         """The tenant's next due item, or ``None`` if it has none."""
         ready = self._ready.get(tenant)
-        if not ready:
-            self._ready.pop(tenant, None)
-            return None
-        _priority, _order, item_id = heapq.heappop(ready)
-        return self._items[(tenant, item_id)]
+        while ready:
+            _priority, order, item_id = heapq.heappop(ready)
+            if not self._stale(order, tenant, item_id):
+                return self._items[(tenant, item_id)]
+        self._ready.pop(tenant, None)
+        return None
 
     def _grant(self, entry: _Item, worker_id: str, now: datetime, seconds: float) -> Lease:
         """A new token and expiry for a leased item; every earlier token is now stale."""
@@ -390,11 +712,17 @@ class MemoryWorkQueue(BaseWorkQueue):
         return entry
 
     def _end_lease(self, entry: _Item, status: ItemStatus, now: datetime) -> None:
-        """Settle a leased item into ``status``; queued items are scheduled again."""
+        """Settle an item into ``status``: queued items are scheduled again, finished ones
+        wait for ``prune``."""
         self._set_status(entry, status)
         entry.updated_at = now
         if status is ItemStatus.QUEUED:
             self._schedule(entry, now)
+        else:
+            heapq.heappush(
+                self._finished.setdefault(status, []),
+                (now, entry.order, entry.tenant, entry.item_id),
+            )
 
 
 class _MemoryWatch:
@@ -406,11 +734,18 @@ class _MemoryWatch:
     the wait that follows it.
     """
 
-    __slots__ = ("_pending", "_waiters")
+    __slots__ = ("_on_cancel", "_pending", "_waiters")
 
-    def __init__(self) -> None:
+    def __init__(self, on_cancel: OnCancel | None) -> None:
+        self._on_cancel = on_cancel
         self._pending = False
         self._waiters: set[asyncio.Future[None]] = set()
+
+    def cancelled(self, tenant: str, item_id: str, token: int) -> None:
+        # Called soon, not now: the caller's cancel finishes first, whatever the callback does
+        # (an exception it raises goes to the loop's handler, not to the cancel).
+        if self._on_cancel is not None:
+            asyncio.get_running_loop().call_soon(self._on_cancel, tenant, item_id, token)
 
     def notify(self) -> None:
         if not self._waiters:

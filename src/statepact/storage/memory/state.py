@@ -27,6 +27,7 @@ from statepact.state import (
     CounterDelta,
     CounterOverflow,
     ListQuery,
+    RunPrune,
     RunWrite,
     SessionWrite,
 )
@@ -215,6 +216,9 @@ class MemoryStateStore(BaseStateStore):
         return found
 
     async def _delete_run(self, tenant: str, run_id: str) -> bool:
+        return self._remove_run(tenant, run_id)
+
+    def _remove_run(self, tenant: str, run_id: str) -> bool:
         row = self._runs.pop((tenant, run_id), None)
         if row is None:
             return False
@@ -224,6 +228,22 @@ class MemoryStateStore(BaseStateStore):
         if not tenant_index:
             del self._by_tenant[tenant]
         return True
+
+    async def _prune_runs(self, prune: RunPrune) -> int:
+        # One step of the event loop, like every call here: the batch size matters
+        # only on a server.
+        tenants = list(self._by_tenant) if prune.tenant is None else [prune.tenant]
+        doomed = [
+            (tenant, run_id)
+            for tenant in tenants
+            if tenant in self._by_tenant
+            for run_id in self._by_tenant[tenant].after(0)
+            if self._runs[(tenant, run_id)].status in prune.statuses
+            and self._runs[(tenant, run_id)].updated_at < prune.cutoff
+        ]
+        for tenant, run_id in doomed:
+            self._remove_run(tenant, run_id)
+        return len(doomed)
 
     # -- sessions -----------------------------------------------------------
 
@@ -271,6 +291,13 @@ class MemoryStateStore(BaseStateStore):
             if len(found) > limit:
                 break
         return found
+
+    async def _delete_session(self, tenant: str, session_id: str) -> bool:
+        row = self._sessions.pop((tenant, session_id), None)
+        if row is None:
+            return False
+        _drop(self._sessions_by_tenant, tenant, row.seq)
+        return True
 
     # -- helpers ------------------------------------------------------------
 

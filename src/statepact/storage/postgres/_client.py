@@ -16,6 +16,7 @@ password in a message.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
@@ -47,8 +48,11 @@ __all__ = [
     "connect_refusal",
     "constraint_of",
     "create_engine",
+    "detail_of",
     "is_connection_error",
+    "is_database_error",
     "is_rolled_back",
+    "is_unique_violation",
     "lacking_privilege",
     "refuse_closed_connections",
     "sqlstate_of",
@@ -117,6 +121,20 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return out
 
 
+def detail_of(exc: BaseException) -> dict[str, Any]:
+    """The JSON object a server function raised its error with as DETAIL (``{}`` if none):
+    how ``statepact_commit`` says what it refused (``_commits.refusal_of``)."""
+    for link in _chain(exc):
+        detail = getattr(link, "detail", None)
+        if isinstance(detail, str) and detail:
+            try:
+                parsed = json.loads(detail)
+            except ValueError:
+                return {}
+            return parsed if isinstance(parsed, dict) else {}
+    return {}
+
+
 def lacking_privilege(what: str, exc: BaseException) -> str:
     """The reason a call refused with SQLSTATE 42501 gives: the server's message, which
     names the object (never a value), as a DBA needs it, and where the grants are."""
@@ -176,6 +194,21 @@ def is_connection_error(exc: BaseException) -> bool:
         ):
             return True
     return False
+
+
+def is_unique_violation(exc: BaseException) -> bool:
+    """A unique violation (SQLSTATE 23505): the statement wrote nothing."""
+    return sqlstate_of(exc) == "23505"
+
+
+def is_database_error(exc: BaseException) -> bool:
+    """An error of the server or of the way to it (a refusal, a lost or failed
+    connection), not of the caller's code: what a best-effort listener gives up on."""
+    return (
+        isinstance(exc, OSError | sa_exc.SQLAlchemyError)
+        or sqlstate_of(exc) is not None
+        or is_connection_error(exc)
+    )
 
 
 def is_rolled_back(exc: BaseException) -> bool:
@@ -326,6 +359,11 @@ class Executor(Protocol):
     @property
     def bound(self) -> bool: ...
 
+    @property
+    def target(self) -> AsyncEngine | AsyncConnection | AsyncSession:
+        """What the calls run on (observability reads its URL, docs/observability.md)."""
+        ...
+
     async def run(
         self,
         work: Work[T],
@@ -375,6 +413,10 @@ class EngineExecutor:
         target = self._engine if self._engine is not None else self._connection
         assert target is not None
         return target
+
+    @property
+    def target(self) -> AsyncEngine | AsyncConnection:
+        return self.engine
 
     async def run(
         self,
@@ -452,6 +494,10 @@ class BoundExecutor:
         self._target = target
         self._kind = type(target).__name__
         self._failures = Failures(unavailable, what)
+
+    @property
+    def target(self) -> AsyncSession | AsyncConnection:
+        return self._target
 
     def _refuse(self, why: str) -> OutOfTurnError:
         return OutOfTurnError(
@@ -578,8 +624,8 @@ def create_engine(settings: PostgresStoreSettings, **engine_kwargs: Any) -> Asyn
     connection is still open, which costs no round trip. SQLAlchemy's
     ``pool_pre_ping`` would ask the server instead, and on asyncpg, before a
     checkout is switched to AUTOCOMMIT, that is ``BEGIN``, ``;`` and
-    ``ROLLBACK``: three round trips in front of every one-statement call (the
-    bench measured 4 round trips per call with it, 1 without). It stays off
+    ``ROLLBACK``: three round trips in front of every one-statement call
+    (docs/benchmarks.md, "Round trips"). It stays off
     unless you pass ``pool_pre_ping=True``; a connection whose peer vanished
     without closing it is then found by its first statement, and the failover
     takes over. The pool hands out the connection checked in last
@@ -592,10 +638,10 @@ def create_engine(settings: PostgresStoreSettings, **engine_kwargs: Any) -> Asyn
     the role, the database or the connection's options (``connect_args``'
     ``server_settings``) set ``jit`` themselves. Every statement here is short, but
     a claim's estimated cost grows with the tenants waiting (a recursive walk of
-    the rotation): on a queue of 10,000 tenants it passed ``jit_above_cost`` and
-    each claim was compiled by LLVM before it ran, about 30 ms a claim that
-    otherwise takes 1 ms. The compiled code is not kept between calls, so JIT
-    only ever cost this workload. An engine you build yourself keeps its own
+    the rotation), and on many tenants it passes ``jit_above_cost``: each claim
+    is then compiled by LLVM before it runs, which costs far more than the claim
+    (docs/benchmarks.md, "JIT and the claim"). The compiled code is not kept
+    between calls, so JIT only ever costs this workload. An engine you build yourself keeps its own
     setting: set ``jit = off`` for the role or the database (docs/operations.md).
 
     ``settings.statement_timeout`` (30 s by default) is set on each new

@@ -1,43 +1,25 @@
 """The direct executor: a backing's statements on the asyncpg connection of a pooled connection.
 
-Each call takes a connection checked out of the backing's SQLAlchemy
-``AsyncEngine`` pool, runs its statement (a Core expression compiled once to its
-SQL text, see :class:`Prepared`) on the asyncpg connection underneath, and puts
-it back. While calls keep coming, connections go from one call to the next
-without a trip through the pool; as soon as no call is running they are checked
-back in (at the next step of the event loop), and a caller waiting on the pool
-gets the next one given back. While the executor is kept :meth:`warm
-<DirectExecutor.warm>` (a worker's queue, between ``watch()``'s enter and exit)
-they are checked in after a few idle steps instead, no timer either: a worker's
-acks follow its claim's answer by a few steps. When the pool is full (or calls of this executor
-already wait in it) and this executor holds connections, its next caller waits
-for one of them to be handed over directly
-(first come, first served, within the pool's timeout) instead of waiting in the
-pool, whose check-in and checkout cost more than the statement; should a call of
-another executor wait in the pool, the connection goes there and the waiter
-here is sent to the pool's own queue.
-That skips what SQLAlchemy does around a statement (an ``AsyncConnection``, two
-greenlet hops, result processing), which costs several times the round trip on
-a loopback server, while everything else stays the engine's: its pool and its
-limits, its checkout and connect events (``statement_timeout``, refusing a
-closed connection), its type codecs. Nothing is held while the backing is idle.
+Why: what SQLAlchemy does around one statement (an ``AsyncConnection``, two
+greenlet hops, result processing) costs several times a loopback round trip, and
+a one-statement call needs none of it. So each call checks a connection out of
+the engine's pool and runs its statement, compiled once (:class:`Prepared`), on
+the asyncpg connection underneath; everything else stays the engine's (pool,
+limits, connect and checkout events, type codecs). Connections go from one call
+to the next while calls keep coming and go back as soon as none runs; how they
+are handed over, kept warm for a watched queue, and shared fairly with the
+pool's other waiters: docs/backings.md ("Statements and round trips").
 
 :class:`DirectExecutor` has the contract of ``_client.EngineExecutor``
-(``await executor.run(work, idempotent=...)``, ``work`` gets something with
-``execute(statement, parameters)``), its error translation and its failover. A
-statement's parameters must be what asyncpg takes as they are (JSON as text);
-``expanding`` parameters are refused (use ``= ANY(:array)``).
-
-Cancellation: a call, once its statement is sent, runs to its end
-(``statepact._cancel.finish``) before the caller's cancellation goes on: asyncpg
-would otherwise cancel it on the server, and a connection handed on before that
-settled would refuse the next statement. A read marked ``abandonable`` is the
-exception: a cancelled caller goes on at once and the connection is closed, never
-handed on.
+(``await executor.run(work, idempotent=...)``), its error translation and its
+failover. A statement's parameters must be what asyncpg takes as they are (JSON
+as text); ``expanding`` parameters are refused (use ``= ANY(:array)``). A call,
+once sent, runs to its end before its caller's cancellation goes on (a
+connection handed on unsettled would refuse the next statement), except a read
+marked ``abandonable``, whose connection is closed instead.
 
 This module must never retry a statement that is not idempotent or resend-safe
-and never let an asyncpg or SQLAlchemy exception out. See docs/backings.md
-("Statements on the driver").
+and never let an asyncpg or SQLAlchemy exception out.
 """
 
 from __future__ import annotations
@@ -226,6 +208,10 @@ class DirectExecutor:
 
     @property
     def engine(self) -> AsyncEngine:
+        return self._engine
+
+    @property
+    def target(self) -> AsyncEngine:
         return self._engine
 
     async def _checkout(self) -> _Taken:

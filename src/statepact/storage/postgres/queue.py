@@ -2,7 +2,7 @@
 
 It implements the ``_``-methods of :class:`~statepact.queue.BaseWorkQueue`
 with the memory reference's semantics, by running the statements of
-``_sql/queue.py``: a claim, a batch claim and every settle is one statement.
+``_sql/queue/``: a claim, a batch claim and every settle is one statement.
 How the claim walks the rotation and why claims never deadlock:
 docs/backings.md#the-claim.
 
@@ -13,25 +13,21 @@ inside a caller's transaction (``bound``).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from functools import cache
-from typing import Any, Protocol, Self, TypeVar, overload
+from typing import Any, Self, overload
 
-import asyncpg
 from sqlalchemy.engine import Connection, RowMapping
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session, scoped_session
 
 from statepact._cancel import finish
-from statepact._codec import decode_json, json_array, json_array_of_encoded
+from statepact._codec import json_array, json_array_of_encoded
 from statepact.clock import Clock
 from statepact.errors import QueueUnavailableError
 from statepact.models import (
@@ -40,21 +36,38 @@ from statepact.models import (
     QueueStats,
     TenantQueueStats,
     WorkItem,
-    stored,
     stored_lease,
 )
 from statepact.queue import (
     BaseWorkQueue,
     FailOutcome,
     LapseOutcome,
+    OnCancel,
+    QueueLimits,
     QueuePolicy,
     SleepWatch,
     WorkWatch,
+    unique_slot,
 )
 from statepact.settings import PostgresStoreSettings
-from statepact.storage.postgres._client import BoundExecutor, EngineExecutor
+from statepact.storage.postgres._client import (
+    BoundExecutor,
+    EngineExecutor,
+    Executor,
+    is_unique_violation,
+)
 from statepact.storage.postgres._direct import DirectExecutor, Prepared
-from statepact.storage.postgres._sql.queue import QueueStatements
+from statepact.storage.postgres._listen import ListenWatch, control_channel
+from statepact.storage.postgres._queue_support import (
+    Conn,
+    Statements,
+    cutoff_params,
+    item_of,
+    item_or_none,
+    optional_json,
+    prune,
+)
+from statepact.storage.postgres._sql.queue import CoreStatement, QueueStatements
 from statepact.storage.postgres._sql.queue import statements as _statements
 from statepact.storage.postgres.schema import StateTables, Tables, tables_for
 from statepact.storage.postgres.sync import SyncBoundWorkQueue, SyncSession
@@ -64,44 +77,10 @@ __all__ = ["PostgresWorkQueue"]
 REAP_BATCH = 500
 
 
-T = TypeVar("T")
-
-
-class _Conn(Protocol):
-    """What a call's work runs its statements on: an ``AsyncConnection`` or ``AsyncSession``
-    (Core statements) or the driver's connection (``_direct.Statements``, prepared ones)."""
-
-    async def execute(self, statement: Any, parameters: Any = None) -> Any: ...
-
-
-class _Runs(Protocol):
-    """The executors: ``EngineExecutor``, ``BoundExecutor``, ``DirectExecutor``."""
-
-    @property
-    def bound(self) -> bool: ...
-
-    async def run(self, work: Callable[[Any], Awaitable[T]], *, idempotent: bool) -> T: ...
-
-
-@dataclass(frozen=True, slots=True)
-class _PreparedStatements:
-    """``QueueStatements`` compiled once for the driver (``_direct.Prepared``), by name."""
-
-    by_name: dict[str, Prepared]
-
-    def __getattr__(self, name: str) -> Prepared:
-        try:
-            return self.by_name[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-
 @cache
-def _prepared(tables: Tables) -> _PreparedStatements:
-    core = _statements(tables)
-    return _PreparedStatements(
-        {field.name: Prepared(getattr(core, field.name)) for field in fields(QueueStatements)}
-    )
+def _prepared(tables: Tables) -> QueueStatements[Prepared]:
+    """``QueueStatements`` compiled once for the driver (``_direct.Prepared``)."""
+    return _statements(tables).map(Prepared)
 
 
 def _channel(tables: Tables, queue: str) -> str:
@@ -112,112 +91,18 @@ def _channel(tables: Tables, queue: str) -> str:
     return f"statepact_work_{zlib.crc32(f'{name}/{queue}'.encode()):08x}"
 
 
-class _ListenWatch:
-    """LISTEN on the queue's channel, on one connection of the engine held while watching.
-
-    A notification sets an event the next ``wait`` returns on. The connection is
-    opened on the first ``wait`` and again after it drops, and given back on
-    ``close``; a ``wait`` that (re)opened it returns True at once, since a
-    notification sent before it listened is lost (the caller claims again).
-    """
-
-    def __init__(self, engine: AsyncEngine, channel: str) -> None:
-        self._engine = engine
-        self._channel = channel
-        self._arrived = asyncio.Event()
-        self._conn: AsyncConnection | None = None
-        self._driver: Any = None
-
-    def _notified(self, *_args: Any) -> None:
-        self._arrived.set()
-
-    def _dropped(self, *_args: Any) -> None:
-        self._driver = None
-
-    async def _listen(self) -> None:
-        conn = await self._engine.connect()
-        try:
-            raw = await conn.get_raw_connection()
-            driver: Any = raw.driver_connection
-            if driver is None:  # pragma: no cover - a checked-out connection has its driver's
-                raise SQLAlchemyError("the pooled connection has no driver connection")
-            await driver.add_listener(self._channel, self._notified)
-            driver.add_termination_listener(self._dropped)
-        except BaseException:
-            await finish(conn.invalidate())
-            raise
-        self._conn, self._driver = conn, driver
-
-    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - the fallback poll
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        if self._driver is None or self._driver.is_closed():
-            await finish(self.close())
-            try:
-                await finish(self._listen())  # a connect cut short would tear asyncpg's handshake
-            except (OSError, SQLAlchemyError, asyncpg.PostgresError):
-                await asyncio.sleep(max(0.0, deadline - loop.time()))
-                return False
-            # Listening only from now: what was sent before (while the caller claimed for
-            # the first time, or while the connection was down) may be waiting.
-            return True
-        if self._arrived.is_set():
-            self._arrived.clear()
-            return True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._arrived.wait(), max(0.0, deadline - loop.time()))
-        woken = self._arrived.is_set()
-        self._arrived.clear()
-        return woken
-
-    async def close(self) -> None:
-        conn, driver = self._conn, self._driver
-        self._conn = self._driver = None
-        if conn is None:
-            return
-        try:
-            if driver is None or driver.is_closed():
-                # Dropped under us: never back into the pool, where the next checkout
-                # (no pre-ping) would send a statement on it.
-                await conn.invalidate()
-                return
-            await driver.remove_listener(self._channel, self._notified)
-            await conn.close()
-        except (OSError, SQLAlchemyError, asyncpg.PostgresError):
-            await conn.invalidate()
-
-
-def _item_or_none(row: RowMapping | None) -> WorkItem | None:
-    return None if row is None else _item(row)
-
-
-def _item(row: RowMapping) -> WorkItem:
-    # Read from this queue's own table: every field is of its type already, built in the
-    # model's order without validating it again.
-    return stored(
-        WorkItem,
-        {
-            "tenant": row["tenant"],
-            "item_id": row["item_id"],
-            "payload": decode_json(row["payload"]),
-            "queue": row["queue"],
-            "priority": row["priority"],
-            "available_at": row["available_at"],
-            "attempts": row["attempts"],
-            "status": ItemStatus(row["status"]),
-            "last_error": row["last_error"],
-            "created_at": row["created_at"],
-            "updated_at": row["updated_at"],
-        },
-    )
-
-
 # Items from which a batch is first sent as ``enqueue_new`` (no ON CONFLICT): the probe of
-# the unique index ON CONFLICT makes for every row is a fifth of a bulk load's statement.
+# the unique index ON CONFLICT makes for every row is a large part of a bulk load's
+# statement (docs/benchmarks.md#queue-statement-plans).
 # A batch naming a stored item then costs a failed statement, and the server logs it as an
 # ERROR (a unique violation): smaller batches, which idempotent re-enqueues and the shared
 # single enqueues make, always go as ``enqueue_many``, which fails nothing.
 _NEW_FIRST_FROM = 1_000
+
+# Inserts of one item whose conflicting holder was gone when read (pruned, or its slot
+# freed in between) before the enqueue gives up: each try needs another writer between
+# its two statements.
+_HOLDER_TRIES = 5
 
 
 class PostgresWorkQueue(BaseWorkQueue):
@@ -248,11 +133,11 @@ class PostgresWorkQueue(BaseWorkQueue):
             max_value_bytes=self._settings.max_value_bytes,
         )
         self._tables = tables_for(tables, self._settings.db_schema)
-        self._executor: _Runs
+        self._executor: Executor
         # The statements the executor runs: compiled once for the driver on an engine (the
         # DirectExecutor, a fraction of SQLAlchemy's cost per statement), Core expressions on
         # one AsyncConnection and inside a caller's transaction (bound).
-        self._sql: Any
+        self._sql: Statements
         if isinstance(engine, AsyncEngine):
             self._shares_enqueues = True
             self._sql = _prepared(self._tables)
@@ -307,6 +192,15 @@ class PostgresWorkQueue(BaseWorkQueue):
     def tables(self) -> Tables:
         return self._tables
 
+    @property
+    def settings(self) -> PostgresStoreSettings:
+        return self._settings
+
+    @property
+    def client(self) -> AsyncEngine | AsyncConnection | AsyncSession:
+        """The client the calls go through (observability reads where it points)."""
+        return self._executor.target
+
     def __repr__(self) -> str:
         mode = "bound" if self._executor.bound else "engine"
         return f"PostgresWorkQueue(name={self.name!r}, work={self._tables.work.name!r}, {mode})"
@@ -315,7 +209,7 @@ class PostgresWorkQueue(BaseWorkQueue):
         return {"p_queue": self.name, "p_tenant": tenant, "p_item_id": item_id}
 
     @asynccontextmanager
-    async def _watch(self) -> AsyncIterator[WorkWatch]:
+    async def _watch(self, on_cancel: OnCancel | None) -> AsyncIterator[WorkWatch]:
         # A watcher claims and settles in quick succession (a worker's acks follow its
         # claim's answer by a few loop steps): the executor keeps its connections between
         # them for a few idle steps while it watches (DirectExecutor.warm).
@@ -324,8 +218,10 @@ class PostgresWorkQueue(BaseWorkQueue):
             if self._listen_on is None:
                 yield SleepWatch()
                 return
-            watch = _ListenWatch(self._listen_on, self._channel)
+            watch = ListenWatch(self._listen_on, self._channel, on_cancel)
             try:
+                if on_cancel is not None:
+                    await watch.open()  # cancel notices are heard from the start
                 yield watch
             finally:
                 await finish(watch.close())
@@ -333,6 +229,14 @@ class PostgresWorkQueue(BaseWorkQueue):
     # -- enqueue and claim ------------------------------------------------
 
     async def _enqueue(self, item: WorkItem, payload: bytes) -> WorkItem:
+        async def work(conn: Conn) -> WorkItem:
+            return await self._store_one(conn, item, payload)
+
+        return await self._executor.run(work, idempotent=True)
+
+    async def _store_one(self, conn: Conn, item: WorkItem, payload: bytes) -> WorkItem:
+        """Insert one item, or answer the stored item its id or unique slot names."""
+        slot = unique_slot(item, item.created_at)  # type: ignore[arg-type]
         params = {
             **self._key(item.tenant, item.item_id),
             "p_channel": self._channel,
@@ -340,23 +244,41 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_priority": item.priority,
             "p_available_at": item.available_at,
             "p_now": item.created_at,
+            "p_unique_key": item.unique_key,
+            "p_unique_for": item.unique_for,
+            "p_timeout": item.timeout,
+            "p_unique_slot": slot,
+            "p_limit_key": item.limit_key,
+            "p_weight": item.weight,
         }
-
-        async def work(conn: _Conn) -> WorkItem:
+        for _ in range(_HOLDER_TRIES):
             inserted = (await conn.execute(self._sql.enqueue, params)).scalar()
             if inserted:
                 return item  # stored as sent: the front built the record
-            row = (await conn.execute(self._sql.get_item, params)).mappings().first()
-            if row is None:  # pragma: no cover - the conflicting row cannot vanish: no deletes
-                raise QueueUnavailableError(
-                    f"enqueue of item {item.item_id!r}: it existed, then could not be read"
-                )
-            return _item(row)
+            found = await self._holder(conn, item.tenant, item.item_id, slot)
+            if found is not None:
+                return found
+        raise QueueUnavailableError(
+            f"enqueue of item {item.item_id!r}: its id or unique slot was held, and the "
+            f"holder gone when read, {_HOLDER_TRIES} times"
+        )
 
-        return await self._executor.run(work, idempotent=True)
+    async def _holder(
+        self, conn: Conn, tenant: str, item_id: str, slot: str | None
+    ) -> WorkItem | None:
+        """The stored item an insert conflicted with: the item itself (its id is the
+        idempotency key, checked first), else the holder of its unique slot; ``None``
+        when neither is there any more (pruned, or the slot freed: insert again)."""
+        key = self._key(tenant, item_id)
+        row = (await conn.execute(self._sql.get_item, key)).mappings().first()
+        if row is None and slot is not None:
+            holder = {**key, "p_unique_slot": slot}
+            row = (await conn.execute(self._sql.slot_holder, holder)).mappings().first()
+        return None if row is None else item_of(row)
 
     async def _enqueue_many(self, batch: list[tuple[WorkItem, bytes]]) -> list[WorkItem]:
         # Each moment once, each item naming its own by place (from 1): see _batch_insert.
+        slots = [unique_slot(item, item.created_at) for item, _ in batch]  # type: ignore[arg-type]
         places: dict[datetime | None, int] = {}
         available = [places.setdefault(item.available_at, len(places) + 1) for item, _ in batch]
         created = [places.setdefault(item.created_at, len(places) + 1) for item, _ in batch]
@@ -374,13 +296,22 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_times": times,
             "p_available": json_array(available),
             "p_created": json_array(created),
+            # Optional columns (null where unset), of values the front checked.
+            "p_unique_keys": optional_json([item.unique_key for item, _ in batch]),
+            "p_unique_fors": optional_json(
+                [None if i.unique_for is None else i.unique_for.total_seconds() for i, _ in batch]
+            ),
+            "p_timeouts": optional_json([item.timeout for item, _ in batch]),
+            "p_slots": optional_json(slots),
+            "p_limit_keys": optional_json([item.limit_key for item, _ in batch]),
+            "p_weights": json_array([item.weight for item, _ in batch]),
         }
 
         # Only on the driver (autocommit), where a failed statement aborts nothing else;
         # never inside a caller's transaction (bound) or on the caller's AsyncConnection.
         new_first = isinstance(self._executor, DirectExecutor) and len(batch) >= _NEW_FIRST_FROM
 
-        async def work(conn: _Conn) -> list[WorkItem]:
+        async def work(conn: Conn) -> list[WorkItem]:
             answer = [item for item, _ in batch]
             if new_first:
                 # A bulk load is usually all new: insert it without ON CONFLICT's probe of
@@ -389,8 +320,9 @@ class PostgresWorkQueue(BaseWorkQueue):
                 try:
                     await conn.execute(self._sql.enqueue_new, params)
                     return answer
-                except asyncpg.UniqueViolationError:
-                    pass
+                except Exception as exc:
+                    if not is_unique_violation(exc):
+                        raise
             # Only the items the insert skipped come back; every other one was stored as sent.
             rows = (await conn.execute(self._sql.enqueue_many, params)).mappings().all()
             for row in rows:
@@ -398,17 +330,14 @@ class PostgresWorkQueue(BaseWorkQueue):
                     continue
                 place = row["ord"] - 1
                 if row["status"] is not None:
-                    answer[place] = _item(row)
+                    answer[place] = item_of(row)
                     continue
-                # Inserted by a concurrent enqueue after this statement's snapshot.
-                item = batch[place][0]
-                key = self._key(item.tenant, item.item_id)
-                found = (await conn.execute(self._sql.get_item, key)).mappings().first()
-                if found is None:  # pragma: no cover - no deletes: it cannot vanish
-                    raise QueueUnavailableError(
-                        f"enqueue of item {item.item_id!r}: it existed, then could not be read"
-                    )
-                answer[place] = _item(found)
+                # Inserted after this statement's snapshot (by a concurrent enqueue, or by
+                # this batch: two items of one unique slot), or gone since (then stored
+                # again, alone).
+                item, payload = batch[place]
+                found = await self._holder(conn, item.tenant, item.item_id, slots[place])
+                answer[place] = found or await self._store_one(conn, item, payload)
             return answer
 
         return await self._executor.run(work, idempotent=True)
@@ -424,7 +353,7 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_expires_at": expires_at,
         }
 
-        async def work(conn: _Conn) -> list[Lease]:
+        async def work(conn: Conn) -> list[Lease]:
             rows: list[RowMapping] = []
             if limit > 1:
                 batch = {**params, "p_limit": limit}
@@ -437,7 +366,7 @@ class PostgresWorkQueue(BaseWorkQueue):
                     break
                 rows.append(row)
             return [
-                stored_lease(_item(row), worker_id, row["token"], expires_at, seconds)
+                stored_lease(item_of(row), worker_id, row["token"], expires_at, seconds)
                 for row in rows
             ]
 
@@ -452,7 +381,7 @@ class PostgresWorkQueue(BaseWorkQueue):
         return {**self._key(lease.item.tenant, lease.item.item_id), "p_token": lease.token}
 
     async def _settle(
-        self, lease: Lease, statement: Any, extra: Mapping[str, Any]
+        self, lease: Lease, statement: CoreStatement | Prepared, extra: Mapping[str, Any]
     ) -> RowMapping | None:
         """Run a fenced write; its row, or ``None`` when the lease no longer holds the item."""
         fence = self._fence(lease)
@@ -460,7 +389,7 @@ class PostgresWorkQueue(BaseWorkQueue):
             return None
         params = {**fence, **extra}
 
-        async def work(conn: _Conn) -> RowMapping | None:
+        async def work(conn: Conn) -> RowMapping | None:
             row: RowMapping | None = (await conn.execute(statement, params)).mappings().first()
             return row
 
@@ -471,11 +400,11 @@ class PostgresWorkQueue(BaseWorkQueue):
         if row is None:
             return None
         return stored_lease(
-            _item(row), lease.worker_id, row["token"], expires_at, lease.lease_seconds
+            item_of(row), lease.worker_id, row["token"], expires_at, lease.lease_seconds
         )
 
     async def _ack(self, lease: Lease, now: datetime) -> WorkItem | None:
-        return _item_or_none(await self._settle(lease, self._sql.ack, {"p_now": now}))
+        return item_or_none(await self._settle(lease, self._sql.ack, {"p_now": now}))
 
     async def _ack_many(self, leases: list[Lease], now: datetime) -> list[WorkItem | None]:
         # A lease of another queue is lost at once; the rest go in one statement.
@@ -490,11 +419,11 @@ class PostgresWorkQueue(BaseWorkQueue):
                 "p_tokens": [lease.token for lease in mine],
             }
 
-            async def work(conn: _Conn) -> list[RowMapping]:
+            async def work(conn: Conn) -> list[RowMapping]:
                 return list((await conn.execute(self._sql.ack_many, params)).mappings().all())
 
             for row in await self._executor.run(work, idempotent=False):
-                acked[(row["tenant"], row["item_id"])] = _item(row)
+                acked[(row["tenant"], row["item_id"])] = item_of(row)
         return [
             acked.get((lease.item.tenant, lease.item.item_id))
             if lease.item.queue == self.name
@@ -513,11 +442,18 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_now": now,
             "p_channel": self._channel,
         }
-        return _item_or_none(await self._settle(lease, self._sql.fail, extra))
+        return item_or_none(await self._settle(lease, self._sql.fail, extra))
 
-    async def _release(self, lease: Lease, now: datetime) -> WorkItem | None:
-        extra = {"p_now": now, "p_channel": self._channel}
-        return _item_or_none(await self._settle(lease, self._sql.release, extra))
+    async def _release(
+        self, lease: Lease, now: datetime, *, available_at: datetime, count_attempt: bool
+    ) -> WorkItem | None:
+        extra = {
+            "p_now": now,
+            "p_available_at": available_at,
+            "p_count_attempt": count_attempt,
+            "p_channel": self._channel,
+        }
+        return item_or_none(await self._settle(lease, self._sql.release, extra))
 
     async def _reap(self, now: datetime, outcome: LapseOutcome) -> list[WorkItem]:
         params = {
@@ -529,7 +465,7 @@ class PostgresWorkQueue(BaseWorkQueue):
             "p_channel": self._channel,
         }
 
-        async def work(conn: _Conn) -> list[RowMapping]:
+        async def work(conn: Conn) -> list[RowMapping]:
             rows: list[RowMapping] = []
             while True:
                 batch = list((await conn.execute(self._sql.reap, params)).mappings())
@@ -540,16 +476,16 @@ class PostgresWorkQueue(BaseWorkQueue):
         rows = await self._executor.run(work, idempotent=False)
         # In the order the leases lapsed, as the memory reference returns them.
         rows.sort(key=lambda row: (row["lapsed_at"], row["lapsed_token"]))
-        return [_item(row) for row in rows]
+        return [item_of(row) for row in rows]
 
     # -- inspect and recover ----------------------------------------------
 
     async def _dead_letters(self, tenant: str, limit: int) -> list[WorkItem]:
         params = {"p_queue": self.name, "p_tenant": tenant, "p_limit": limit}
 
-        async def work(conn: _Conn) -> list[WorkItem]:
+        async def work(conn: Conn) -> list[WorkItem]:
             result = await conn.execute(self._sql.dead_letters, params)
-            return [_item(row) for row in result.mappings()]
+            return [item_of(row) for row in result.mappings()]
 
         return await self._executor.run(work, idempotent=True)
 
@@ -558,10 +494,10 @@ class PostgresWorkQueue(BaseWorkQueue):
     ) -> WorkItem | ItemStatus | None:
         params = {**self._key(tenant, item_id), "p_now": now, "p_channel": self._channel}
 
-        async def work(conn: _Conn) -> WorkItem | ItemStatus | None:
+        async def work(conn: Conn) -> WorkItem | ItemStatus | None:
             row = (await conn.execute(self._sql.requeue, params)).mappings().first()
             if row is not None:
-                return _item(row)
+                return item_of(row)
             found = (await conn.execute(self._sql.get_item, params)).mappings().first()
             return None if found is None else ItemStatus(found["status"])
 
@@ -570,7 +506,7 @@ class PostgresWorkQueue(BaseWorkQueue):
     async def _purge_dead(self, tenant: str) -> int:
         params = {"p_queue": self.name, "p_tenant": tenant}
 
-        async def work(conn: _Conn) -> int:
+        async def work(conn: Conn) -> int:
             return int((await conn.execute(self._sql.purge_dead, params)).scalar_one())
 
         # Not retried once sent: a resend after a lost reply would report only what the
@@ -580,15 +516,20 @@ class PostgresWorkQueue(BaseWorkQueue):
     async def _get_item(self, tenant: str, item_id: str) -> WorkItem | None:
         params = self._key(tenant, item_id)
 
-        async def work(conn: _Conn) -> WorkItem | None:
+        async def work(conn: Conn) -> WorkItem | None:
             row = (await conn.execute(self._sql.get_item, params)).mappings().first()
-            return None if row is None else _item(row)
+            return None if row is None else item_of(row)
 
         return await self._executor.run(work, idempotent=True)
 
     async def _stats(self) -> QueueStats:
-        async def work(conn: _Conn) -> list[Any]:
-            return list(await conn.execute(self._sql.stats, {"p_queue": self.name}))
+        return await self._stats_of(self.name)
+
+    async def _stats_of(self, queue: str) -> QueueStats:
+        params = {"p_queue": queue}
+
+        async def work(conn: Conn) -> list[Any]:
+            return list(await conn.execute(self._sql.stats, params))
 
         counts: dict[str, dict[str, int]] = {}
         for tenant, status, count in await self._executor.run(work, idempotent=True):
@@ -598,13 +539,132 @@ class PostgresWorkQueue(BaseWorkQueue):
                 queued=found.get("queued", 0),
                 leased=found.get("leased", 0),
                 dead=found.get("dead", 0),
+                cancelled=found.get("cancelled", 0),
             )
             for tenant, found in sorted(counts.items())
         }
         return QueueStats(queue=self.name, tenants=tenants)
 
+    async def _dead_letters_all(self, after: tuple[str, str] | None, limit: int) -> list[WorkItem]:
+        params = {
+            "p_queue": self.name,
+            "p_after_tenant": None if after is None else after[0],
+            "p_after_item_id": None if after is None else after[1],
+            "p_limit": limit,
+        }
+
+        async def work(conn: Conn) -> list[WorkItem]:
+            result = await conn.execute(self._sql.dead_letters_all, params)
+            return [item_of(row) for row in result.mappings()]
+
+        return await self._executor.run(work, idempotent=True)
+
+    async def _queues(self) -> list[QueueStats]:
+        async def names(conn: Conn) -> list[str]:
+            return [row[0] for row in await conn.execute(self._sql.queue_names, {})]
+
+        found = []
+        for name in await self._executor.run(names, idempotent=True):
+            counted = await self._stats_of(name)
+            found.append(counted)
+        return found
+
+    # -- cancel, pause, prune ---------------------------------------------
+
+    async def _cancel_many(
+        self, tenant: str, item_ids: list[str], reason: str | None, now: datetime
+    ) -> list[WorkItem | None]:
+        params = {
+            "p_queue": self.name,
+            "p_tenant": tenant,
+            "p_item_ids": item_ids,
+            "p_reason": reason,
+            "p_now": now,
+            "p_ctl_channel": control_channel(self._channel),
+        }
+
+        async def work(conn: Conn) -> list[WorkItem | None]:
+            found: dict[str, WorkItem] = {}
+            for row in (await conn.execute(self._sql.cancel_many, params)).mappings():
+                found[row["item_id"]] = item_of(row)
+            # An item neither cancelled nor seen finished moved on while the statement
+            # waited for it (a settle finished it first): read it as it is now.
+            for item_id in item_ids:
+                if item_id not in found:
+                    key = self._key(tenant, item_id)
+                    row = (await conn.execute(self._sql.get_item, key)).mappings().first()
+                    if row is not None:
+                        found[item_id] = item_of(row)
+            return [found.get(item_id) for item_id in item_ids]
+
+        # Not resent: a cancel whose reply was lost answers, when called again, with the
+        # items as the first attempt left them (cancelled), which is the same answer.
+        return await self._executor.run(work, idempotent=True)
+
+    async def _count_prunable(
+        self, cutoffs: Mapping[ItemStatus, datetime]
+    ) -> dict[ItemStatus, int]:
+        params = {"p_queue": self.name, **cutoff_params(cutoffs)}
+
+        async def work(conn: Conn) -> dict[ItemStatus, int]:
+            row = (await conn.execute(self._sql.count_prunable, params)).mappings().one()
+            return {status: int(row[status.value]) for status in cutoffs}
+
+        return await self._executor.run(work, idempotent=True)
+
+    async def _set_paused(self, paused: bool) -> None:
+        params = {"p_queue": self.name, "p_paused": paused, "p_channel": self._channel}
+
+        async def work(conn: Conn) -> None:
+            await conn.execute(self._sql.set_paused, params)
+
+        await self._executor.run(work, idempotent=True)
+
+    async def _set_limits(self, limits: QueueLimits) -> None:
+        if not limits.empty:
+            # Stored but not enforced would be a promise broken: refuse until the claim
+            # statement applies them (issue 35; memory and Redis do).
+            raise NotImplementedError(
+                "limits: PostgresWorkQueue does not enforce QueueLimits yet (memory and "
+                "Redis do); only QueueLimits() (none) can be set"
+            )
+        params = {"p_queue": self.name, "p_limits": None, "p_channel": self._channel}
+
+        async def work(conn: Conn) -> None:
+            await conn.execute(self._sql.set_limits, params)
+
+        await self._executor.run(work, idempotent=True)
+
+    async def _limits(self) -> QueueLimits:
+        async def work(conn: Conn) -> str | None:
+            result = await conn.execute(self._sql.limits, {"p_queue": self.name})
+            value = result.scalar()
+            return None if value is None else str(value)
+
+        return QueueLimits.from_json(await self._executor.run(work, idempotent=True))
+
+    async def _paused(self) -> bool:
+        async def work(conn: Conn) -> bool:
+            result = await conn.execute(self._sql.paused, {"p_queue": self.name})
+            return bool(result.scalar())
+
+        return await self._executor.run(work, idempotent=True)
+
+    async def _prune(
+        self, now: datetime, cutoffs: Mapping[ItemStatus, datetime], batch: int
+    ) -> int:
+        return await prune(
+            self._executor,
+            self._sql,
+            queue=self.name,
+            clock=self.clock,
+            now=now,
+            cutoffs=cutoffs,
+            batch=batch,
+        )
+
     async def _next_due(self, now: datetime) -> datetime | None:
-        async def work(conn: _Conn) -> datetime | None:
+        async def work(conn: Conn) -> datetime | None:
             due: datetime | None = (
                 await conn.execute(self._sql.next_due, {"p_queue": self.name, "p_now": now})
             ).scalar_one()

@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -30,6 +31,7 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    Interval,
     LargeBinary,
     MetaData,
     Numeric,
@@ -45,8 +47,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.schema import CreateIndex, CreateSequence, CreateTable
 
+from statepact._limits import MAX_PRIORITY
 from statepact.models import ItemStatus, RunStatus
-from statepact.queue import MAX_PRIORITY
 
 __all__ = [
     "ADK_TABLES",
@@ -72,7 +74,7 @@ __all__ = [
 ]
 
 #: The version the head revision writes into ``adk_schema``; bump it in a new revision.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: Versions this release reads; ``verify()`` refuses anything else.
 COMPATIBLE_SCHEMA_VERSIONS: frozenset[int] = frozenset({SCHEMA_VERSION})
 #: The ``adk_schema.component`` of statepact's row.
@@ -110,6 +112,10 @@ RUNS_TABLE_OPTIONS: dict[str, Any] = {"fillfactor": 80}
 WRITE_RETENTION = timedelta(minutes=10)
 
 
+#: The statuses of a finished item (prune's, and the finished index's predicate).
+_FINISHED = ["done", "dead", "cancelled"]
+
+
 def _ident() -> Text:
     return Text(collation="C")
 
@@ -138,6 +144,7 @@ class StateTables:
     queue_turns: str = "adk_queue_turns"
     schema: str = "adk_schema"
     run_writes: str = "adk_run_writes"
+    queue_control: str = "adk_queue_control"
 
     def __post_init__(self) -> None:
         seen: set[str] = set()
@@ -166,6 +173,7 @@ class Tables:
     schema: Table
     run_writes: Table
     token_seq: Sequence
+    queue_control: Table
 
 
 def _define_state_tables(meta: MetaData, names: StateTables, db_schema: str | None) -> Tables:
@@ -234,7 +242,7 @@ def _define_state_tables(meta: MetaData, names: StateTables, db_schema: str | No
         Column("item_id", _ident(), nullable=False),
         Column("payload", JSON, nullable=False),
         Column("priority", SmallInteger, nullable=False, server_default=text("0")),
-        Column("status", String(8), nullable=False),
+        Column("status", String(16), nullable=False),
         Column("attempts", Integer, nullable=False, server_default=text("0")),
         Column("available_at", _tz(), nullable=False),
         Column("last_error", Text, nullable=True),
@@ -243,11 +251,22 @@ def _define_state_tables(meta: MetaData, names: StateTables, db_schema: str | No
         Column("expires_at", _tz(), nullable=True),
         Column("created_at", _tz(), nullable=False),
         Column("updated_at", _tz(), nullable=False),
+        Column("unique_key", _ident(), nullable=True),
+        Column("unique_for", Interval, nullable=True),
+        Column("timeout", Double, nullable=True),
+        # The slot the item holds while it blocks others of its unique key (the front's
+        # unique_slot()); NULL once it leaves its blocking states.
+        Column("unique_slot", _ident(), nullable=True),
+        # Flow control (QueueLimits): what the item spends, and how much of it.
+        Column("limit_key", _ident(), nullable=True),
+        Column("weight", Integer, nullable=False, server_default=text("1")),
         PrimaryKeyConstraint("id"),
         UniqueConstraint("queue", "tenant", "item_id"),
         CheckConstraint(_in("status", [s.value for s in ItemStatus]), name="status"),
         CheckConstraint(f"priority BETWEEN -{MAX_PRIORITY} AND {MAX_PRIORITY}", name="priority"),
         CheckConstraint("attempts >= 0", name="attempts"),
+        CheckConstraint("timeout IS NULL OR timeout > 0", name="timeout"),
+        CheckConstraint("weight >= 1", name="weight"),
         CheckConstraint(
             "status <> 'leased' OR (token IS NOT NULL AND expires_at IS NOT NULL "
             "AND worker_id IS NOT NULL)",
@@ -274,6 +293,25 @@ def _define_state_tables(meta: MetaData, names: StateTables, db_schema: str | No
             "updated_at",
             "item_id",
             postgresql_where=text("status = 'dead'"),
+        ),
+        # Unique keys, enforced by the server: one holder per slot.
+        Index(
+            f"ix_{names.work}_unique_slot",
+            "queue",
+            "tenant",
+            "unique_slot",
+            unique=True,
+            postgresql_where=text("unique_slot IS NOT NULL"),
+        ),
+        # Prune walks each finished status oldest first; stats counts the exceptional
+        # ones (dead, cancelled) per tenant from it without reading the heap.
+        Index(
+            f"ix_{names.work}_finished",
+            "queue",
+            "status",
+            "updated_at",
+            postgresql_include=["tenant"],
+            postgresql_where=text(_in("status", _FINISHED)),
         ),
         postgresql_with=dict(WORK_TABLE_OPTIONS),
         schema=db_schema,
@@ -337,7 +375,22 @@ def _define_state_tables(meta: MetaData, names: StateTables, db_schema: str | No
         PrimaryKeyConstraint("tenant", "run_id", "applied_at", "op_id"),
         schema=db_schema,
     )
+    # One row per queue: whether it is paused, and the pruner's lease (its try-lock).
+    queue_control = Table(
+        names.queue_control,
+        meta,
+        Column("queue", _ident(), nullable=False),
+        Column("paused", Boolean, nullable=False, server_default=text("false")),
+        Column("pruner", Text, nullable=True),
+        Column("pruner_until", _tz(), nullable=True),
+        # The queue's QueueLimits as JSON text (NULL: none), so every process claims
+        # under the same limits.
+        Column("limits", Text, nullable=True),
+        PrimaryKeyConstraint("queue"),
+        schema=db_schema,
+    )
     return Tables(
+        queue_control=queue_control,
         names=names,
         runs=runs,
         sessions=sessions,

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from functools import cache
-from types import SimpleNamespace
 from typing import Any, Self, overload
 
 from sqlalchemy.engine import Connection, RowMapping
@@ -41,6 +40,7 @@ from statepact.state import (
     CounterDelta,
     CounterOverflow,
     ListQuery,
+    RunPrune,
     RunWrite,
     SessionWrite,
 )
@@ -55,7 +55,7 @@ from statepact.storage.postgres._client import (
 )
 from statepact.storage.postgres._direct import DirectExecutor, Prepared
 from statepact.storage.postgres._sql import LOCK_NOT_AVAILABLE
-from statepact.storage.postgres._sql.state import COUNTERS, StateStatements
+from statepact.storage.postgres._sql.state import COUNTERS, CoreStatement, StateStatements
 from statepact.storage.postgres._sql.state import statements as _statements
 from statepact.storage.postgres.schema import WRITE_RETENTION, StateTables, Tables, tables_for
 from statepact.storage.postgres.sync import SyncBoundStateStore, SyncSession
@@ -149,19 +149,14 @@ def _unavailable(message: str) -> StatePersistenceError:
     return StatePersistenceError(message, reason="unavailable")
 
 
+#: The store's statements: compiled for the driver on an engine, Core otherwise.
+_Sql = StateStatements[Prepared] | StateStatements[CoreStatement]
+
+
 @cache
-def _prepared(tables: Tables) -> Any:
-    """``StateStatements`` compiled once for the driver (``_direct.Prepared``), same names."""
-    core = _statements(tables)
-    compiled: dict[str, Any] = {}
-    for field in fields(StateStatements):
-        value = getattr(core, field.name)
-        compiled[field.name] = (
-            {key: Prepared(one) for key, one in value.items()}
-            if isinstance(value, Mapping)
-            else Prepared(value)
-        )
-    return SimpleNamespace(**compiled)
+def _prepared(tables: Tables) -> StateStatements[Prepared]:
+    """``StateStatements`` compiled once for the driver (``_direct.Prepared``)."""
+    return _statements(tables).map(Prepared)
 
 
 class PostgresStateStore(BaseStateStore):
@@ -191,7 +186,7 @@ class PostgresStateStore(BaseStateStore):
         self._writes_key = str(self._tables.run_writes.primary_key.name)
         # On an engine, the statements compiled once and run on the driver (a fraction of
         # SQLAlchemy's cost per statement); Core on one AsyncConnection and when bound.
-        self._sql: Any
+        self._sql: _Sql
         self._executor: Executor
         # Concurrent run writes sharing round trips: on an engine only (see the module).
         self._patches: SharedRoundTrips[_Patch, RunRecord | CounterOverflow | None] | None = None
@@ -272,6 +267,11 @@ class PostgresStateStore(BaseStateStore):
     @property
     def tables(self) -> Tables:
         return self._tables
+
+    @property
+    def client(self) -> AsyncEngine | AsyncConnection | AsyncSession:
+        """The client the calls go through (observability reads where it points)."""
+        return self._executor.target
 
     def __repr__(self) -> str:
         mode = "bound" if self._executor.bound else "engine"
@@ -366,8 +366,8 @@ class PostgresStateStore(BaseStateStore):
     async def _put_alone(self, call: _Put, *, resent: bool) -> RunRecord:
         write, params = call.write, call.params
         creating = write.expected_version == 0
-        first = self._sql.create_run if creating else self._sql.update_run
-        again = self._sql.create_run_resent if creating else self._sql.update_run_resent
+        attempt_of = self._sql.create_run if creating else self._sql.update_run
+        first, again = attempt_of.first, attempt_of.again
         attempts = 1 if resent else 0
 
         async def work(conn: Runner) -> RunRecord:
@@ -447,7 +447,7 @@ class PostgresStateStore(BaseStateStore):
             nonlocal attempts
             attempts += 1
             # Only an attempt after the first can meet an earlier one applied.
-            statement = self._sql.patch_run if attempts == 1 else self._sql.patch_run_resent
+            statement = self._sql.patch_run.first if attempts == 1 else self._sql.patch_run.again
             while True:
                 row = await self._write(conn, statement, params)
                 if row is not None:
@@ -492,6 +492,37 @@ class PostgresStateStore(BaseStateStore):
             return result.first() is not None
 
         return await self._executor.run(work, idempotent=False)
+
+    async def _prune_runs(self, prune: RunPrune) -> int:
+        one_tenant = prune.tenant is not None
+        statement = self._sql.prune_runs[one_tenant]
+        params: dict[str, Any] = {
+            "p_tenant": prune.tenant,
+            "p_after_tenant": "",
+            "p_after": 0,
+            "p_limit": prune.batch,
+            "p_statuses": sorted(status.value for status in prune.statuses),
+            "p_cutoff": prune.cutoff,
+        }
+        deleted = 0
+        while True:
+            row = await self._prune_step(statement, dict(params))
+            if row is None:
+                return deleted
+            deleted += int(row["deleted"])
+            if int(row["looked"]) < prune.batch:
+                return deleted
+            params["p_after_tenant"], params["p_after"] = row["tenant"], row["seq"]
+
+    async def _prune_step(self, statement: Any, params: dict[str, Any]) -> RowMapping | None:
+        """One step of a prune: its own transaction on an engine, so no lock is held
+        between steps, and one sent again deletes nothing twice."""
+
+        async def work(conn: Runner) -> RowMapping | None:
+            row: RowMapping | None = (await conn.execute(statement, params)).mappings().first()
+            return row
+
+        return await self._executor.run(work, idempotent=True)
 
     # -- sessions ---------------------------------------------------------
 
@@ -542,3 +573,12 @@ class PostgresStateStore(BaseStateStore):
             return [_session_record(row, decode_json(row["data"])) for row in result.mappings()]
 
         return await self._executor.run(work, idempotent=True, abandonable=True)
+
+    async def _delete_session(self, tenant: str, session_id: str) -> bool:
+        async def work(conn: Runner) -> bool:
+            result = await conn.execute(
+                self._sql.delete_session, {"p_tenant": tenant, "p_record_id": session_id}
+            )
+            return result.first() is not None
+
+        return await self._executor.run(work, idempotent=False)

@@ -175,7 +175,8 @@ class SyncBoundStateStore:
 
 class SyncBoundWorkQueue:
     """``PostgresWorkQueue.bound(session)`` for a sync ``Session`` or ``Connection``: the
-    enqueues an application makes inside its own transaction, as blocking calls.
+    enqueues and cancels an application makes inside its own transaction, as blocking
+    calls.
 
     The same validation, errors and refusals as the async bound form; an enqueue's
     notification is part of the transaction, so a worker listening on the queue
@@ -203,3 +204,14 @@ class SyncBoundWorkQueue:
     ) -> list[WorkItem]:
         """``WorkQueue.enqueue_many``, inside the session's transaction."""
         return _blocking(self._queue.enqueue_many(items, delay=delay))
+
+    def cancel(self, tenant: str, item_id: str, *, reason: str | None = None) -> WorkItem | None:
+        """``WorkQueue.cancel``, inside the session's transaction: the item is cancelled (and
+        a worker running it told) when the caller commits, never for a rollback."""
+        return _blocking(self._queue.cancel(tenant, item_id, reason=reason))
+
+    def cancel_many(
+        self, tenant: str, item_ids: Sequence[str], *, reason: str | None = None
+    ) -> list[WorkItem | None]:
+        """``WorkQueue.cancel_many``, inside the session's transaction."""
+        return _blocking(self._queue.cancel_many(tenant, item_ids, reason=reason))

@@ -234,8 +234,10 @@ async def missing_privileges(
 
     state = tables_for(tables, db_schema)
     state_tables = [state.runs, state.sessions, state.work, state.queue_turns, state.run_writes]
+    state_tables.append(state.queue_control)
     defaults = tables_for()
     own = {defaults.runs, defaults.sessions, defaults.work, defaults.queue_turns}
+    own.add(defaults.queue_control)
     own |= {defaults.run_writes, defaults.schema}
     # The transaction backend's tables: the rest of the metadata (always default-named).
     backend_tables = [table for table in metadata.tables.values() if table not in own]

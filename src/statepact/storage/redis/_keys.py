@@ -25,6 +25,7 @@ __all__ = [
     "TxKeys",
     "WorkerKeys",
     "glob_escape",
+    "namespace_patterns",
     "parse_ref",
     "ref",
     "seg",
@@ -132,6 +133,22 @@ class StateKeys:
     def op(self, tenant: str, op_id: str) -> str:
         return f"{self.prefix(tenant)}op:{seg(op_id)}"
 
+    def runs_pattern(self) -> str:
+        """A SCAN ``MATCH`` pattern of every tenant's ``P runs``: the tenants with runs."""
+        return f"{glob_escape(f'{self.namespace}:state:{{')}*{glob_escape('}:runs')}"
+
+    def tenant_of_runs(self, key: str | bytes) -> str | None:
+        """The tenant whose ``P runs`` is ``key``, or ``None`` when ``key`` is not one."""
+        raw = key.encode("utf-8") if isinstance(key, str) else key
+        head = f"{self.namespace}:state:{{".encode()
+        if not (raw.startswith(head) and raw.endswith(b"}:runs")):
+            return None
+        try:
+            tenant, end = _take(raw, len(head))
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return tenant if raw[end:] == b"}:runs" else None
+
 
 @dataclass(frozen=True, slots=True)
 class QueueKeys:
@@ -154,12 +171,31 @@ class QueueKeys:
     ``Q pending``               zset    claimed items whose record is not written yet (left
                                         by the two-script claim of earlier versions)
     ``Q dead:<seg(T)>``         zset    T's dead items; member item_id, score death µs
-    ``Q count:<status>``        hash    T -> how many items of T are queued/leased/dead
+    ``Q count:<status>``        hash    T -> how many items of T are queued/leased/dead/
+                                        cancelled (``stats``: never a scan)
+    ``Q finished:<status>``     zset    done / cancelled / dead items; member R, score the
+                                        time they finished, µs (what ``prune`` reads)
+    ``Q unique``                hash    ``ref(T, slot)`` -> the item_id holding that unique
+                                        slot while it blocks (queued, leased; done too for
+                                        a slot with a period)
+    ``Q dead-ids``              zset    every dead item as ``T NUL item_id``, all scored 0:
+                                        ``dead_letters_all`` pages it by (tenant, id)
+    ``Q paused``                string  present while the queue is paused (claims read it)
+    ``Q limits``                string  the queue's ``QueueLimits`` as JSON (claims read it)
+    ``Q count:leased-key``      hash    limit key -> leased items holding it
+    ``Q count:leased-pair``     hash    ``ref(T, limit key)`` -> leased items of T holding it
+    ``Q spent:<k|t>:<seg(n)>``  hash    rate bucket -> weight claimed in it, per limit key
+                                        (k) or tenant (t); expires after two periods
+    ``Q rate-wake``             string  µs when the earliest item a rate held back fits
+    ``Q prune-lock``            string  the pruning process's token (SET NX PX), expiring
     ``Q op:<seg(call id)>``     string  a write's replay key, expiring (lua/_common.lua);
                                         for a claim a list of what it claimed
     ``Q wake``                  list    wake-up tokens: one per item made ready, at most 64
                                         (``RedisWorkQueue.watch`` pops them)
     ==========================  ======  ====================================================
+
+    ``Q ctl`` is not a key but a pub/sub channel: a cancel of a leased item
+    publishes ``<token>:R`` on it (``RedisWorkQueue.watch(on_cancel=...)``).
     """
 
     namespace: str = "adk"
@@ -188,6 +224,55 @@ class QueueKeys:
     def op(self, op_id: str) -> str:
         return f"{self.prefix}op:{seg(op_id)}"
 
+    def finished(self, status: str) -> str:
+        return f"{self.prefix}finished:{status}"
+
+    @property
+    def unique(self) -> str:
+        return f"{self.prefix}unique"
+
+    @property
+    def dead_ids(self) -> str:
+        return f"{self.prefix}dead-ids"
+
+    @property
+    def paused(self) -> str:
+        return f"{self.prefix}paused"
+
+    @property
+    def limits(self) -> str:
+        return f"{self.prefix}limits"
+
+    @property
+    def rate_wake(self) -> str:
+        return f"{self.prefix}rate-wake"
+
+    @property
+    def prune_lock(self) -> str:
+        return f"{self.prefix}prune-lock"
+
+    @property
+    def control(self) -> str:
+        """The pub/sub channel of control notices (a leased item cancelled)."""
+        return f"{self.prefix}ctl"
+
+    def match_queues(self) -> str:
+        """A SCAN ``MATCH`` pattern for the ``order`` key of every queue of the namespace
+        (each queue that ever held an item has one); :meth:`queue_of` reads its name."""
+        return f"{glob_escape(f'{{{self.namespace}:queue}}:')}*:order"
+
+    def queue_of(self, order_key: str | bytes) -> str | None:
+        """The queue whose ``order`` key this is, or ``None`` for another key."""
+        raw = order_key.encode("utf-8") if isinstance(order_key, str) else order_key
+        head = f"{{{self.namespace}:queue}}:".encode()
+        if not raw.startswith(head) or not raw.endswith(b":order"):
+            return None
+        try:
+            name, end = _take(raw, len(head))
+        except ValueError:
+            return None
+        return name if raw[end:] == b":order" else None
+
     def fixed(self) -> tuple[str, ...]:
         """The KEYS every queue script gets, in the order ``lua/queue/_prelude.lua`` names them."""
         return (
@@ -203,6 +288,13 @@ class QueueKeys:
             self.count("queued"),
             self.count("leased"),
             self.count("dead"),
+            self.count("cancelled"),
+            self.finished("done"),
+            self.finished("cancelled"),
+            self.finished("dead"),
+            self.unique,
+            self.paused,
+            self.dead_ids,
         )
 
     @property
@@ -486,3 +578,27 @@ class WorkerKeys:
     @property
     def registry(self) -> str:
         return f"{self.namespace}:workers"
+
+
+def namespace_patterns(namespace: str) -> tuple[str, ...]:
+    """SCAN ``MATCH`` patterns covering every key statepact writes under ``namespace`` (as
+    ``RedisStoreSettings.namespace``, and as a ``RedisBackend``'s ``tx_prefix``) and no
+    other namespace's: the per-tenant prefixes of the state store, the ADK sessions and
+    LangGraph up to their tenant tag, the queue's hash tag, the transaction backend's
+    whole tag, and the worker registry's key. Read off the builders above, so the
+    patterns follow the layout."""
+    tenant_free = (
+        prefix[: prefix.rindex("{")]
+        for prefix in (
+            _state_prefix(namespace, ""),
+            _adk_prefix(namespace, ""),
+            _langgraph_prefix(namespace, ""),
+        )
+    )
+    queue = QueueKeys(namespace=namespace).prefix
+    return (
+        *(f"{glob_escape(prefix)}*" for prefix in tenant_free),
+        f"{glob_escape(queue[: queue.index('}') + 1])}:*",
+        TxKeys(namespace).match_all,
+        glob_escape(WorkerKeys(namespace).registry),
+    )

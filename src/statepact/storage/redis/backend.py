@@ -15,15 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any, Self, TypeVar
+from functools import partial
+from typing import Any, Self, TypedDict, TypeVar, Unpack
 
 from statepact._cancel import finish
 from statepact._retry import RetryPolicy
 from statepact.clock import Clock, from_micros, to_micros
 from statepact.errors import (
     ConflictError,
-    FencingError,
-    IdempotencyConflictError,
     StatepactError,
     StatePersistenceError,
 )
@@ -39,6 +38,7 @@ from statepact.tx import (
     Lease,
     LeaseRequest,
     LockMode,
+    Refusal,
     Snapshot,
     StoredResource,
     StoredValue,
@@ -59,6 +59,26 @@ _CLEAR_BATCH = 500
 # free connection before PoolExhaustedError (PostgresBackend.connect waits 30 s too).
 _POOL_SIZE = 50
 _POOL_WAIT = 30.0
+
+
+class RedisBackendOptions(TypedDict, total=False):
+    """The keyword forms of ``RedisStoreSettings``' transaction fields (``prefix`` is
+    ``tx_prefix``, ``failover`` the three ``failover_*``); ``None`` keeps the setting."""
+
+    prefix: str | None
+    history_limit: int | None
+    idempotency_ttl_seconds: int | None
+    lock_ttl_seconds: float | None
+    lock_timeout: float | None
+    failover: RetryPolicy | None
+
+
+def _configured(
+    settings: RedisStoreSettings | None, options: RedisBackendOptions
+) -> RedisStoreSettings:
+    """``settings`` with the keyword options applied: the one place they become settings."""
+    given: dict[str, Any] = dict(options)
+    return (settings or RedisStoreSettings()).replace(tx_prefix=given.pop("prefix", None), **given)
 
 
 def _unavailable(message: str) -> StatePersistenceError:
@@ -123,22 +143,11 @@ class RedisBackend:
         *,
         clock: Clock | None = None,
         settings: RedisStoreSettings | None = None,
-        prefix: str | None = None,
-        history_limit: int | None = None,
-        idempotency_ttl_seconds: int | None = None,
-        lock_ttl_seconds: float | None = None,
-        lock_timeout: float | None = None,
-        failover: RetryPolicy | None = None,
+        **options: Unpack[RedisBackendOptions],
     ) -> None:
-        self._settings = settings = (settings or RedisStoreSettings()).replace(
-            tx_prefix=prefix,
-            history_limit=history_limit,
-            idempotency_ttl_seconds=idempotency_ttl_seconds,
-            lock_ttl_seconds=lock_ttl_seconds,
-            lock_timeout=lock_timeout,
-            failover=failover,
-        )
+        self._settings = settings = _configured(settings, options)
         self.history_limit = settings.history_limit
+        self.history_retention: float | None = settings.history_retention_seconds
         self.idempotency_ttl_seconds = settings.idempotency_ttl_seconds
         self.lock_ttl_seconds = settings.lock_ttl_seconds
         self.lock_timeout = settings.lock_timeout
@@ -210,15 +219,17 @@ class RedisBackend:
         from pydantic import SecretStr
 
         check_database(url, "url")
-        settings = RedisStoreSettings(
-            dsn=SecretStr(url), pool_size=_POOL_SIZE, durable=durable
-        ).replace(
-            tx_prefix=prefix,
-            history_limit=history_limit,
-            idempotency_ttl_seconds=idempotency_ttl_seconds,
-            lock_ttl_seconds=lock_ttl_seconds,
-            lock_timeout=lock_timeout,
-            failover=failover,
+        base = RedisStoreSettings(dsn=SecretStr(url), pool_size=_POOL_SIZE, durable=durable)
+        settings = _configured(
+            base,
+            RedisBackendOptions(
+                prefix=prefix,
+                history_limit=history_limit,
+                idempotency_ttl_seconds=idempotency_ttl_seconds,
+                lock_ttl_seconds=lock_ttl_seconds,
+                lock_timeout=lock_timeout,
+                failover=failover,
+            ),
         )
         wait = None if cluster else client_options.pop("timeout", _POOL_WAIT)
         try:
@@ -240,6 +251,11 @@ class RedisBackend:
     @property
     def prefix(self) -> str:
         return self._keys.prefix
+
+    @property
+    def client(self) -> Any:
+        """The client the calls go through (observability reads where it points)."""
+        return self._redis
 
     def __repr__(self) -> str:
         return f"RedisBackend(prefix={self._keys.prefix!r}, history_limit={self.history_limit})"
@@ -335,7 +351,7 @@ class RedisBackend:
 
     # -- commit ---------------------------------------------------------------------------
 
-    async def commit(self, request: CommitRequest) -> CommitResult:
+    async def commit(self, request: CommitRequest) -> CommitResult | Refusal:
         keys = self._keys
         # Only serializable validates reads; the others need not send them.
         reads = request.reads if request.isolation is Isolation.SERIALIZABLE else ()
@@ -378,18 +394,18 @@ class RedisBackend:
             return CommitResult(int(reply[1]), replayed=True)
         if code == _FENCED:
             assert fence is not None
-            raise FencingError(resource=fence.resource, token=fence.token, highest=int(reply[1]))
+            return Refusal("fenced", fence.resource, seen=fence.token, latest=int(reply[1]))
         if code == _IDEMPOTENCY_CONFLICT:
             assert request.idempotency_key is not None
-            raise IdempotencyConflictError(request.idempotency_key)
+            return Refusal("idempotency", key=request.idempotency_key)
         which, index, latest = int(reply[1]), int(reply[2]) - 1, int(reply[3])
         if which == _WRITE:
             write = request.writes[index]
-            raise ConflictError.write_conflict(
-                write.resource, write.key, latest=latest, taken_at=request.taken_at
+            return Refusal(
+                "write", write.resource, write.key, latest=latest, taken_at=request.taken_at
             )
         read = reads[index]
-        raise ConflictError.read_conflict(read.resource, read.key, seen=read.version, latest=latest)
+        return Refusal("read", read.resource, read.key, seen=read.version, latest=latest)
 
     # -- locks ------------------------------------------------------------------------------
 
@@ -467,6 +483,45 @@ class RedisBackend:
             version, micros, data = _parse_entry(raw)
             out.append(StoredVersion(version, data, from_micros(micros)))
         return out
+
+    async def prune_history(self, cutoff: datetime, batch: int) -> int:
+        # Every resource's keys, a page of HSCAN at a time; each page's histories are
+        # trimmed by one script (a list holds at most history_limit entries).
+        resources_key = _bytes(self._keys.resources)
+        names = await self._call(
+            "prune_history", lambda: self._redis.smembers(resources_key), abandonable=True
+        )
+        keys_per_script = max(1, batch // 10)
+        dropped = 0
+        for raw_name in sorted(names):
+            resource = raw_name.decode("utf-8") if isinstance(raw_name, bytes) else raw_name
+            dropped += await self._prune_resource(resource, cutoff, keys_per_script)
+        return dropped
+
+    async def _prune_resource(self, resource: str, cutoff: datetime, count: int) -> int:
+        data_key = _bytes(self._keys.data(resource))
+        cursor, dropped = 0, 0
+        while True:
+            cursor, page = await self._call(
+                "prune_history",
+                partial(self._redis.hscan, data_key, cursor, count=count),
+                abandonable=True,
+            )
+            keys = sorted(key.decode("utf-8") if isinstance(key, bytes) else key for key in page)
+            for start in range(0, len(keys), count):
+                chunk = keys[start : start + count]
+                dropped += int(
+                    await self._script(
+                        "tx_prune_history",
+                        [
+                            self._keys.trimmed(resource),
+                            *(self._keys.history(resource, key) for key in chunk),
+                        ],
+                        [to_micros(cutoff), *chunk],
+                    )
+                )
+            if int(cursor) == 0:
+                return dropped
 
     async def register_resource(self, name: str, metadata: str, now: datetime) -> None:
         await self._script(

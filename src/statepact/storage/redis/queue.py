@@ -13,13 +13,12 @@ decision), and never let a redis-py exception out (``_client``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any, Self
 
-from redis.exceptions import RedisError
-
+from statepact._cancel import finish
 from statepact._codec import decode_json
 from statepact._retry import new_op_id
 from statepact.clock import Clock, from_micros, to_micros
@@ -33,10 +32,20 @@ from statepact.models import (
     stored,
     stored_lease,
 )
-from statepact.queue import BaseWorkQueue, FailOutcome, LapseOutcome, QueuePolicy, WorkWatch
+from statepact.queue import (
+    BaseWorkQueue,
+    FailOutcome,
+    LapseOutcome,
+    OnCancel,
+    QueueLimits,
+    QueuePolicy,
+    WorkWatch,
+    unique_slot,
+)
 from statepact.settings import RedisStoreSettings
 from statepact.storage.redis._client import Failover, as_text, gate_of
 from statepact.storage.redis._keys import QueueKeys, ref
+from statepact.storage.redis._queue_watch import ControlListener, RedisWatch
 from statepact.storage.redis._scripts import QUEUE_SCRIPTS, ScriptRunner
 from statepact.storage.redis.preflight import check
 
@@ -45,6 +54,18 @@ __all__ = ["RedisWorkQueue"]
 # Most delayed items promoted, half-claims finished, leases reaped or dead items
 # purged by one script call: bounds how long one call can hold the server.
 _STEP = 1000
+
+# The prune lock's lifetime, started again by every batch: a pruner that dies frees
+# the queue for another this long after its last batch.
+_PRUNE_LOCK_MS = 30_000
+
+# After each prune batch the pruner waits this many times as long as the batch took:
+# prune then holds the (single-threaded) server at most a fifth of the time, so the
+# workers draining the queue meanwhile keep their throughput (docs/backings.md).
+_PRUNE_PAUSE = 4.0
+
+# What a finished status is indexed and cut off under in prune.lua's ARGV order.
+_FINISHED = (ItemStatus.DONE, ItemStatus.CANCELLED, ItemStatus.DEAD)
 
 
 def _unavailable(message: str) -> QueueUnavailableError:
@@ -101,6 +122,11 @@ class RedisWorkQueue(BaseWorkQueue):
     def settings(self) -> RedisStoreSettings:
         return self._settings
 
+    @property
+    def client(self) -> Any:
+        """The client the calls go through (observability reads where it points)."""
+        return self._redis
+
     def __repr__(self) -> str:
         return f"RedisWorkQueue(namespace={self._settings.namespace!r}, name={self.name!r})"
 
@@ -111,11 +137,15 @@ class RedisWorkQueue(BaseWorkQueue):
         now: datetime | None,
         *args: str | int | bytes,
         op: str | None = None,
+        key: str | None = None,
     ) -> Any:
-        """Run a queue script; a write passes ``op``, the call id naming its replay key."""
+        """Run a queue script; a write passes ``op``, the call id naming its replay key
+        (or ``key``, the one key after the fixed ones a script names otherwise)."""
         # Scripts that only read take no time: this backing never reads a clock itself.
         argv = (self._keys.prefix, 0 if now is None else to_micros(now), *args)
-        keys = self._fixed if op is None else (*self._fixed, self._keys.op(op))
+        if op is not None:
+            key = self._keys.op(op)
+        keys = self._fixed if key is None else (*self._fixed, key)
         return await self._failover.run(
             f"{what} (queue {self.name!r})", lambda: self._scripts(script, keys, argv)
         )
@@ -128,34 +158,30 @@ class RedisWorkQueue(BaseWorkQueue):
             f"enqueue of item {item.item_id!r} (tenant {item.tenant!r})",
             "enqueue",
             item.created_at,
-            ref(item.tenant, item.item_id),
-            item.tenant,
-            item.item_id,
-            payload,
-            item.priority,
-            to_micros(item.available_at),
-            to_micros(item.created_at),
+            *_put_args(item, payload),
         )
         # Stored now: stored as sent (the front built the record); else the one already there.
         return item if int(reply[0]) == 1 else self._item(reply[1])
 
     @asynccontextmanager
-    async def _watch(self) -> AsyncIterator[WorkWatch]:
-        yield _RedisWatch(self._redis, self._keys.wake, self._settings.socket_timeout)
+    async def _watch(self, on_cancel: OnCancel | None = None) -> AsyncIterator[WorkWatch]:
+        watch = RedisWatch(self._redis, self._keys.wake, self._settings.socket_timeout)
+        if on_cancel is None:
+            yield watch
+            return
+        listener = ControlListener(
+            self._redis, self._keys.control, self._settings.socket_timeout, on_cancel
+        )
+        await listener.start()
+        try:
+            yield watch
+        finally:
+            await finish(listener.stop())
 
     async def _enqueue_many(self, batch: list[tuple[WorkItem, bytes]]) -> list[WorkItem]:
         args: list[str | int | bytes] = []
         for item, payload in batch:
-            assert item.available_at is not None and item.created_at is not None  # the front's
-            args += (
-                ref(item.tenant, item.item_id),
-                item.tenant,
-                item.item_id,
-                payload,
-                item.priority,
-                to_micros(item.available_at),
-                to_micros(item.created_at),
-            )
+            args += _put_args(item, payload)
         # The latest clock reading of the batch (concurrent enqueues share one): an item due
         # at its own enqueue is due at it, so it goes to ready, not delayed.
         now = max(item.created_at for item, _ in batch)  # type: ignore[type-var]
@@ -243,9 +269,16 @@ class RedisWorkQueue(BaseWorkQueue):
             lease, now, "fail", status, available_at=outcome.available_at, error=error
         )
 
-    async def _release(self, lease: Lease, now: datetime) -> WorkItem | None:
+    async def _release(
+        self, lease: Lease, now: datetime, *, available_at: datetime, count_attempt: bool
+    ) -> WorkItem | None:
         return await self._settle(
-            lease, now, "release", ItemStatus.QUEUED, available_at=now, attempts_change=-1
+            lease,
+            now,
+            "release",
+            ItemStatus.QUEUED,
+            available_at=available_at,
+            attempts_change=0 if count_attempt else -1,
         )
 
     async def _settle(
@@ -286,6 +319,130 @@ class RedisWorkQueue(BaseWorkQueue):
             moved.extend(self._item(fields) for fields in reply[1:])
             if int(reply[0]) == 0:
                 return moved
+
+    # -- cancel, pause, prune ------------------------------------------------
+
+    async def _cancel_many(
+        self, tenant: str, item_ids: list[str], reason: str | None, now: datetime
+    ) -> list[WorkItem | None]:
+        reply = await self._run(
+            f"cancel of {len(item_ids)} item(s) (tenant {tenant!r})",
+            "cancel",
+            now,
+            "0" if reason is None else "1",
+            reason or "",
+            *(ref(tenant, item_id) for item_id in item_ids),
+        )
+        return [
+            self._item(reply[i + 1]) if int(reply[i]) == 1 else None
+            for i in range(0, len(reply), 2)
+        ]
+
+    async def _set_paused(self, paused: bool) -> None:
+        await self._run("pause" if paused else "resume", "set_paused", None, "1" if paused else "0")
+
+    async def _set_limits(self, limits: QueueLimits) -> None:
+        key = self._keys.limits.encode("utf-8")
+        text = limits.to_json()
+        await self._failover.run(
+            f"set_limits (queue {self.name!r})",
+            lambda: self._redis.delete(key) if limits.empty else self._redis.set(key, text),
+        )
+
+    async def _limits(self) -> QueueLimits:
+        key = self._keys.limits.encode("utf-8")
+        text = await self._failover.run(
+            f"limits (queue {self.name!r})", lambda: self._redis.get(key)
+        )
+        return QueueLimits.from_json(None if text is None else as_text(text))
+
+    async def _paused(self) -> bool:
+        key = self._keys.paused.encode("utf-8")
+        found = await self._failover.run(
+            f"paused (queue {self.name!r})", lambda: self._redis.exists(key)
+        )
+        return bool(found)
+
+    async def _prune(
+        self, now: datetime, cutoffs: Mapping[ItemStatus, datetime], batch: int
+    ) -> int:
+        lock = self._keys.prune_lock
+        token = new_op_id()
+        key = lock.encode("utf-8")
+
+        async def take() -> bool:
+            if await self._redis.set(key, token, nx=True, px=_PRUNE_LOCK_MS):
+                return True
+            # Held: by another pruner, or by this one when the reply of a SET that took
+            # it was lost and the failover sent it again.
+            return as_text(await self._redis.get(key) or b"") == token
+
+        taken = await self._failover.run(f"prune lock (queue {self.name!r})", take)
+        if not taken:
+            return 0  # another process prunes this queue now
+        limits = _cutoff_args(cutoffs)
+        pruned = 0
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                started = loop.time()
+                more, deleted = await self._run(
+                    "prune", "prune", now, token, _PRUNE_LOCK_MS, batch, *limits, key=lock
+                )
+                pruned += int(deleted)
+                if int(more) != 1:
+                    return pruned
+                await asyncio.sleep(_PRUNE_PAUSE * (loop.time() - started))
+        finally:
+            await self._run("prune unlock", "prune_unlock", None, token, key=lock)
+
+    async def _count_prunable(
+        self, cutoffs: Mapping[ItemStatus, datetime]
+    ) -> dict[ItemStatus, int]:
+        reply = await self._run("prunable", "prunable", None, *_cutoff_args(cutoffs))
+        return {
+            status: int(counted)
+            for status, counted in zip(_FINISHED, reply, strict=True)
+            if int(counted) >= 0
+        }
+
+    async def _dead_letters_all(self, after: tuple[str, str] | None, limit: int) -> list[WorkItem]:
+        start = "" if after is None else f"{after[0]}\x00{after[1]}"
+        reply = await self._run("dead_letters_all", "dead_letters_all", None, start, limit)
+        return [self._item(fields) for fields in reply]
+
+    async def _queues(self) -> list[QueueStats]:
+        # Each queue that ever held an item has its enqueue-order key: found by SCAN (an
+        # operator's call; its cost follows the keys of the namespace, once).
+        pattern = self._keys.match_queues().encode("utf-8")
+        names: set[str] = set()
+
+        async def scan() -> None:
+            async for key in self._redis.scan_iter(match=pattern, count=1000):
+                name = self._keys.queue_of(key)
+                if name is not None:
+                    names.add(name)
+
+        await self._failover.run(f"queues (namespace {self._settings.namespace!r})", scan)
+        found: list[QueueStats] = []
+        for name in sorted(names):
+            other = RedisWorkQueue(
+                self._redis,
+                clock=self._clock,
+                settings=self._settings.model_copy(update={"queue_name": name}),
+                policy=self._policy,
+            )
+            stats = await other._stats()
+            if stats.tenants or await other._holds_done():
+                found.append(stats)
+        return found
+
+    async def _holds_done(self) -> bool:
+        key = self._keys.finished("done").encode("utf-8")
+        held = await self._failover.run(
+            f"done items (queue {self.name!r})", lambda: self._redis.exists(key)
+        )
+        return bool(held)
 
     # -- inspect and recover ------------------------------------------------
 
@@ -340,8 +497,8 @@ class RedisWorkQueue(BaseWorkQueue):
 
     async def _stats(self) -> QueueStats:
         reply = await self._run("stats", "stats", None)
-        queued, leased, dead = (_counts(part) for part in reply)
-        tenants = sorted(set(queued) | set(leased) | set(dead))
+        queued, leased, dead, cancelled = (_counts(part) for part in reply)
+        tenants = sorted(set(queued) | set(leased) | set(dead) | set(cancelled))
         return QueueStats(
             queue=self.name,
             tenants={
@@ -349,6 +506,7 @@ class RedisWorkQueue(BaseWorkQueue):
                     queued=queued.get(tenant, 0),
                     leased=leased.get(tenant, 0),
                     dead=dead.get(tenant, 0),
+                    cancelled=cancelled.get(tenant, 0),
                 )
                 for tenant in tenants
             },
@@ -361,7 +519,16 @@ class RedisWorkQueue(BaseWorkQueue):
             f"next_due (queue {self.name!r})",
             lambda: self._redis.zrangebyscore(key, after, "+inf", start=0, num=1, withscores=True),
         )
-        return from_micros(int(first[0][1])) if first else None
+        due = from_micros(int(first[0][1])) if first else None
+        wake_key = self._keys.rate_wake.encode("utf-8")
+        wake = await self._failover.run(
+            f"next_due (queue {self.name!r})", lambda: self._redis.get(wake_key)
+        )
+        if wake is not None:
+            at = from_micros(int(as_text(wake)))
+            if at > now and (due is None or at < due):
+                return at
+        return due
 
     # -- helpers ------------------------------------------------------------
 
@@ -384,8 +551,43 @@ class RedisWorkQueue(BaseWorkQueue):
                 "last_error": record.get("error"),
                 "created_at": from_micros(int(record["created"])),
                 "updated_at": from_micros(int(record["updated"])),
+                "unique_key": record.get("ukey"),
+                "unique_for": (
+                    None if "ufor" not in record else timedelta(microseconds=int(record["ufor"]))
+                ),
+                "timeout": None if "timeout" not in record else float(record["timeout"]),
+                "limit_key": record.get("lkey"),
+                "weight": int(record.get("weight", 1)),
             },
         )
+
+
+def _cutoff_args(cutoffs: Mapping[ItemStatus, datetime]) -> list[str | int]:
+    """The cutoffs of done, cancelled and dead items in µs, '' for a status kept forever."""
+    return [
+        "" if cutoffs.get(status) is None else to_micros(cutoffs[status]) for status in _FINISHED
+    ]
+
+
+def _put_args(item: WorkItem, payload: bytes) -> tuple[str | int | bytes, ...]:
+    """An item's ARGV in enqueue.lua's order (enqueue_many.lua's per item)."""
+    assert item.available_at is not None and item.created_at is not None  # set by the front
+    slot = unique_slot(item, item.created_at)
+    return (
+        ref(item.tenant, item.item_id),
+        item.tenant,
+        item.item_id,
+        payload,
+        item.priority,
+        to_micros(item.available_at),
+        to_micros(item.created_at),
+        item.unique_key or "",
+        "" if item.unique_for is None else item.unique_for // timedelta(microseconds=1),
+        "" if item.timeout is None else repr(float(item.timeout)),
+        slot or "",
+        item.limit_key or "",
+        item.weight,
+    )
 
 
 def _as_dict(fields: Any) -> dict[str, str]:
@@ -399,36 +601,3 @@ def _as_dict(fields: Any) -> dict[str, str]:
 
 def _counts(flat: Sequence[Any]) -> dict[str, int]:
     return {as_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2) if int(flat[i + 1])}
-
-
-class _RedisWatch:
-    """Blocks on the queue's wake list (BLPOP): each item made ready wakes one watcher.
-
-    A block never outlasts the client's socket timeout (redis-py would take the
-    silence for a dead server): a longer wait is several blocks. An error (the
-    server away) is waited out for the rest of the timeout, as a lost wake-up is.
-    """
-
-    __slots__ = ("_key", "_longest", "_redis")
-
-    def __init__(self, redis: Any, key: str, socket_timeout: float | None) -> None:
-        self._redis = redis
-        self._key = key
-        self._longest = None if socket_timeout is None else max(0.05, socket_timeout - 0.5)
-
-    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - the fallback poll
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            left = deadline - loop.time()
-            if left <= 0:
-                return False
-            block = left if self._longest is None else min(left, self._longest)
-            try:
-                # BLPOP's timeout 0 means forever: never send less than 1 ms.
-                popped = await self._redis.blpop([self._key], timeout=max(block, 0.001))
-            except RedisError:
-                await asyncio.sleep(max(0.0, deadline - loop.time()))
-                return False
-            if popped is not None:
-                return True

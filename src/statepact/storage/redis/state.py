@@ -26,6 +26,7 @@ from statepact.state import (
     CounterDelta,
     CounterOverflow,
     ListQuery,
+    RunPrune,
     RunWrite,
     SessionWrite,
 )
@@ -86,6 +87,11 @@ class RedisStateStore(BaseStateStore):
     @property
     def settings(self) -> RedisStoreSettings:
         return self._settings
+
+    @property
+    def client(self) -> Any:
+        """The client the calls go through (observability reads where it points)."""
+        return self._redis
 
     def __repr__(self) -> str:
         return f"RedisStateStore(namespace={self._settings.namespace!r})"
@@ -215,6 +221,37 @@ class RedisStateStore(BaseStateStore):
         )
         return int(reply) == 1
 
+    async def _prune_runs(self, prune: RunPrune) -> int:
+        tenants = [prune.tenant] if prune.tenant is not None else await self._tenants()
+        statuses = sorted(status.value for status in prune.statuses)
+        cutoff = to_micros(prune.cutoff)
+        deleted = 0
+        for tenant in tenants:
+            after = 0
+            while after >= 0:
+                reply = await self._run(
+                    f"prune_runs of tenant {tenant!r}",
+                    "prune_runs",
+                    [self._keys.runs(tenant)],
+                    [self._keys.prefix(tenant), after, prune.batch, cutoff, *statuses],
+                )
+                deleted += int(reply[0])
+                after = int(reply[1])
+        return deleted
+
+    async def _tenants(self) -> list[str]:
+        """Every tenant with a run: a SCAN of the keyspace, one bounded page per call."""
+
+        async def scan() -> list[str]:
+            found: set[str] = set()
+            async for key in self._redis.scan_iter(match=self._keys.runs_pattern(), count=500):
+                tenant = self._keys.tenant_of_runs(key)
+                if tenant is not None:
+                    found.add(tenant)
+            return sorted(found)
+
+        return await self._failover.run("prune_runs (listing tenants)", scan, abandonable=True)
+
     # -- sessions -----------------------------------------------------------
 
     async def _put_session(self, write: SessionWrite) -> SessionRecord:
@@ -270,6 +307,21 @@ class RedisStateStore(BaseStateStore):
             _session_record(tenant, as_text(reply[i]), reply[i + 1])
             for i in range(0, len(reply), 2)
         ]
+
+    async def _delete_session(self, tenant: str, session_id: str) -> bool:
+        keys = self._keys
+        reply = await self._run(
+            f"delete_session of session {session_id!r} (tenant {tenant!r})",
+            "delete_session",
+            [
+                keys.session(tenant, session_id),
+                keys.session_meta(tenant, session_id),
+                keys.sessions(tenant),
+                keys.op(tenant, new_op_id()),
+            ],
+            [session_id],
+        )
+        return int(reply) == 1
 
 
 def _run_record(

@@ -14,11 +14,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import DateTime, Subquery, bindparam, func, literal, select, true
+from sqlalchemy import CTE, DateTime, Select, Subquery, bindparam, func, literal, select, true
+from sqlalchemy.sql.elements import ColumnElement
 
 from statepact._shared import PATIENCE
 
-__all__ = ["LOCK_NOT_AVAILABLE", "TZ", "param", "shared_lock_timeout", "unseen_param"]
+__all__ = [
+    "LOCK_NOT_AVAILABLE",
+    "TZ",
+    "param",
+    "prune_step",
+    "shared_lock_timeout",
+    "unseen_param",
+]
 
 #: SQLSTATE of a lock wait past ``lock_timeout``: a shared statement then applied nothing.
 LOCK_NOT_AVAILABLE = "55P03"
@@ -62,3 +70,18 @@ def shared_lock_timeout() -> Subquery:
             "lock_timeout"
         )
     ).subquery("shared")
+
+
+def prune_step(page: CTE, cursor: list[ColumnElement[Any]], gone: CTE, *also: CTE) -> Select[Any]:
+    """The one row a bounded prune step returns (``prune_runs``, ``prune_history``):
+    ``deleted`` (rows of ``gone``), ``looked`` (rows of ``page``) and the ``cursor``
+    columns of the page's last row, the next step's start; no row when the page is
+    empty. ``also`` are data-modifying CTEs the row does not read, rendered all the same.
+    """
+    last = select(*cursor).order_by(*(column.desc() for column in cursor)).limit(1).subquery("last")
+    step = select(
+        select(func.count()).select_from(gone).scalar_subquery().label("deleted"),
+        select(func.count()).select_from(page).scalar_subquery().label("looked"),
+        *last.c,
+    ).select_from(last)
+    return step.add_cte(*also) if also else step

@@ -7,10 +7,10 @@ is a bound parameter from the injected clock, never the server's ``now()``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from functools import cache
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import (
     JSON,
@@ -22,6 +22,7 @@ from sqlalchemy import (
     Table,
     Text,
     Update,
+    any_,
     cast,
     delete,
     exists,
@@ -32,6 +33,7 @@ from sqlalchemy import (
     null,
     select,
     true,
+    tuple_,
     union_all,
     update,
 )
@@ -41,10 +43,25 @@ from sqlalchemy.sql.dml import ReturningDelete, ReturningInsert, ReturningUpdate
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import CTE
 
-from statepact.storage.postgres._sql import TZ, param, shared_lock_timeout, unseen_param
+from statepact.storage.postgres._sql import (
+    TZ,
+    param,
+    prune_step,
+    shared_lock_timeout,
+    unseen_param,
+)
 from statepact.storage.postgres.schema import Tables
 
-__all__ = ["COUNTERS", "StateStatements", "statements"]
+__all__ = ["COUNTERS", "Attempts", "CoreStatement", "StateStatements", "statements"]
+
+#: A statement as built: a SELECT (with data-modifying CTEs, or a UNION), or DML.
+CoreStatement = Select[Any] | CompoundSelect[Any] | Insert | Update | ReturningDelete[Any]
+
+S = TypeVar("S")
+T = TypeVar("T")
+#: A run write as a function of its guard: the extra WHERE a resend adds (none for a
+#: first attempt), so each write is written once and built twice (``_attempts``).
+_Write = Callable[[list[ColumnElement[bool]]], ReturningInsert[Any] | ReturningUpdate[Any]]
 
 COUNTERS = ("input_tokens", "output_tokens", "cost", "iterations", "cursor")
 _CREATED_COLUMNS = (
@@ -145,108 +162,119 @@ def _swept(writes: Table, applied: CTE) -> CTE:
     )
 
 
-def _unless_done(writes: Table, resent: bool) -> list[ColumnElement[bool]]:
-    """A resend's write applies only if this call's row is not there; a first attempt's
-    cannot find one (its call id is new), so it does not look."""
-    return [~_done(writes)] if resent else []
+@dataclass(frozen=True, slots=True)
+class Attempts(Generic[S]):
+    """A run write's two statements: its first attempt, and a resend, which applies only
+    if this call's row is not there (else answers the run as it is, ``replayed``)."""
+
+    first: S
+    again: S
+
+    def map(self, convert: Callable[[S], T]) -> Attempts[T]:
+        return Attempts(convert(self.first), convert(self.again))
 
 
-def _once(
-    runs: Table,
-    writes: Table,
-    write: ReturningInsert[Any] | ReturningUpdate[Any],
-    *,
-    resent: bool,
-) -> Select[Any] | CompoundSelect[Any]:
-    """The write applied once, recording this call's row beside it.
+def _attempts(runs: Table, writes: Table, write: _Write) -> Attempts[CoreStatement]:
+    """``write`` applied once, recording this call's row beside it, as a first attempt
+    and as a resend.
 
     Rows: ``replayed`` (false: written now; true: a resend found its first
     attempt), then every column of the run; ``data`` is the stored text when
-    ``write`` returns it, else NULL (a write already holds the blob it sent).
-    A first attempt (``resent=False``) is the write alone: nothing can have
-    applied its call id before it. A resend is ``write`` unless this call's row
-    is there, else the run as it is.
+    the write returns it, else NULL (a write already holds the blob it sent).
+    A first attempt is the write alone: nothing can have applied its call id
+    before it (its call id is new), so it does not look.
     """
-    applied = write.cte("applied")
-    fresh = select(
-        false().label("replayed"),
-        *[
-            applied.c[column.name]
-            if column.name in applied.c
-            else cast(null(), Text).label(column.name)
-            for column in runs.columns
-        ],
-    )
-    side_effects = (_recorded(writes, applied), _swept(writes, applied))
-    if not resent:
-        return fresh.add_cte(*side_effects)
+
+    def once(guard: list[ColumnElement[bool]]) -> tuple[Select[Any], tuple[CTE, CTE]]:
+        applied = write(guard).cte("applied")
+        fresh = select(
+            false().label("replayed"),
+            *[
+                applied.c[column.name]
+                if column.name in applied.c
+                else cast(null(), Text).label(column.name)
+                for column in runs.columns
+            ],
+        )
+        return fresh, (_recorded(writes, applied), _swept(writes, applied))
+
+    first, side_effects = once([])
+    fresh, again_side_effects = once([~_done(writes)])
     replayed = select(true().label("replayed"), *_row_columns(runs)).where(
         *_key(runs, "run_id"), _done(writes)
     )
-    return union_all(fresh, replayed).add_cte(*side_effects)
+    return Attempts(
+        first.add_cte(*side_effects),
+        union_all(fresh, replayed).add_cte(*again_side_effects),
+    )
 
 
-def create_run(runs: Table, writes: Table, *, resent: bool) -> Select[Any] | CompoundSelect[Any]:
+def create_run(runs: Table, writes: Table) -> Attempts[CoreStatement]:
     """Version 0: insert at version 1 with zero counters, or nothing if the run exists."""
-    values = select(
-        param("tenant", Text()),
-        param("record_id", Text()),
-        param("session_id", Text()),
-        param("status", Text()),
-        _json_param("data"),
-        literal_column("1", BigInteger()),
-        param("now", TZ),
-        param("now", TZ),
-    ).where(*_unless_done(writes, resent))
-    write = (
-        pg_insert(runs)
-        .from_select(
-            [*_CREATED_COLUMNS],
-            values,
+
+    def write(guard: list[ColumnElement[bool]]) -> ReturningInsert[Any]:
+        values = select(
+            param("tenant", Text()),
+            param("record_id", Text()),
+            param("session_id", Text()),
+            param("status", Text()),
+            _json_param("data"),
+            literal_column("1", BigInteger()),
+            param("now", TZ),
+            param("now", TZ),
+        ).where(*guard)
+        return (
+            pg_insert(runs)
+            .from_select(
+                [*_CREATED_COLUMNS],
+                values,
+            )
+            .on_conflict_do_nothing(index_elements=[runs.c.tenant, runs.c.run_id])
+            .returning(*_meta_columns(runs))
         )
-        .on_conflict_do_nothing(index_elements=[runs.c.tenant, runs.c.run_id])
-        .returning(*_meta_columns(runs))
-    )
-    return _once(runs, writes, write, resent=resent)
+
+    return _attempts(runs, writes, write)
 
 
-def update_run(runs: Table, writes: Table, *, resent: bool) -> Select[Any] | CompoundSelect[Any]:
+def update_run(runs: Table, writes: Table) -> Attempts[CoreStatement]:
     """Write blob, status and session if the stored version is the expected one; bump it."""
-    write = (
-        update(runs)
-        .where(
-            *_key(runs, "run_id"),
-            runs.c.version == param("expected", BigInteger()),
-            *_unless_done(writes, resent),
+
+    def write(guard: list[ColumnElement[bool]]) -> ReturningUpdate[Any]:
+        return (
+            update(runs)
+            .where(*_key(runs, "run_id"), runs.c.version == param("expected", BigInteger()), *guard)
+            .values(
+                session_id=param("session_id", Text()),
+                status=param("status"),
+                data=_json_param("data"),
+                version=runs.c.version + 1,
+                updated_at=param("now", TZ),
+            )
+            .returning(*_meta_columns(runs))
         )
-        .values(
-            session_id=param("session_id", Text()),
-            status=param("status"),
-            data=_json_param("data"),
-            version=runs.c.version + 1,
-            updated_at=param("now", TZ),
-        )
-        .returning(*_meta_columns(runs))
-    )
-    return _once(runs, writes, write, resent=resent)
+
+    return _attempts(runs, writes, write)
 
 
-def patch_run(runs: Table, writes: Table, *, resent: bool) -> Select[Any] | CompoundSelect[Any]:
+def patch_run(runs: Table, writes: Table) -> Attempts[CoreStatement]:
     """Add the deltas in place (``SET c = c + :n``) unless a counter would pass its limit."""
     headroom = [runs.c[name] <= param(f"max_{name}", runs.c[name].type) for name in COUNTERS]
-    write = (
-        update(runs)
-        .where(*_key(runs, "run_id"), *headroom, *_unless_done(writes, resent))
-        .values(
-            {
-                **{name: runs.c[name] + param(name, runs.c[name].type) for name in COUNTERS},
-                "version": runs.c.version + 1,
-                "updated_at": param("now", TZ),
-            }
+
+    def write(guard: list[ColumnElement[bool]]) -> ReturningUpdate[Any]:
+        return (
+            update(runs)
+            .where(*_key(runs, "run_id"), *headroom, *guard)
+            .values(
+                {
+                    **{name: runs.c[name] + param(name, runs.c[name].type) for name in COUNTERS},
+                    "version": runs.c.version + 1,
+                    "updated_at": param("now", TZ),
+                }
+            )
+            .returning(*_row_columns(runs))
         )
-        .returning(*_row_columns(runs))
-    )
-    return _once(runs, writes, write, resent=resent)
+
+    return _attempts(runs, writes, write)
 
 
 def _many(
@@ -404,6 +432,62 @@ def delete_run(runs: Table, writes: Table) -> ReturningDelete[Any]:
     return delete(runs).where(*_key(runs, "run_id")).returning(runs.c.seq).add_cte(forgotten)
 
 
+def prune_runs(runs: Table, writes: Table, *, one_tenant: bool) -> Select[Any]:
+    """One bounded step of ``prune_runs``: look at the next ``p_limit`` runs in
+    ``(tenant, seq)`` order after the cursor (``p_after_tenant``, ``p_after``; of
+    ``p_tenant`` alone when ``one_tenant``) and delete, with their writes' rows, those
+    in ``p_statuses`` whose ``updated_at`` is before ``p_cutoff``.
+
+    The page is a range of the unique ``(tenant, seq)`` index, so a step reads at most
+    ``p_limit`` rows however large the table is; there is no index on ``updated_at``
+    (it would cost every ``patch_run`` its HOT update). The delete checks status and
+    time again on the row it deletes, so a run written since the page was read is
+    judged by its new state. Returns one row (``deleted``, ``looked``, and the cursor
+    of the last run looked at), none when no run is left past the cursor.
+    """
+    statuses = any_(cast(param("statuses"), ARRAY(Text())))
+    cutoff = param("cutoff", TZ)
+    after = param("after", BigInteger())
+    cursor = (
+        [runs.c.tenant == param("tenant"), runs.c.seq > after]
+        if one_tenant
+        else [tuple_(runs.c.tenant, runs.c.seq) > tuple_(param("after_tenant"), after)]
+    )
+    page = (
+        select(runs.c.tenant, runs.c.run_id, runs.c.seq, runs.c.status, runs.c.updated_at)
+        .where(*cursor)
+        .order_by(runs.c.tenant, runs.c.seq)
+        .limit(param("limit", BigInteger()))
+        .cte("page")
+    )
+    victims = (
+        select(page.c.tenant, page.c.run_id)
+        .where(page.c.status == statuses, page.c.updated_at < cutoff)
+        .cte("victims")
+    )
+    gone = (
+        delete(runs)
+        .where(
+            runs.c.tenant == victims.c.tenant,
+            runs.c.run_id == victims.c.run_id,
+            runs.c.status == statuses,
+            runs.c.updated_at < cutoff,
+        )
+        .returning(runs.c.tenant, runs.c.run_id)
+        .cte("gone")
+    )
+    forgotten = (
+        delete(writes)
+        .where(writes.c.tenant == gone.c.tenant, writes.c.run_id == gone.c.run_id)
+        .cte("forgotten")
+    )
+    return prune_step(page, [page.c.tenant, page.c.seq], gone, forgotten)
+
+
+def delete_session(sessions: Table) -> ReturningDelete[Any]:
+    return delete(sessions).where(*_key(sessions, "session_id")).returning(sessions.c.seq)
+
+
 def create_session(sessions: Table) -> Insert:
     return (
         pg_insert(sessions)
@@ -441,39 +525,53 @@ def list_sessions(sessions: Table) -> Select[Any]:
 
 
 @dataclass(frozen=True, slots=True)
-class StateStatements:
-    get_run: Select[Any]
-    run_after_write: Select[Any]
-    # Each run write twice: its first attempt, and a resend (which looks for the first).
-    create_run: Select[Any] | CompoundSelect[Any]
-    update_run: Select[Any] | CompoundSelect[Any]
-    patch_run: Select[Any] | CompoundSelect[Any]
-    create_run_resent: CompoundSelect[Any] | Select[Any]
-    update_run_resent: CompoundSelect[Any] | Select[Any]
-    patch_run_resent: CompoundSelect[Any] | Select[Any]
-    # Several calls' writes of different runs in one statement (concurrent callers).
-    update_runs: Select[Any]
-    patch_runs: Select[Any]
-    list_runs: Mapping[tuple[bool, bool], Select[Any]]
-    delete_run: ReturningDelete[Any]
-    get_session: Select[Any]
-    session_version: Select[Any]
-    create_session: Insert
-    update_session: Update
-    list_sessions: Select[Any]
+class StateStatements(Generic[S]):
+    """Every statement of the state store, by name, each of type ``S`` (as built, or
+    compiled for the driver: :meth:`map`)."""
 
-    @classmethod
-    def build(cls, tables: Tables) -> StateStatements:
+    get_run: S
+    run_after_write: S
+    # Each run write twice: its first attempt, and a resend (which looks for the first).
+    create_run: Attempts[S]
+    update_run: Attempts[S]
+    patch_run: Attempts[S]
+    # Several calls' writes of different runs in one statement (concurrent callers).
+    update_runs: S
+    patch_runs: S
+    # By (whether it filters by session, by status).
+    list_runs: Mapping[tuple[bool, bool], S]
+    delete_run: S
+    # By whether the prune is of one tenant.
+    prune_runs: Mapping[bool, S]
+    get_session: S
+    session_version: S
+    create_session: S
+    update_session: S
+    list_sessions: S
+    delete_session: S
+
+    def map(self, convert: Callable[[S], T]) -> StateStatements[T]:
+        """The same set with each statement converted (compiled for the driver, say)."""
+        converted: dict[str, Any] = {}
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, Attempts):
+                converted[field.name] = value.map(convert)
+            elif isinstance(value, Mapping):
+                converted[field.name] = {key: convert(one) for key, one in value.items()}
+            else:
+                converted[field.name] = convert(value)
+        return StateStatements(**converted)
+
+    @staticmethod
+    def build(tables: Tables) -> StateStatements[CoreStatement]:
         runs, sessions, writes = tables.runs, tables.sessions, tables.run_writes
-        return cls(
+        return StateStatements(
             get_run=get_record(runs, "run_id"),
             run_after_write=run_after_write(runs, writes),
-            create_run=create_run(runs, writes, resent=False),
-            update_run=update_run(runs, writes, resent=False),
-            patch_run=patch_run(runs, writes, resent=False),
-            create_run_resent=create_run(runs, writes, resent=True),
-            update_run_resent=update_run(runs, writes, resent=True),
-            patch_run_resent=patch_run(runs, writes, resent=True),
+            create_run=create_run(runs, writes),
+            update_run=update_run(runs, writes),
+            patch_run=patch_run(runs, writes),
             update_runs=update_runs(runs, writes),
             patch_runs=patch_runs(runs, writes),
             list_runs={
@@ -482,15 +580,20 @@ class StateStatements:
                 for by_status in (False, True)
             },
             delete_run=delete_run(runs, writes),
+            prune_runs={
+                one_tenant: prune_runs(runs, writes, one_tenant=one_tenant)
+                for one_tenant in (False, True)
+            },
             get_session=get_record(sessions, "session_id"),
             session_version=record_version(sessions, "session_id"),
             create_session=create_session(sessions),
             update_session=update_session(sessions),
             list_sessions=list_sessions(sessions),
+            delete_session=delete_session(sessions),
         )
 
 
 @cache
-def statements(tables: Tables) -> StateStatements:
+def statements(tables: Tables) -> StateStatements[CoreStatement]:
     """The statements of one table naming, built on first use."""
     return StateStatements.build(tables)

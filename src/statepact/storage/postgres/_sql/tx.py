@@ -24,18 +24,20 @@ from sqlalchemy import (
     cast,
     column,
     delete,
+    exists,
     func,
     literal,
     select,
     table,
     text,
     true,
+    tuple_,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 from sqlalchemy.types import JSON, UserDefinedType
 
-from statepact.storage.postgres._sql import shared_lock_timeout
+from statepact.storage.postgres._sql import prune_step, shared_lock_timeout
 from statepact.storage.postgres.schema import metadata
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "COMMIT_MANY",
     "HISTORY",
     "PING",
+    "PRUNE_HISTORY",
     "READ_AT",
     "READ_LATEST",
     "REGISTER",
@@ -183,8 +186,11 @@ def _stmt_read_latest() -> Any:
 
 def _stmt_read_at() -> Any:
     # The newest version whose writer the snapshot sees: a backward scan of the key.
-    return (
-        select(cast(_history.c.data, Text), _history.c.version)
+    # When it sees none, whether the key's oldest retained version carries the prune's
+    # mark (no txn_id): then older versions were dropped and the snapshot may have
+    # needed one ("snapshot too old"), rather than the key not existing yet.
+    found = (
+        select(cast(_history.c.data, Text).label("data"), _history.c.version)
         .where(
             _history.c.resource == bindparam("resource"),
             _history.c.key == bindparam("key"),
@@ -192,7 +198,98 @@ def _stmt_read_at() -> Any:
         )
         .order_by(_history.c.version.desc())
         .limit(1)
+        .lateral("found")
     )
+    oldest = (
+        select(_history.c.txn_id.is_(None).label("pruned"))
+        .where(_history.c.resource == bindparam("resource"), _history.c.key == bindparam("key"))
+        .order_by(_history.c.version)
+        .limit(1)
+        .lateral("oldest")
+    )
+    one = select(literal(1).label("one")).subquery()
+    return (
+        select(found.c.data, found.c.version, oldest.c.pruned)
+        .select_from(one)
+        .outerjoin(found, true())
+        .outerjoin(oldest, true())
+    )
+
+
+def _stmt_prune_history() -> Any:
+    """One bounded step of ``prune_history``: the next ``keys`` keys of ``statepact_values``
+    after the cursor (``after_resource``, ``after_key``), and of each, up to ``batch``
+    history rows in all below its newest version committed before ``cutoff``.
+
+    That version stays, marked by a NULL ``txn_id`` (a resend looks for its own txn id
+    only among versions seconds old), so a read at a snapshot that does not see it knows
+    older versions are gone. Each key's scan stops at its first version before the
+    cutoff (a backward scan of the primary key) and the delete is a range of it.
+    Returns one row (``deleted``, ``looked`` and the cursor of the last key), none when
+    no key is left past the cursor.
+    """
+    page = (
+        select(_values.c.resource, _values.c.key)
+        .where(
+            tuple_(_values.c.resource, _values.c.key)
+            > tuple_(bindparam("after_resource", type_=Text), bindparam("after_key", type_=Text))
+        )
+        .order_by(_values.c.resource, _values.c.key)
+        .limit(bindparam("keys"))
+        .cte("page")
+    )
+    kept = (
+        select(_history.c.version)
+        .where(
+            _history.c.resource == page.c.resource,
+            _history.c.key == page.c.key,
+            _history.c.committed_at < bindparam("cutoff"),
+        )
+        .order_by(_history.c.version.desc())
+        .limit(1)
+        .lateral("kept")
+    )
+    floors = (
+        select(page.c.resource, page.c.key, kept.c.version)
+        .select_from(page.join(kept, true()))
+        .cte("floors")
+    )
+    victims = (
+        select(_history.c.resource, _history.c.key, _history.c.version)
+        .select_from(
+            floors.join(
+                _history,
+                (_history.c.resource == floors.c.resource)
+                & (_history.c.key == floors.c.key)
+                & (_history.c.version < floors.c.version),
+            )
+        )
+        .limit(bindparam("batch"))
+        .cte("victims")
+    )
+    gone = (
+        delete(_history)
+        .where(
+            _history.c.resource == victims.c.resource,
+            _history.c.key == victims.c.key,
+            _history.c.version == victims.c.version,
+        )
+        .returning(_history.c.resource, _history.c.key)
+        .cte("gone")
+    )
+    marked = (
+        update(_history)
+        .where(
+            _history.c.resource == floors.c.resource,
+            _history.c.key == floors.c.key,
+            _history.c.version == floors.c.version,
+            _history.c.txn_id.is_not(None),
+            exists().where(gone.c.resource == floors.c.resource, gone.c.key == floors.c.key),
+        )
+        .values(txn_id=None)
+        .cte("marked")
+    )
+    return prune_step(page, [page.c.resource, page.c.key], gone, marked)
 
 
 def _stmt_history() -> Any:
@@ -354,6 +451,7 @@ BEGIN_READ_MANY = _stmt_begin_read_many()
 READ_LATEST = _stmt_read_latest()
 READ_AT = _stmt_read_at()
 HISTORY = _stmt_history()
+PRUNE_HISTORY = _stmt_prune_history()
 COMMIT = _stmt_commit()
 COMMIT_MANY = _stmt_commit_many()
 TRY_LOCK = _stmt_try_lock()

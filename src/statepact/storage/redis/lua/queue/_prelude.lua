@@ -19,20 +19,43 @@
 --   Q pending         zset   R claimed but record not yet written: score claim time
 --                            (only the two-script claim of earlier versions left any)
 --   Q dead:<seg(T)>   zset   T's dead items: member id, score time of death
---   Q count:<status>  hash   T -> number of T's items queued / leased / dead
---   Q op:<seg(id)>    string/list  a write's replay key (_common.lua), KEYS[13]
+--   Q count:<status>  hash   T -> number of T's items queued / leased / dead / cancelled
+--   Q finished:<st>   zset   done / cancelled / dead items: member R, score the time
+--                            they finished (prune.lua reads only these)
+--   Q unique          hash   ref(T, slot) -> id of the item holding that unique slot
+--                            (queued or leased; done too when the slot has a period)
+--   Q paused          string present while paused: claim.lua claims nothing
+--   Q dead-ids        zset   every dead item as "T\0id", score 0 (by tenant, then id)
+--   Q op:<seg(id)>    string/list  a write's replay key (_common.lua), KEYS[20]
 --   Q wake            list   wake-up tokens for watchers (make_ready below)
+--   Q ctl             pub/sub channel: "<token>:R" when a leased item is cancelled
+--
+--   Q limits          string the queue's QueueLimits as JSON (absent: none)
+--   Q count:leased-key hash  limit key -> leased items holding it
+--   Q count:leased-pair hash ref(T, limit key) -> leased items of T holding it
+--   Q spent:<kind>:<seg(name)> hash  rate bucket -> weight claimed in it, for a
+--                            limit key (kind k) or a tenant (kind t); expires
+--   Q rate-wake       string when the earliest item a rate held back fits, µs
+--                            (next_due's hint; expires)
+-- Those five are named here from Q, not passed as KEYS: all share Q's slot.
+--
+-- Item hash fields besides the above: ukey (unique_key), ufor (unique_for, µs),
+-- timeout (seconds, as the front wrote it), slot (the unique slot it was stored
+-- under), lkey (limit_key), weight (absent: 1); each absent when not set.
 --
 -- Every queue script gets the same KEYS (QueueKeys.fixed() in _keys.py), a
--- write its replay key after them as KEYS[13], and ARGV[1] = Q, ARGV[2] = now
+-- write its replay key after them as KEYS[20], and ARGV[1] = Q, ARGV[2] = now
 -- in µs (the caller's injected clock, never TIME).
 -- Invariants: a queued item is in exactly one of ready/delayed; a leased one
--- is in leases and lease-tokens; T is in rotation iff ready:T is not empty.
+-- is in leases and lease-tokens; T is in rotation iff ready:T is not empty; a
+-- done / cancelled / dead item is in finished:<its status>.
 
 local DELAYED, ROTATION, TURNS, TURN, ORDER, TOKEN = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local LEASES, LEASE_TOKENS, PENDING = KEYS[7], KEYS[8], KEYS[9]
-local N_QUEUED, N_LEASED, N_DEAD = KEYS[10], KEYS[11], KEYS[12]
-local OP = KEYS[13]
+local N_QUEUED, N_LEASED, N_DEAD, N_CANCELLED = KEYS[10], KEYS[11], KEYS[12], KEYS[13]
+local FINISHED = { done = KEYS[14], cancelled = KEYS[15], dead = KEYS[16] }
+local UNIQUE, PAUSED, DEAD_IDS = KEYS[17], KEYS[18], KEYS[19]
+local OP = KEYS[20]
 local Q, NOW = ARGV[1], ARGV[2]
 
 -- Priorities run from -1000 to 1000 and the enqueue order stays below 2^42 (four
@@ -106,25 +129,113 @@ local function write_claim(r, token, at)
 end
 
 -- A lease ends (settled or reaped): off the lease set, the token forgotten.
+local N_LEASED_KEY, N_LEASED_PAIR = Q .. 'count:leased-key', Q .. 'count:leased-pair'
+
+-- Count (delta 1) or uncount (-1) a leased item in its limit key's and its
+-- (tenant, key)'s leased counts; kept whether or not limits are set, so limits
+-- set later see the true counts. Every lease start and end passes here.
+local function hold_key(ikey, tenant, delta)
+  local lkey = redis.call('HGET', ikey, 'lkey')
+  if lkey then
+    count(N_LEASED_KEY, lkey, delta)
+    count(N_LEASED_PAIR, ref(tenant, lkey), delta)
+  end
+end
+
 local function end_lease(r, tenant)
   redis.call('ZREM', LEASES, r)
   redis.call('HDEL', LEASE_TOKENS, r)
   redis.call('ZREM', PENDING, r)
   count(N_LEASED, tenant, -1)
+  hold_key(item_key(r), tenant, -1)
+  if redis.call('EXISTS', Q .. 'limits') == 1 then
+    wake() -- a freed slot: a watcher held back by a cap claims again
+  end
 end
 
--- Store a new item, or leave the one already stored under the same id untouched.
--- Returns {1, {}} stored now (the caller has its record), {0, item} already there,
--- item its HGETALL.
-local function put_item(r, tenant, id, payload, priority, available, created)
+-- The item holding unique slot `slot` of `tenant` while it blocks (queued or
+-- leased; done too when its slot has a period, the bucket being in the slot), as
+-- its key; nil when the slot is free (an entry left by an item that stopped
+-- blocking without clearing it is not a holder).
+local function slot_holder(tenant, slot)
+  local holder = redis.call('HGET', UNIQUE, ref(tenant, slot))
+  if not holder then
+    return nil
+  end
+  local hkey = item_key(ref(tenant, holder))
+  local f = redis.call('HMGET', hkey, 'status', 'ufor', 'slot')
+  if f[3] ~= slot then
+    return nil
+  end
+  if f[1] == 'queued' or f[1] == 'leased' or (f[1] == 'done' and f[2]) then
+    return hkey
+  end
+  return nil
+end
+
+-- The item left a blocking state: its slot is free (if it still holds it).
+local function free_slot(tenant, id, ikey)
+  local slot = redis.call('HGET', ikey, 'slot')
+  if slot then
+    local field = ref(tenant, slot)
+    if redis.call('HGET', UNIQUE, field) == id then
+      redis.call('HDEL', UNIQUE, field)
+    end
+  end
+end
+
+-- An item became done, cancelled or dead (its hash already says so): indexed by
+-- the time it finished for prune, counted, and its unique slot freed unless a
+-- done item keeps it to the end of its period.
+local function finish(r, tenant, id, ikey, status)
+  redis.call('ZADD', FINISHED[status], NOW, r)
+  if status == 'cancelled' then
+    count(N_CANCELLED, tenant, 1)
+  elseif status == 'dead' then
+    redis.call('ZADD', DEAD_IDS, 0, tenant .. '\0' .. id)
+  end
+  if status ~= 'done' or not redis.call('HGET', ikey, 'ufor') then
+    free_slot(tenant, id, ikey)
+  end
+end
+
+-- Store a new item, or leave the one already stored under the same id untouched,
+-- or (slot not '') return the item holding that unique slot. Returns {1, {}}
+-- stored now (the caller has its record), {0, item} already there or the slot's
+-- holder, item its HGETALL. ukey, ufor (µs), timeout, slot: '' when not set.
+local function put_item(r, tenant, id, payload, priority, available, created, ukey, ufor, timeout,
+                        slot, lkey, weight)
   local ikey = item_key(r)
   if redis.call('EXISTS', ikey) == 1 then
     return { 0, redis.call('HGETALL', ikey) }
+  end
+  if slot ~= '' then
+    local held = slot_holder(tenant, slot)
+    if held then
+      return { 0, redis.call('HGETALL', held) }
+    end
+    redis.call('HSET', UNIQUE, ref(tenant, slot), id)
+    redis.call('HSET', ikey, 'slot', slot)
   end
   redis.call('HSET', ikey,
     'tenant', tenant, 'id', id, 'payload', payload, 'priority', priority,
     'available', available, 'attempts', 0, 'status', 'queued',
     'created', created, 'updated', created, 'order', str(redis.call('INCR', ORDER)))
+  if ukey ~= '' then
+    redis.call('HSET', ikey, 'ukey', ukey)
+  end
+  if ufor ~= '' then
+    redis.call('HSET', ikey, 'ufor', ufor)
+  end
+  if timeout ~= '' then
+    redis.call('HSET', ikey, 'timeout', timeout)
+  end
+  if lkey ~= '' then
+    redis.call('HSET', ikey, 'lkey', lkey)
+  end
+  if weight ~= '1' then
+    redis.call('HSET', ikey, 'weight', weight)
+  end
   count(N_QUEUED, tenant, 1)
   schedule(tenant, id, ikey, available)
   return { 1, {} }
@@ -158,6 +269,9 @@ local function settle_item(r, token, status, available_at, set_error, error, att
   if status == 'dead' then
     redis.call('ZADD', dead_key(tenant), NOW, id)
     count(N_DEAD, tenant, 1)
+    finish(r, tenant, id, ikey, status)
+  elseif status == 'done' then
+    finish(r, tenant, id, ikey, status)
   elseif status == 'queued' then
     count(N_QUEUED, tenant, 1)
     schedule(tenant, id, ikey, available)

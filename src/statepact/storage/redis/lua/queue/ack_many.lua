@@ -1,6 +1,6 @@
 --[[ ack_many: settle's ack for each lease of a batch, each fenced on its own token.
 
-KEYS     QueueKeys.fixed(), then KEYS[13] this call's replay key
+KEYS     QueueKeys.fixed(), then KEYS[20] this call's replay key
 ARGV[1]  Q                 ARGV[2]  now, µs
 then, per lease, R and the lease's token.
 

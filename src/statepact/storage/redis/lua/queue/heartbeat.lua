@@ -1,6 +1,6 @@
 --[[ heartbeat: extend a live lease with a new token, fenced on the old one.
 
-KEYS     QueueKeys.fixed(), then KEYS[13] this call's replay key
+KEYS     QueueKeys.fixed(), then KEYS[20] this call's replay key
 ARGV[1]  Q                 ARGV[2]  now, µs
 ARGV[3]  R                 ARGV[4]  the lease's token
 ARGV[5]  new expires_at, µs

@@ -1,6 +1,6 @@
 --[[ purge_dead: delete up to a batch of a tenant's dead items, oldest death first.
 
-KEYS     QueueKeys.fixed(), then KEYS[13] this call's replay key
+KEYS     QueueKeys.fixed(), then KEYS[20] this call's replay key
 ARGV[1]  Q                 ARGV[2]  now, µs (unused)
 ARGV[3]  tenant            ARGV[4]  most items to delete in this call
 
@@ -9,7 +9,7 @@ Returns  {seen, purged}: the members of dead:T this call took (seen < ARGV[4]
          holds the server for long) and the items it deleted; a retry of a call
          that ran gets the same answer.
 Deletes each item's hash (so its id is free for a new enqueue), its member of
-dead:T and its share of count:dead. A dead item is in no other set.
+dead:T and finished:dead and its share of count:dead. A dead item is in no other set.
 ]]
 local done = op_done(OP)
 if done then
@@ -25,6 +25,8 @@ for _, id in ipairs(ids) do
   -- dead:T holds only dead items; the check keeps a broken invariant from deleting work.
   if redis.call('HGET', ikey, 'status') == 'dead' then
     redis.call('DEL', ikey)
+    redis.call('ZREM', FINISHED.dead, ref(tenant, id))
+    redis.call('ZREM', DEAD_IDS, tenant .. '\0' .. id)
     purged = purged + 1
   end
 end

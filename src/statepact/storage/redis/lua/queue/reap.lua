@@ -44,6 +44,7 @@ for _, r in ipairs(expired) do
     redis.call('HSET', ikey, 'status', 'dead')
     redis.call('ZADD', dead_key(tenant), NOW, id)
     count(N_DEAD, tenant, 1)
+    finish(r, tenant, id, ikey, 'dead')
   else
     redis.call('HSET', ikey, 'status', 'queued')
     count(N_QUEUED, tenant, 1)

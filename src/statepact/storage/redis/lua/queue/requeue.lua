@@ -1,12 +1,12 @@
 --[[ requeue: bring a dead item back, due now, attempts reset, last error kept.
 
-KEYS     QueueKeys.fixed(), then KEYS[13] this call's replay key
+KEYS     QueueKeys.fixed(), then KEYS[20] this call's replay key
 ARGV[1]  Q                 ARGV[2]  now, µs
 ARGV[3]  R
 
 Returns  {1, item} requeued (a retry of a call that requeued gets the item as
          it is now), {0} no such item, {0, status} the item is not dead
-         (nothing written).
+         (nothing written). A requeued item holds no unique slot.
 ]]
 local ikey = item_key(ARGV[3])
 if op_done(OP) then
@@ -21,6 +21,10 @@ if f[1] ~= 'dead' then
 end
 local tenant, id = f[2], f[3]
 redis.call('ZREM', dead_key(tenant), id)
+redis.call('ZREM', FINISHED.dead, ARGV[3])
+redis.call('ZREM', DEAD_IDS, tenant .. '\0' .. id)
+-- Going dead freed its unique slot for good: a requeued item holds none.
+redis.call('HDEL', ikey, 'slot')
 count(N_DEAD, tenant, -1)
 count(N_QUEUED, tenant, 1)
 redis.call('HSET', ikey, 'status', 'queued', 'attempts', 0, 'available', NOW, 'updated', NOW)

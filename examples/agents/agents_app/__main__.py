@@ -1,0 +1,3 @@
+from agents_app.cli import main
+
+main()

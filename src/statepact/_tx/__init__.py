@@ -1,0 +1,1 @@
+"""The transaction layer's parts behind ``statepact.tx`` (its public front)."""

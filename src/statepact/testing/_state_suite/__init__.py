@@ -1,0 +1,1 @@
+"""``StateStoreConformance``'s areas, one mixin each (``statepact.testing.state_suite``)."""

@@ -1,0 +1,1 @@
+"""``TransactionConformance``'s areas, one mixin each (``statepact.testing.tx_suite``)."""
