@@ -68,7 +68,7 @@ class QueueView:
     columns: tuple[str, ...]
     tenants: list[tuple[str, dict[str, int]]]
     totals: dict[str, int]
-    paused: bool | None  # None: this queue cannot be paused (no pause() on it)
+    paused: bool
 
 
 def _counts(stats_row: Any) -> dict[str, int]:
@@ -80,8 +80,7 @@ async def queue_view(name: str, queue: WorkQueue) -> QueueView:
     rows = [(tenant, _counts(counts)) for tenant, counts in sorted(stats.tenants.items())]
     columns: tuple[str, ...] = tuple(rows[0][1]) if rows else _default_columns(stats)
     totals = {column: sum(counts.get(column, 0) for _, counts in rows) for column in columns}
-    paused_call = getattr(queue, "paused", None)
-    paused = bool(await paused_call()) if callable(paused_call) else None
+    paused = await queue.paused()
     return QueueView(name=name, columns=columns, tenants=rows, totals=totals, paused=paused)
 
 

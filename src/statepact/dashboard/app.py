@@ -44,7 +44,7 @@ from statepact.dashboard._security import (
 )
 from statepact.dashboard.metrics import metrics_endpoint
 from statepact.dashboard.workers import WorkerRegistry, registry_for
-from statepact.models import RunStatus, WorkItem
+from statepact.models import ItemStatus, RunStatus, WorkItem
 from statepact.queue import WorkQueue
 from statepact.settings import redact_dsn
 from statepact.state import StateStore
@@ -203,7 +203,6 @@ class Dashboard:
             "fields": _data.item_fields(item) if item else [],
             "looked": looked,
             "dead": dead,
-            "can_cancel": hasattr(queue, "cancel"),
             "notice": _notice(request),
             "query": urlencode({"queue": queue_name, "tenant": tenant, "item_id": item_id}),
         }
@@ -307,17 +306,12 @@ class Dashboard:
         tenant, item_id = _text(form.get("tenant")), _text(form.get("item_id"))
         base = request.scope.get("root_path", "").rstrip("/")
         if action in ("pause", "resume"):
-            call = getattr(queue, action, None)
-            if call is None:
-                raise _Refused(400, f"queue {queue_name!r} cannot be paused on this version")
-            await call()
+            await (queue.pause() if action == "pause" else queue.resume())
             return _back(f"{base}/queues", {"notice": f"{action}d"})
         if action == "cancel":
-            cancel = getattr(queue, "cancel", None)
-            if cancel is None:
-                raise _Refused(400, "cancel is not available on this version of the queue")
-            await cancel(tenant, item_id, reason="cancelled from the dashboard")
-            notice = "cancelled"
+            cancelled = await queue.cancel(tenant, item_id, reason="cancelled from the dashboard")
+            done = cancelled is not None and cancelled.status is ItemStatus.CANCELLED
+            notice = "cancelled" if done else "not cancelled: missing or already finished"
         elif action == "requeue":
             await queue.requeue(WorkItem(tenant=tenant, item_id=item_id))
             notice = "requeued"

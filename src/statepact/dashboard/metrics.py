@@ -56,8 +56,7 @@ async def render_metrics(sources: _data.Sources) -> str:
         for tenant, counts in view.tenants:
             for state, count in counts.items():
                 items.add(count, queue=view.name, tenant=tenant, state=state)
-        if view.paused is not None:
-            paused.add(int(view.paused), queue=view.name)
+        paused.add(int(view.paused), queue=view.name)
     families = [items, paused]
     if sources.registry is not None:
         live = await sources.registry.live()

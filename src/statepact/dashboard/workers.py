@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import socket
+import sys
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -28,7 +29,7 @@ from statepact._cancel import finish
 from statepact._codec import require_id
 from statepact.clock import Clock, SystemClock
 from statepact.models import WorkItem
-from statepact.queue import WorkQueue
+from statepact.queue import BaseWorkQueue, WorkQueue
 
 __all__ = [
     "DEFAULT_TTL",
@@ -144,7 +145,7 @@ class RedisWorkerRegistry:
     the entries it finds stale)."""
 
     def __init__(self, client: Any, *, namespace: str, clock: Clock | None = None) -> None:
-        from statepact.storage.redis._keys import WorkerKeys
+        from statepact.storage.redis import WorkerKeys
 
         self._client = client
         self._key = WorkerKeys(namespace).registry
@@ -266,27 +267,47 @@ _MEMORY: weakref.WeakKeyDictionary[Any, MemoryWorkerRegistry] = weakref.WeakKeyD
 def registry_for(queue: WorkQueue, *, client: Any = None) -> WorkerRegistry:
     """The registry beside ``queue``: on its Redis (its namespace), its PostgreSQL (its
     schema), or, for a memory queue, the one of this process. ``client`` is the queue's
-    redis-py client or SQLAlchemy engine; when ``None`` it is the one the queue was built on."""
-    kind = type(queue).__name__
-    clock = getattr(queue, "clock", None)
-    if kind == "MemoryWorkQueue":
+    redis-py client or SQLAlchemy engine; when ``None`` it is the one the queue was built
+    on (for a PostgreSQL queue bound to a connection or session, that one's engine: a beat
+    never joins the caller's transaction)."""
+    clock = queue.clock if isinstance(queue, BaseWorkQueue) else None
+    from statepact.storage.memory import MemoryWorkQueue
+
+    if isinstance(queue, MemoryWorkQueue):
         registry = _MEMORY.get(queue)
         if registry is None:
             registry = _MEMORY[queue] = MemoryWorkerRegistry(clock=clock)
         return registry
-    # RedisWorkQueue has a public ``settings``; PostgresWorkQueue keeps its own private.
-    settings = getattr(queue, "settings", None) or getattr(queue, "_settings", None)
-    if kind == "RedisWorkQueue":
-        # The queue's own client: the registry lives on the server that holds the queue.
-        redis = client if client is not None else queue._redis  # type: ignore[attr-defined]
-        return RedisWorkerRegistry(redis, namespace=settings.namespace, clock=clock)  # type: ignore[union-attr]
-    if kind == "PostgresWorkQueue":
-        engine = client if client is not None else queue._listen_on  # type: ignore[attr-defined]
-        if engine is None:
-            raise ValueError("queue: a bound PostgresWorkQueue has no engine for the registry")
-        schema = settings.db_schema  # type: ignore[union-attr]
-        return PostgresWorkerRegistry(engine, db_schema=schema, clock=clock)
-    raise TypeError(f"queue: no worker registry for a {kind}")
+    # A backing's package is loaded only if one of its queues exists (importing it would
+    # import its driver): look for the class only where it is loaded already.
+    if "statepact.storage.redis" in sys.modules:
+        from statepact.storage.redis import RedisWorkQueue
+
+        if isinstance(queue, RedisWorkQueue):
+            # The queue's own client: the registry lives on the server that holds the queue.
+            redis = client if client is not None else queue.client
+            return RedisWorkerRegistry(redis, namespace=queue.settings.namespace, clock=clock)
+    if "statepact.storage.postgres" in sys.modules:
+        from statepact.storage.postgres import PostgresWorkQueue
+
+        if isinstance(queue, PostgresWorkQueue):
+            engine = client if client is not None else _engine_of(queue.client)
+            schema = queue.settings.db_schema
+            return PostgresWorkerRegistry(engine, db_schema=schema, clock=clock)
+    raise TypeError(f"queue: no worker registry for a {type(queue).__name__}")
+
+
+def _engine_of(target: Any) -> Any:
+    """The engine behind a PostgreSQL queue's client (an engine, connection or session)."""
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
+    if isinstance(target, AsyncSession):
+        target = target.bind
+    if isinstance(target, AsyncConnection):
+        target = target.engine
+    if not isinstance(target, AsyncEngine):
+        raise ValueError("queue: no engine behind this PostgresWorkQueue for the registry")
+    return target
 
 
 @dataclass
@@ -336,7 +357,7 @@ def start_presence(
     if not ttl > 0:
         raise ValueError(f"ttl: must be > 0 seconds, got {ttl!r}")
     where = registry or registry_for(queue)
-    clock: Clock = getattr(queue, "clock", None) or SystemClock()
+    clock: Clock = queue.clock if isinstance(queue, BaseWorkQueue) else SystemClock()
     tally = _Tally(started_at=clock.now())
     if hooks is not None:
         hooks.add(_hooks_counting(tally))
