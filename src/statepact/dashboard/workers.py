@@ -373,6 +373,7 @@ def start_presence(
     )
 
     async def run() -> None:
+        failing = False  # warn once per outage (a registry never migrated fails every beat)
         try:
             while True:
                 try:
@@ -384,8 +385,11 @@ def start_presence(
                         last_error=tally.last_error,
                     )
                     await where.beat(info)
+                    failing = False
                 except Exception as exc:
-                    logger.warning("worker %s: registry beat failed: %s", worker_id, exc)
+                    level = logging.DEBUG if failing else logging.WARNING
+                    logger.log(level, "worker %s: registry beat failed: %s", worker_id, exc)
+                    failing = True
                 await asyncio.sleep(ttl / 3)
         finally:
             try:

@@ -109,6 +109,7 @@ class Worker:
         self._rt: Runtime | None = None
         self._completer: Completer | None = None
         self._loops: list[asyncio.Task[None]] = []
+        self._presence: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._stop_task: asyncio.Task[None] | None = None
         self._hurry = asyncio.Event()
@@ -367,6 +368,32 @@ class Worker:
         for task in loops:
             task.add_done_callback(self._loop_ended)
         self._loops.extend(loops)
+        self._presence = self._announce()
+
+    def _announce(self) -> asyncio.Task[None] | None:
+        """Announce this worker in the registry beside its queue (the dashboard's workers
+        page) until it stops; a beat that fails is logged, never stops the worker. A queue
+        of a kind with no registry (an application's own) is not announced."""
+        from statepact.dashboard.workers import start_presence
+
+        try:
+            return start_presence(
+                self.queue,
+                self.worker_id,
+                concurrency=self._settings.concurrency,
+                in_flight=lambda: self.in_flight,
+                hooks=self._hooks,
+            )
+        except (TypeError, ValueError) as exc:
+            logger.info("worker %s: not announced to a registry: %s", self.worker_id, exc)
+            return None
+
+    async def _withdraw(self) -> None:
+        """End the announcement: its task takes the entry away as it ends."""
+        presence, self._presence = self._presence, None
+        if presence is not None:
+            presence.cancel()
+            await asyncio.wait({presence})
 
     def _loop_ended(self, task: asyncio.Task[None]) -> None:
         """A loop ends at stop(); one that ended on an error (a bug) is logged at once."""
@@ -401,6 +428,7 @@ class Worker:
                 await finish(self._drain(rt, grace))
         finally:
             try:
+                await finish(self._withdraw())
                 await finish(self._lifespan.close(self.worker_id))
             finally:
                 self._stopped.set()
