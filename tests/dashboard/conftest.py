@@ -25,7 +25,15 @@ import pytest
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 ROOT = Path(__file__).resolve().parents[2]
-SCREENSHOTS = ROOT / "docs" / "img"
+#: Where the PostgreSQL browser runs save the docs' screenshots (``docs/img`` regenerates
+#: the committed ones); unset, each test writes them into its own temporary directory.
+SCREENSHOTS_ENV = "STATEPACT_DASHBOARD_SCREENSHOTS"
+
+
+@pytest.fixture
+def screenshots(tmp_path: Path) -> Path:
+    where = os.environ.get(SCREENSHOTS_ENV)
+    return (ROOT / where) if where else tmp_path / "screenshots"
 
 
 def _unavailable(why: str) -> None:
@@ -129,10 +137,13 @@ class Setup:
     kind: str
     backing: Any
     url: str
+    screenshots: Path
 
 
 @pytest.fixture
-async def postgres_setup(statepact_postgres_database: str) -> AsyncIterator[Setup]:
+async def postgres_setup(
+    statepact_postgres_database: str, screenshots: Path
+) -> AsyncIterator[Setup]:
     from statepact.queue import QueuePolicy
     from statepact.settings import PostgresStoreSettings
     from statepact.storage.postgres import open_backing
@@ -142,14 +153,14 @@ async def postgres_setup(statepact_postgres_database: str) -> AsyncIterator[Setu
     async with await open_backing(settings, policy=policy) as backing:
         served = await asyncio.to_thread(serve, ["--postgres", statepact_postgres_database])
         try:
-            yield Setup("postgres", backing, served.url)
+            yield Setup("postgres", backing, served.url, screenshots)
         finally:
             await asyncio.to_thread(stop, served)
 
 
 @pytest.fixture
 async def redis_setup(
-    statepact_redis_url: str, statepact_redis_namespace: str
+    statepact_redis_url: str, statepact_redis_namespace: str, screenshots: Path
 ) -> AsyncIterator[Setup]:
     from pydantic import SecretStr
 
@@ -168,6 +179,6 @@ async def redis_setup(
         args = ["--redis", statepact_redis_url, "--namespace", statepact_redis_namespace]
         served = await asyncio.to_thread(serve, [*args, "--no-durable"])
         try:
-            yield Setup("redis", backing, served.url)
+            yield Setup("redis", backing, served.url, screenshots)
         finally:
             await asyncio.to_thread(stop, served)

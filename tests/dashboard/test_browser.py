@@ -1,7 +1,9 @@
 """The dashboard in a real headless Chromium against real servers: what an operator sees and
 does. Each scenario runs on PostgreSQL and on Redis, with ``statepact dashboard`` served in
-its own process and the test writing through its own backing; the PostgreSQL runs save the
-screenshots of docs/dashboard.md to docs/img/."""
+its own process and the test writing through its own backing. The PostgreSQL runs take the
+screenshots of docs/dashboard.md: into the test's own directory, or into the directory
+``STATEPACT_DASHBOARD_SCREENSHOTS`` names (``STATEPACT_DASHBOARD_SCREENSHOTS=docs/img``
+regenerates the committed ones)."""
 
 from __future__ import annotations
 
@@ -9,15 +11,17 @@ import asyncio
 import time
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
-from statepact.dashboard import registry_for, start_presence
+from statepact.dashboard import registry_for
 from statepact.models import ItemStatus, RunRecord, RunStatus, WorkItem
 from statepact.worker import Worker
 
-from .conftest import SCREENSHOTS, Setup
+from .conftest import Setup
+
+T = TypeVar("T")
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -25,9 +29,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 class Page:
     """Selenium calls, each in a thread so the test's loop (and its worker) keeps running."""
 
-    def __init__(self, driver: Any, url: str) -> None:
+    def __init__(self, driver: Any, setup: Setup) -> None:
         self.driver = driver
-        self.url = url
+        self.url = setup.url
+        self.shots = setup.screenshots
 
     async def open(self, path: str) -> None:
         await asyncio.to_thread(self.driver.get, f"{self.url}{path}")
@@ -38,7 +43,7 @@ class Page:
         def click() -> None:
             self.driver.find_element(By.CSS_SELECTOR, css).click()
 
-        await asyncio.to_thread(click)
+        await self._fresh(click)
 
     async def text(self, css: str) -> str:
         from selenium.webdriver.common.by import By
@@ -47,7 +52,18 @@ class Page:
             found = self.driver.find_elements(By.CSS_SELECTOR, css)
             return str(found[0].text) if found else ""
 
-        return await asyncio.to_thread(read)
+        return await self._fresh(read)
+
+    async def _fresh(self, call: Callable[[], T]) -> T:
+        """``call`` again when the live refresh swapped the element it found for a new one."""
+        from selenium.common.exceptions import StaleElementReferenceException
+
+        for _ in range(9):
+            try:
+                return await asyncio.to_thread(call)
+            except StaleElementReferenceException:
+                await asyncio.sleep(0.05)
+        return await asyncio.to_thread(call)
 
     async def wait_for(self, css: str, check: Callable[[str], bool], seconds: float = 10) -> str:
         """The element's text once ``check`` holds, without reloading the page."""
@@ -61,14 +77,13 @@ class Page:
         raise AssertionError(f"{css}: still {seen!r} after {seconds} s")
 
     async def screenshot(self, name: str) -> None:
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(
-            self.driver.save_screenshot, str(SCREENSHOTS / f"dashboard-{name}.png")
-        )
+        self.shots.mkdir(parents=True, exist_ok=True)
+        path = self.shots / f"dashboard-{name}.png"
+        assert await asyncio.to_thread(self.driver.save_screenshot, str(path)), path
 
 
 async def _enqueued_item_appears(setup: Setup, chrome: Any) -> None:
-    page = Page(chrome, setup.url)
+    page = Page(chrome, setup)
     await page.open("/queues")
     await setup.backing.queue.enqueue(
         WorkItem(tenant="acme", item_id="order-1", payload={"task": "summarise", "doc": 7})
@@ -100,7 +115,7 @@ async def _dead_item_requeued_and_runs(setup: Setup, chrome: Any) -> None:
     await queue.fail(lease, "upstream 503")  # max_attempts=1: dead at once
     assert (await queue.get_item("acme", "flaky-1")).status is ItemStatus.DEAD
 
-    page = Page(chrome, setup.url)
+    page = Page(chrome, setup)
     await page.open("/items?queue=default&tenant=acme&item_id=flaky-1")
     assert await page.text('td[data-field="last_error"]') == "upstream 503"
     if setup.kind == "postgres":
@@ -116,10 +131,7 @@ async def _dead_item_requeued_and_runs(setup: Setup, chrome: Any) -> None:
         ran.set()
 
     worker = Worker(queue, default=handler, poll_interval=0.2, concurrency=2)
-    await worker.start()
-    presence = start_presence(
-        queue, worker.worker_id, concurrency=2, in_flight=lambda: worker.in_flight
-    )
+    await worker.start()  # it announces itself in the registry the workers page reads
     try:
         await asyncio.wait_for(ran.wait(), 10)
         registry = registry_for(queue)
@@ -133,9 +145,8 @@ async def _dead_item_requeued_and_runs(setup: Setup, chrome: Any) -> None:
         if setup.kind == "postgres":
             await page.screenshot("workers")
     finally:
-        presence.cancel()
-        await asyncio.gather(presence, return_exceptions=True)
         await worker.stop()
+    assert await registry.live() == []  # a stopped worker leaves the registry
     await page.open("/items?queue=default&tenant=acme&item_id=flaky-1")
     await page.wait_for('td[data-field="status"]', lambda t: t == "done")
 
@@ -154,6 +165,111 @@ async def test_a_dead_item_requeued_from_the_page_runs_redis(
     await _dead_item_requeued_and_runs(redis_setup, chrome)
 
 
+async def _cancel_stops_the_handler(setup: Setup, chrome: Any) -> None:
+    queue = setup.backing.queue
+    started = asyncio.Event()
+    cut: list[float] = []
+
+    async def handler(job: Any) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cut.append(time.monotonic())
+            raise
+
+    worker = Worker(queue, default=handler, poll_interval=0.2, concurrency=1)
+    await worker.start()
+    try:
+        await queue.enqueue(
+            WorkItem(tenant="acme", item_id="long-1", payload={"doc": "long report"})
+        )
+        await asyncio.wait_for(started.wait(), 10)
+        page = Page(chrome, setup)
+        await page.open("/items?queue=default&tenant=acme&item_id=long-1")
+        assert await page.text('td[data-field="status"]') == "leased"
+        await page.click("#cancel")
+        assert "Cancel" in await page.text(".question")  # the confirmation step
+        confirmed = time.monotonic()
+        await page.click("#confirm")
+        await page.wait_for('td[data-field="status"]', lambda t: t == "cancelled")
+        for _ in range(40):
+            if cut:
+                break
+            await asyncio.sleep(0.05)
+        assert cut, "the running handler was not cancelled"
+        took = cut[0] - confirmed
+        print(f"{setup.kind}: handler cancelled {took:.2f} s after the page's confirm")
+        assert took < 2.0
+        item = await queue.get_item("acme", "long-1")
+        assert item is not None and item.status is ItemStatus.CANCELLED
+        assert worker.in_flight == 0
+    finally:
+        await worker.stop()
+
+
+async def test_a_running_item_cancelled_from_the_page_stops_its_handler_postgres(
+    postgres_setup: Setup, chrome: Any
+) -> None:
+    """Cancel (with its confirmation) on a leased item's page: the worker running it sees
+    CancelledError in its handler within two seconds; the item is cancelled."""
+    await _cancel_stops_the_handler(postgres_setup, chrome)
+
+
+async def test_a_running_item_cancelled_from_the_page_stops_its_handler_redis(
+    redis_setup: Setup, chrome: Any
+) -> None:
+    """Cancel (with its confirmation) on a leased item's page: the worker running it sees
+    CancelledError in its handler within two seconds; the item is cancelled."""
+    await _cancel_stops_the_handler(redis_setup, chrome)
+
+
+async def _pause_stops_claims(setup: Setup, chrome: Any) -> None:
+    queue = setup.backing.queue
+    page = Page(chrome, setup)
+    await page.open("/queues")
+    assert await page.text("#toggle-default") == "Pause"
+    await page.click("#toggle-default")
+    await page.wait_for("#paused-default", lambda t: t == "paused")
+    assert await queue.paused()
+    if setup.kind == "postgres":
+        await page.screenshot("queues-paused")
+
+    ran = asyncio.Event()
+
+    async def handler(job: Any) -> None:
+        ran.set()
+
+    worker = Worker(queue, default=handler, poll_interval=0.1, concurrency=2)
+    await worker.start()
+    try:
+        await queue.enqueue(WorkItem(tenant="acme", item_id="held-1", payload={"n": 1}))
+        await asyncio.sleep(1.5)  # a running worker polls and is woken; it claims nothing
+        assert not ran.is_set()
+        item = await queue.get_item("acme", "held-1")
+        assert item is not None and item.status is ItemStatus.QUEUED
+        await page.open("/queues")
+        assert await page.text("#toggle-default") == "Resume"
+        await page.click("#toggle-default")
+        await page.wait_for("#toggle-default", lambda t: t == "Pause")
+        await asyncio.wait_for(ran.wait(), 10)
+    finally:
+        await worker.stop()
+    assert not await queue.paused()
+
+
+async def test_pause_from_the_page_stops_claims_postgres(
+    postgres_setup: Setup, chrome: Any
+) -> None:
+    """Pause on the queues page: a running worker claims nothing; Resume: it runs the item."""
+    await _pause_stops_claims(postgres_setup, chrome)
+
+
+async def test_pause_from_the_page_stops_claims_redis(redis_setup: Setup, chrome: Any) -> None:
+    """Pause on the queues page: a running worker claims nothing; Resume: it runs the item."""
+    await _pause_stops_claims(redis_setup, chrome)
+
+
 async def _run_counters_update_live(setup: Setup, chrome: Any) -> None:
     state = setup.backing.state
     await state.put_run(
@@ -166,7 +282,7 @@ async def _run_counters_update_live(setup: Setup, chrome: Any) -> None:
         )
     )
     await state.patch_run("acme", "run-1", input_tokens=120, output_tokens=30, cost="0.0042")
-    page = Page(chrome, setup.url)
+    page = Page(chrome, setup)
     await page.open("/run?tenant=acme&run_id=run-1")
     assert await page.text('td[data-counter="input_tokens"]') == "120"
     assert "triage inbox" in await page.text("#blob")
