@@ -45,6 +45,7 @@ __all__ = [
 
 #: One logger per area; docs/observability.md lists what each logs at which level.
 LOGGERS = (
+    "statepact.dashboard",
     "statepact.limits",
     "statepact.observe",
     "statepact.postgres",

@@ -47,7 +47,9 @@ async def statepact_tables(url: str) -> list[str]:
                 text(
                     "SELECT tablename FROM pg_tables WHERE tablename LIKE 'statepact\\_%' "
                     "AND tablename <> 'statepact_alembic_version' "
-                    # The integrations' tables come with the same revisions; not the seed's.
+                    # The integrations' and the worker registry's tables come with the same
+                    # revisions; not the seed's.
+                    "AND tablename <> 'statepact_workers' "
                     "AND tablename NOT LIKE 'statepact\\_lg\\_%' "
                     "AND tablename NOT LIKE 'statepact\\_adk\\_%' ORDER BY tablename"
                 )
