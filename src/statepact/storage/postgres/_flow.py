@@ -124,20 +124,36 @@ class _Flow:
             for old in [b for b in buckets if b < oldest]:
                 del buckets[old]
 
+    def _rate_named(self, name: str) -> Rate | None:
+        kind, _, of = name.partition(":")
+        return self.limits.rate_of_key(of) if kind == "k" else self.limits.tenant_rate
+
     def spent_json(self) -> str:
-        live = {
-            name: {str(bucket): weight for bucket, weight in buckets.items()}
-            for name, buckets in self.spent.items()
-            if buckets
-        }
-        return json.dumps(live, separators=(",", ":"))
+        """The buckets still inside a window, as stored: windows that passed are pruned
+        here, and names the limits no longer rate are dropped."""
+        live: dict[str, dict[str, int]] = {}
+        for name, buckets in self.spent.items():
+            rate = self._rate_named(name)
+            if rate is None:
+                continue
+            oldest = window_start(rate, self.micros)
+            kept = {str(bucket): weight for bucket, weight in buckets.items() if bucket >= oldest}
+            if kept:
+                live[name] = kept
+        stored = {"at": self.micros, "spent": live}
+        return json.dumps(stored, separators=(",", ":"), sort_keys=True)
 
 
-def _spent_of(text: str | None) -> dict[str, dict[int, int]]:
+def _spent_of(text: str | None) -> tuple[int | None, dict[str, dict[int, int]]]:
+    """The stored claim time (µs) of the last limited claim and its rate buckets."""
     if not text:
-        return {}
-    loaded: dict[str, dict[str, int]] = json.loads(text)
-    return {name: {int(b): int(w) for b, w in buckets.items()} for name, buckets in loaded.items()}
+        return None, {}
+    loaded: dict[str, Any] = json.loads(text)
+    spent = {
+        name: {int(bucket): int(weight) for bucket, weight in buckets.items()}
+        for name, buckets in loaded["spent"].items()
+    }
+    return int(loaded["at"]), spent
 
 
 async def claim_limited(
@@ -159,7 +175,13 @@ async def claim_limited(
             return None
         if row["paused"]:
             return []
-        flow = _Flow(conn, sql, queue, limits, to_micros(now), _spent_of(row["rate_spent"]))
+        last, spent = _spent_of(row["rate_spent"])
+        # Claims are counted in the order they take the lock, which may differ from the
+        # order of their clock readings (one read its clock, then waited): a claim never
+        # counts at a time before the last one's, or it would miss that one's bucket;
+        # its leases are stamped (``updated_at``) with the time counted.
+        micros = to_micros(now) if last is None else max(to_micros(now), last)
+        flow = _Flow(conn, sql, queue, limits, micros, spent)
         rows = await _walk(flow, params, limit)
         save = {
             "p_queue": queue,
@@ -206,7 +228,9 @@ async def _serve(flow: _Flow, params: dict[str, Any], tenant: str) -> RowMapping
         key, weight = candidate["limit_key"], int(candidate["weight"])
         if await flow.held(tenant, key, weight):
             continue
-        taken = {**params, "p_id": candidate["id"]}
+        # The lease's ``updated_at`` is the moment its weight is counted at (see
+        # claim_limited), never earlier than the last limited claim's.
+        taken = {**params, "p_id": candidate["id"], "p_now": from_micros(flow.micros)}
         row: RowMapping | None = (await conn.execute(sql.flow_claim, taken)).mappings().first()
         if row is None:
             continue  # cancelled or locked by another writer meanwhile
