@@ -1,15 +1,14 @@
 """Flow control under SIGKILLs: caps and a rate hold across worker processes (issue 35).
 
-Six ``_flow_worker.py`` processes claim from one Redis queue with caps of 3 leased
-items per tenant and 5 per limit key and a rate of 40 weight per second on the key
-``llm``, while the test SIGKILLs one at random now and then and starts another in
-its place (their leases come back through ``reap``, which the test runs every
-100 ms). Every 10 ms the test reads the queue's lease set from the server and
-counts the leased items per tenant and per key itself; the claims the workers
-logged (weight and the moment the queue counted it) give the weight started in
-every window of one second. Asserted: no sample over a cap, no window over the
-rate, and every item done, acked at most once. PostgreSQL does not enforce
-``QueueLimits`` yet (docs/backings.md#flow-control).
+Six ``_flow_worker.py`` processes claim from one queue (Redis, then PostgreSQL) with
+caps of 3 leased items per tenant and 5 per limit key and a rate of 40 weight per
+second on the key ``llm``, while the test SIGKILLs one at random now and then and
+starts another in its place (their leases come back through ``reap``, which the test
+runs every 100 ms). Every 10 ms the test reads the leased items from the server (the
+Redis lease set, PostgreSQL's leased rows) and counts them per tenant and per key
+itself; the claims the workers logged (weight and the moment the queue counted it)
+give the weight started in every window of one second. Asserted: no sample over a
+cap, no window over the rate, and every item done, acked at most once.
 """
 
 from __future__ import annotations
@@ -44,25 +43,53 @@ KILLS = 6
 TIME_LIMIT = 60.0
 
 
-@pytest.fixture
+@pytest.fixture(params=["redis", "postgres"])
 def spec(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
     from statepact.testing.namespaces import clear_namespace_at
     from tests.fixtures.postgres import run_in_thread
 
-    url: str = request.getfixturevalue("fault_redis_server").url
-    namespace = f"sp-flow-{uuid.uuid4().hex[:10]}"
     policy = {"max_attempts": 100, "backoff_base": 0.05, "backoff_cap": 0.2, "jitter": 0.5}
-    yield {
-        "kind": "redis",
-        "url": url,
-        "namespace": namespace,
+    common = {
         "queue": "flow",
         "policy": policy,
         "lease": 1.0,
         "concurrency": 4,
         "dir": str(tmp_path),
     }
+    if request.param == "postgres":
+        url = request.getfixturevalue("fault_pg_url")
+        yield {**common, "kind": "postgres", "url": url}
+        return
+    url = request.getfixturevalue("fault_redis_server").url
+    namespace = f"sp-flow-{uuid.uuid4().hex[:10]}"
+    yield {**common, "kind": "redis", "url": url, "namespace": namespace}
     run_in_thread(lambda: clear_namespace_at(url, namespace))
+
+
+async def _leased_reader(queue: Any, spec: dict[str, Any]) -> Any:
+    """What reads the leased items' refs from the server itself, once per sample."""
+    if spec["kind"] == "redis":
+        leases_key = QueueKeys(namespace=spec["namespace"], queue="flow").leases
+        redis = queue._redis  # the test reads the server itself
+
+        async def from_redis() -> list[str]:
+            members = await redis.zrange(leases_key, 0, -1)
+            return [m.decode() if isinstance(m, bytes) else m for m in members]
+
+        return from_redis
+    from sqlalchemy import select
+
+    work = queue.tables.work
+    statement = select(work.c.tenant, work.c.item_id).where(
+        work.c.queue == "flow", work.c.status == "leased"
+    )
+    engine = queue.client  # the AsyncEngine the queue runs on
+
+    async def from_postgres() -> list[str]:
+        async with engine.connect() as conn:
+            return [ref(tenant, item_id) for tenant, item_id in await conn.execute(statement)]
+
+    return from_postgres
 
 
 def _items() -> list[WorkItem]:
@@ -117,18 +144,16 @@ async def test_caps_and_a_rate_hold_across_killed_worker_processes(
 
         for _ in range(PROCESSES):
             await start()
-        leases_key = QueueKeys(namespace=spec["namespace"], queue="flow").leases
-        redis = queue._redis  # type: ignore[attr-defined]  # the test reads the server itself
+        leased = await _leased_reader(queue, spec)
         worst_tenant, worst_key = Counter[str](), Counter[str]()
         samples, kills, rng = 0, 0, random.Random(7)
         started = time.monotonic()
         next_kill = started + 0.8
         next_reap = started
         while time.monotonic() - started < TIME_LIMIT:
-            members = await redis.zrange(leases_key, 0, -1)
             per_tenant, per_key = Counter[str](), Counter[str]()
-            for member in members:
-                tenant, key = key_of[member.decode() if isinstance(member, bytes) else member]
+            for member in await leased():
+                tenant, key = key_of[member]
                 per_tenant[tenant] += 1
                 per_key[key or ""] += 1
             worst_tenant |= per_tenant

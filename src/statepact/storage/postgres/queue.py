@@ -57,6 +57,7 @@ from statepact.storage.postgres._client import (
     is_unique_violation,
 )
 from statepact.storage.postgres._direct import DirectExecutor, Prepared
+from statepact.storage.postgres._flow import claim_limited
 from statepact.storage.postgres._listen import ListenWatch, control_channel
 from statepact.storage.postgres._queue_support import (
     Conn,
@@ -365,6 +366,11 @@ class PostgresWorkQueue(BaseWorkQueue):
                 if row is None:
                     break
                 rows.append(row)
+            if not rows:
+                # Nothing due, or the queue has limits (the plain claims then yield
+                # nothing): only an empty claim pays for asking (docs/backings.md#flow-control).
+                limited = await claim_limited(conn, self._sql, params, now, limit)
+                rows = rows if limited is None else limited
             return [
                 stored_lease(item_of(row), worker_id, row["token"], expires_at, seconds)
                 for row in rows
@@ -621,14 +627,8 @@ class PostgresWorkQueue(BaseWorkQueue):
         await self._executor.run(work, idempotent=True)
 
     async def _set_limits(self, limits: QueueLimits) -> None:
-        if not limits.empty:
-            # Stored but not enforced would be a promise broken: refuse until the claim
-            # statement applies them (issue 35; memory and Redis do).
-            raise NotImplementedError(
-                "limits: PostgresWorkQueue does not enforce QueueLimits yet (memory and "
-                "Redis do); only QueueLimits() (none) can be set"
-            )
-        params = {"p_queue": self.name, "p_limits": None, "p_channel": self._channel}
+        stored = None if limits.empty else limits.to_json()
+        params = {"p_queue": self.name, "p_limits": stored, "p_channel": self._channel}
 
         async def work(conn: Conn) -> None:
             await conn.execute(self._sql.set_limits, params)

@@ -313,6 +313,22 @@ def _define_state_tables(meta: MetaData, names: StateTables, db_schema: str | No
             postgresql_include=["tenant"],
             postgresql_where=text(_in("status", _FINISHED)),
         ),
+        # Flow control's caps count leased items from the items themselves (a claim
+        # under QueueLimits reads at most ``cap`` entries): per tenant and per
+        # (tenant, limit key) from the first, per limit key from the second.
+        Index(
+            f"ix_{names.work}_leased",
+            "queue",
+            "tenant",
+            "limit_key",
+            postgresql_where=text("status = 'leased'"),
+        ),
+        Index(
+            f"ix_{names.work}_leased_key",
+            "queue",
+            "limit_key",
+            postgresql_where=text("status = 'leased' AND limit_key IS NOT NULL"),
+        ),
         postgresql_with=dict(WORK_TABLE_OPTIONS),
         schema=db_schema,
     )
@@ -386,6 +402,10 @@ def _define_state_tables(meta: MetaData, names: StateTables, db_schema: str | No
         # The queue's QueueLimits as JSON text (NULL: none), so every process claims
         # under the same limits.
         Column("limits", Text, nullable=True),
+        # The weight claimed per rate bucket under those limits (JSON text), and when the
+        # earliest item a rate held back in the last limited claim fits (next_due's hint).
+        Column("rate_spent", Text, nullable=True),
+        Column("rate_wake", _tz(), nullable=True),
         PrimaryKeyConstraint("queue"),
         schema=db_schema,
     )

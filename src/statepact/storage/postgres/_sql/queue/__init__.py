@@ -20,6 +20,7 @@ from sqlalchemy import CompoundSelect, Select, Update
 from statepact.storage.postgres._sql.queue import (
     claim,
     enqueue,
+    flow,
     maintain,
     reads,
     settle,
@@ -68,6 +69,15 @@ class QueueStatements(Generic[S]):
     count_prunable: S
     dead_letters_all: S
     queue_names: S
+    flow_lock: S
+    flow_state: S
+    flow_save: S
+    flow_turns: S
+    flow_leased_tenant: S
+    flow_leased_key: S
+    flow_leased_pair: S
+    flow_candidates: S
+    flow_claim: S
 
     @property
     def by_name(self) -> dict[str, S]:
@@ -99,7 +109,7 @@ class QueueStatements(Generic[S]):
             dead_letters=reads.dead_letters(work),
             purge_dead=maintain.purge_dead(tables),
             stats=reads.stats(work),
-            next_due=reads.next_due(tables.queue_turns),
+            next_due=reads.next_due(tables.queue_turns, tables.queue_control),
             slot_holder=reads.slot_holder(work),
             cancel_many=settle.cancel_many(tables),
             prune=maintain.prune(tables),
@@ -112,6 +122,15 @@ class QueueStatements(Generic[S]):
             count_prunable=reads.count_prunable(work),
             dead_letters_all=reads.dead_letters_all(work),
             queue_names=reads.queue_names(work),
+            flow_lock=flow.lock(tables),
+            flow_state=flow.state(tables.queue_control),
+            flow_save=flow.save(tables.queue_control),
+            flow_turns=flow.turns_ahead(tables),
+            flow_leased_tenant=flow.leased_of_tenant(work),
+            flow_leased_key=flow.leased_of_key(work),
+            flow_leased_pair=flow.leased_of_pair(work),
+            flow_candidates=flow.candidates(work),
+            flow_claim=flow.claim_item(tables),
         )
 
 

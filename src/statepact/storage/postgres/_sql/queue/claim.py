@@ -99,23 +99,26 @@ def _next_turn(
     )
 
 
-def _not_paused(control: Table) -> ColumnElement[bool]:
-    """The queue is not paused: one probe of its control row by primary key, evaluated
-    once per statement (an InitPlan) before the walk reads any tenant."""
-    return ~(
-        select(control.c.queue).where(control.c.queue == queue_name(), control.c.paused).exists()
-    )
+def _not_held(control: Table, *, limited: bool) -> ColumnElement[bool]:
+    """The queue is not paused (and, unless ``limited``, has no ``QueueLimits``): one
+    probe of its control row by primary key, evaluated once per statement (an InitPlan)
+    before the walk reads any tenant. The plain claims yield nothing under limits: the
+    queue then claims through ``flow`` (``PostgresWorkQueue._claim``)."""
+    held = control.c.paused if limited else control.c.paused | control.c.limits.isnot(None)
+    return ~(select(control.c.queue).where(control.c.queue == queue_name(), held).exists())
 
 
-def rotation(turns: Table, control: Table) -> CTE:
+def rotation(turns: Table, control: Table, *, limited: bool = False) -> CTE:
     """Tenants that may have due work, served longest ago first (ties: tenant, byte order).
 
     A recursive walk, one index probe per tenant, read lazily: the claim pulls
     tenants only until one yields an item, so its cost does not grow with the
     number of tenants waiting behind that one. A paused queue yields no tenant: the walk
-    never starts.
+    never starts; nor does one with limits set unless ``limited`` (the limited claim's walk).
     """
-    walk = _next_turn(turns, held=_not_paused(control)).cte("rotation", recursive=True)
+    walk = _next_turn(turns, held=_not_held(control, limited=limited)).cte(
+        "rotation", recursive=True
+    )
     previous = walk.alias("previous")
     step = _next_turn(turns, after=previous).lateral("step")
     return walk.union_all(
@@ -240,6 +243,13 @@ def claim(tables: Tables) -> Select[Any]:
     picked = (
         select(branches.c.id, branches.c.row_ctid, branches.c.additions).limit(ONE).cte("picked")
     )
+    return lease_picked(tables, picked)
+
+
+def lease_picked(tables: Tables, picked: CTE) -> Select[Any]:
+    """Lease the one row ``picked`` locked (columns ``id``, ``row_ctid``, ``additions``: its
+    tenant's turns row as read), and send its tenant to the back of the rotation."""
+    work, turns = tables.work, tables.queue_turns
     # The row is found by the ctid ``best`` locked it at (a TID scan), as claim_many's are
     # (see there): by primary key, a generic plan made while the table was small joined
     # ``picked`` to a scan of every queued row (docs/benchmarks.md#queue-statement-plans).

@@ -59,7 +59,7 @@ def dead_letters(work: Table) -> Select[Any]:
     )
 
 
-def next_due(turns: Table) -> Select[Any]:
+def next_due(turns: Table, control: Table) -> Select[Any]:
     """The earliest ``next_due_at`` after now of the tenants whose queued work is all delayed.
 
     One probe of the ``waking`` index (its predicate is repeated here). A tenant's
@@ -67,12 +67,28 @@ def next_due(turns: Table) -> Select[Any]:
     be early, never late, except for a tenant that still has due work (a claim is
     taking it, and its turn moves on then).
     """
-    return select(func.min(turns.c.next_due_at)).where(
-        turns.c.queue == param("queue"),
-        turns.c.queued > ZERO,
-        turns.c.next_due_at > turns.c.checked_at,
-        turns.c.next_due_at > param("now", TZ),
+    delayed = (
+        select(func.min(turns.c.next_due_at))
+        .where(
+            turns.c.queue == param("queue"),
+            turns.c.queued > ZERO,
+            turns.c.next_due_at > turns.c.checked_at,
+            turns.c.next_due_at > param("now", TZ),
+        )
+        .scalar_subquery()
     )
+    # Under QueueLimits: when the earliest item a rate held back in the last claim fits.
+    wake = (
+        select(control.c.rate_wake)
+        .where(
+            control.c.queue == param("queue"),
+            control.c.limits.isnot(None),
+            control.c.rate_wake > param("now", TZ),
+        )
+        .scalar_subquery()
+    )
+    # LEAST ignores NULL: either alone, or the earlier of the two.
+    return select(func.least(delayed, wake))
 
 
 def stats(work: Table) -> CompoundSelect[Any]:
