@@ -12,8 +12,8 @@ migration's lock (one pass over the leased rows). Schema version unchanged (3): 
 older statepact ignores the new columns and indexes. A revision is a frozen
 snapshot: it never imports statepact.
 
-Revision ID: statepact_0010
-Revises: statepact_0009
+Revision ID: statepact_0011
+Revises: statepact_0010
 Create Date: 2026-12-07 19:15:00.000000
 """
 
@@ -25,8 +25,8 @@ import sqlalchemy as sa
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision: str = "statepact_0010"
-down_revision: str | None = "statepact_0009"
+revision: str = "statepact_0011"
+down_revision: str | None = "statepact_0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
