@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextvars
 import hashlib
 import time
 from datetime import timedelta
@@ -72,33 +71,33 @@ class Drain:
         await asyncio.gather(*(self._one(n) for n in range(self.workers)))
 
 
-#: Set in the task that prunes: only its statements are timed.
-PRUNING: contextvars.ContextVar[bool] = contextvars.ContextVar("pruning", default=False)
+#: In the text of the queue's prune statement (one batch's ``DELETE``) and no other.
+PRUNE_MARK = "arm_done_before"
 
 
 class PgStatementTimes:
-    """Every statement the pruning task runs, timed on the client (round trip included)."""
+    """Every prune statement (one batch's ``DELETE``) as asyncpg timed it on the client
+    (its query logger: the round trip included). The queue runs its statements on the
+    asyncpg connections under the engine's pool, so the logger is added to each as it
+    opens (the pool is emptied first)."""
 
-    def __init__(self, engine: Any) -> None:
-        from sqlalchemy import event
-
+    def __init__(self) -> None:
         self.slowest = 0.0
         self.count = 0
-        self._started: dict[int, float] = {}
-        sync = engine.sync_engine
 
-        def before(_conn: Any, cursor: Any, statement: str, *_: Any) -> None:
-            if PRUNING.get():
-                self._started[id(cursor)] = time.perf_counter()
+    def logged(self, query: Any) -> None:
+        if PRUNE_MARK in query.query:
+            self.count += 1
+            self.slowest = max(self.slowest, query.elapsed)
 
-        def after(_conn: Any, cursor: Any, *_: Any) -> None:
-            began = self._started.pop(id(cursor), None)
-            if began is not None:
-                self.count += 1
-                self.slowest = max(self.slowest, time.perf_counter() - began)
+    async def attach(self, engine: Any) -> None:
+        from sqlalchemy import event
 
-        event.listen(sync, "before_cursor_execute", before)
-        event.listen(sync, "after_cursor_execute", after)
+        def on_connect(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.driver_connection.add_query_logger(self.logged)
+
+        event.listen(engine.sync_engine, "connect", on_connect)
+        await engine.dispose()
 
 
 async def phase(queue: WorkQueue, workers: int, seconds: float, name: str, prune: bool) -> float:
@@ -109,7 +108,6 @@ async def phase(queue: WorkQueue, workers: int, seconds: float, name: str, prune
     before, started = drain.acked, time.perf_counter()
     pruned = 0
     if prune:
-        PRUNING.set(True)
         deadline = started + seconds
         while True:
             pruned += await queue.prune()
@@ -146,7 +144,8 @@ async def main(args: argparse.Namespace) -> None:
                 await conn.execute(text("VACUUM ANALYZE"))
         without = await phase(queue, args.workers, args.seconds, "without prune", prune=False)
         if args.backend == "postgres":
-            times = PgStatementTimes(b.raw)
+            times = PgStatementTimes()
+            await times.attach(b.raw)
         else:
             await b.raw.config_set("slowlog-log-slower-than", 1000)
             await b.raw.config_set("slowlog-max-len", 100_000)
