@@ -100,6 +100,18 @@ class PgStatementTimes:
         await engine.dispose()
 
 
+async def stats_p50(queue: WorkQueue) -> float:
+    """The median of 50 ``stats()`` calls (after 10 untimed), in ms."""
+    for _ in range(10):
+        await queue.stats()
+    took = []
+    for _ in range(50):
+        started = time.perf_counter()
+        await queue.stats()
+        took.append(time.perf_counter() - started)
+    return sorted(took)[25] * 1000
+
+
 async def phase(queue: WorkQueue, workers: int, seconds: float, name: str, prune: bool) -> float:
     """Claim+ack per second over the phase; with ``prune``, it lasts until the prune ends."""
     drain = Drain(queue, workers, name)
@@ -134,6 +146,7 @@ async def main(args: argparse.Namespace) -> None:
         started = time.perf_counter()
         await fill_finished(queue, args.finished, fillers=8)
         print(f"filled {args.finished:,} done items in {time.perf_counter() - started:.0f} s")
+        print(f"stats() p50 after the fill: {await stats_p50(queue):.2f} ms")
         if args.backend == "postgres":
             from sqlalchemy import text
 
@@ -142,6 +155,7 @@ async def main(args: argparse.Namespace) -> None:
             async with b.raw.connect() as conn:
                 await conn.execution_options(isolation_level="AUTOCOMMIT")
                 await conn.execute(text("VACUUM ANALYZE"))
+            print(f"stats() p50 after VACUUM ANALYZE: {await stats_p50(queue):.2f} ms")
         without = await phase(queue, args.workers, args.seconds, "without prune", prune=False)
         if args.backend == "postgres":
             times = PgStatementTimes()
