@@ -83,7 +83,7 @@ def test_json_has_every_scenario_with_ops_and_ratio() -> None:
     # stats() with no finished items and with --finished of them, and the ratio of the two
     empty, full = by_name["queue.stats.empty"], by_name["queue.stats.finished"]
     assert (empty["extra"]["finished"], full["extra"]["finished"]) == (0, 30)
-    assert empty["ops"] == full["ops"] == 50
+    assert empty["ops"] == full["ops"] == 100
     assert full["extra"]["x_empty_p50"] == pytest.approx(
         full["extra"]["p50_ms"] / empty["extra"]["p50_ms"], rel=0.01
     )

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["CANCEL_SAMPLES", "STATS_SAMPLES", "cancel_latency", "fill_finished", "stats_cost"]
 
 #: ``stats()`` calls timed at each size (after a few untimed ones).
-STATS_SAMPLES = 50
+STATS_SAMPLES = 100
 #: Running items cancelled one at a time to time the handler's stop.
 CANCEL_SAMPLES = 20
 #: The idle worker's fallback poll in the cancel cell: the issue asks for the stop within a
@@ -89,7 +89,7 @@ async def fill_finished(
 
 
 async def _time_stats(queue: WorkQueue) -> list[float]:
-    for _ in range(3):
+    for _ in range(10):
         await queue.stats()
     seconds: list[float] = []
     for _ in range(STATS_SAMPLES):
@@ -110,7 +110,7 @@ async def stats_cost(r: Runner) -> None:
     empty_p50 = percentile(empty, 50)
     await r.record(
         "queue.stats.empty",
-        f"queue: stats(), 0 finished, p50 {empty_p50:.2f} ms, p99 {percentile(empty, 99):.2f} ms",
+        f"queue: stats(), 0 finished, p50 {empty_p50:.3f} ms, p99 {percentile(empty, 99):.3f} ms",
         concurrency=1,
         ops=len(empty),
         seconds=sum(empty),
@@ -138,8 +138,8 @@ async def stats_cost(r: Runner) -> None:
     r.progress.start(f"{r.b.kind}: queue stats(), {finished:,} finished items")
     await r.record(
         "queue.stats.finished",
-        f"queue: stats(), {finished:,} finished, p50 {full_p50:.2f} ms, "
-        f"p99 {percentile(full, 99):.2f} ms ({ratio:.2f}x empty)",
+        f"queue: stats(), {finished:,} finished, p50 {full_p50:.3f} ms, "
+        f"p99 {percentile(full, 99):.3f} ms ({ratio:.2f}x empty)",
         concurrency=1,
         ops=len(full),
         seconds=sum(full),
