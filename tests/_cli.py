@@ -31,6 +31,9 @@ BENCH_SCENARIOS = [
     "queue.enqueue_many",
     "queue.worker.c10",
     "queue.worker.wake",
+    "queue.stats.empty",
+    "queue.stats.finished",
+    "queue.worker.cancel",
 ]
 
 

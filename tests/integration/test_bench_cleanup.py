@@ -46,7 +46,10 @@ async def _inventory(url: str) -> list[tuple[str, str]]:
         await engine.dispose()
 
 
-TINY = ["--concurrency", "2", "--ops", "2", "--tenants", "2", "--queued", "4", "--claims", "2"]
+TINY = [
+    *("--concurrency", "2", "--ops", "2", "--tenants", "2", "--queued", "4", "--claims", "2"),
+    *("--finished", "10"),
+]
 
 
 async def _bench(*argv: str) -> dict[str, Any]:

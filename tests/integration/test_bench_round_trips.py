@@ -57,6 +57,8 @@ TINY = [
     "4",
     "--claims",
     "2",
+    "--finished",
+    "10",
 ]
 
 # Requests per operation when nothing conflicts, in calls to the backing (scripts on

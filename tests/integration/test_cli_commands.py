@@ -182,6 +182,8 @@ async def test_bench_on_redis_reports_every_scenario(statepact_redis_url: str) -
         "20,40",
         "--claims",
         "5",
+        "--finished",
+        "10",
         "--json",
     )
     code = await _run_off_loop(lambda: bench.command(args, out=out, err=err))

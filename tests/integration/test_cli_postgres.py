@@ -160,6 +160,8 @@ async def test_bench_reports_every_scenario_on_all_three_backings(
         "10,20",
         "--claims",
         "4",
+        "--finished",
+        "25",
         "--json",
     )
     code = await asyncio.to_thread(lambda: bench.command(args, out=out, err=err))

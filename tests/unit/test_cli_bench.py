@@ -13,7 +13,10 @@ from statepact.cli import bench
 from tests._cli import bench_scenarios, parse
 
 SCENARIOS = bench_scenarios((2, 20), (20, 50))
-TINY = ["--concurrency", "4", "--ops", "3", "--tenants", "2,20", "--queued", "20,50"]
+TINY = [
+    *("--concurrency", "4", "--ops", "3", "--tenants", "2,20", "--queued", "20,50"),
+    *("--finished", "30"),
+]
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -77,12 +80,24 @@ def test_json_has_every_scenario_with_ops_and_ratio() -> None:
     assert (extra["tenants"], extra["queued"]) == (20, 50)
     assert extra["ms_per_claim_ack"] > 0
     assert by_name["tx.hot_key"]["extra"]["retries"] >= 0
+    # stats() with no finished items and with --finished of them, and the ratio of the two
+    empty, full = by_name["queue.stats.empty"], by_name["queue.stats.finished"]
+    assert (empty["extra"]["finished"], full["extra"]["finished"]) == (0, 30)
+    assert empty["ops"] == full["ops"] == 100
+    assert full["extra"]["x_empty_p50"] == pytest.approx(
+        full["extra"]["p50_ms"] / empty["extra"]["p50_ms"], rel=0.01
+    )
+    # cancel to handler stop: 20 running items cancelled, each handler stopped promptly
+    cancel = by_name["queue.worker.cancel"]["extra"]
+    assert by_name["queue.worker.cancel"]["ops"] == 20
+    assert 0 < cancel["p50_ms"] <= cancel["p99_ms"] <= cancel["max_ms"] < 1000
     assert payload["params"] == {
         "concurrency": 4,
         "ops": 3,
         "tenants": [2, 20],
         "queued": [20, 50],
         "claims": 5,
+        "finished": 30,
     }
     # the progress goes to stderr, one line per step when stderr is not a terminal
     assert err.count("\n") == len(SCENARIOS)
@@ -91,7 +106,10 @@ def test_json_has_every_scenario_with_ops_and_ratio() -> None:
 
 def test_the_table_shows_ops_per_second_and_ratio() -> None:
     """Without --json: a table with a row per scenario, its ops/s and its ratio to the floor."""
-    code, out, _ = _run("--concurrency", "3", "--ops", "2", "--tenants", "3", "--queued", "6")
+    code, out, _ = _run(
+        *("--concurrency", "3", "--ops", "2", "--tenants", "3", "--queued", "6"),
+        *("--finished", "10"),
+    )
     assert code == 0
     assert "ops/s" in out
     assert "x floor" in out
@@ -107,6 +125,8 @@ def test_the_table_shows_ops_per_second_and_ratio() -> None:
         "queue: enqueue (1 producer)": r"dict\+asyncio\.Lock",
         "queue: claim+ack (10 workers)": r"dict\+asyncio\.Lock",
         "queue: claim+ack, 3 tenants, 6 queued": r"dict\+asyncio\.Lock",
+        "queue: stats(), 10 finished, p50": r"dict\+asyncio\.Lock",
+        "queue: cancel to handler stop p50": r"dict\+asyncio\.Lock",
     }
     for label, floor in labels.items():
         row = next(line for line in out.splitlines() if label in line)

@@ -11,6 +11,9 @@ Scenarios, on each backing asked for (docs/benchmarks.md#scenarios):
 - ``enqueue_many`` of the whole batch in one call, a ``Worker`` (concurrency 10) draining
   it, and the enqueue-to-handler-start latency of an idle ``Worker`` (p50 and p99 of 20
   items, its fallback poll beside them);
+- the queue's lifecycle: ``stats()`` with no finished items and with ``--finished`` of
+  them (p50, p99 and their ratio), and the latency from ``cancel`` to the handler's stop
+  in an idle ``Worker`` (p50, p99 and max of 20 items);
 - claim cost with the queue holding ``--queued`` items spread over ``--tenants`` tenants
   (each size pair with tenants <= items).
 
@@ -69,7 +72,8 @@ DESCRIPTION = """\
 Measure statepact on the backings asked for: the transaction scenarios
 (independent keys, one hot key without backoff, read-only commits), the state
 store's get/put/patch under concurrent callers, the queue's enqueue and
-claim+ack with 1 and 10 workers, a Worker, and claim cost as tenants and queued
+claim+ack with 1 and 10 workers, a Worker, stats() with and without finished
+items, cancel-to-handler-stop latency, and claim cost as tenants and queued
 items grow. Right after each scenario it measures, on the same server, the
 floors it is held against (minimal transaction designs, raw calls of the same
 shape, a raw write) and prints every result as ops/s, as a ratio to each floor
@@ -81,9 +85,9 @@ BACKINGS = ("memory", "redis", "postgres")
 
 
 def steps_per_backing(params: BenchParams) -> int:
-    # One step per recorded result: 3 tx + 4 state + 4 queue + 3 worker + 1 per claim-cost
-    # cell.
-    return 3 + 4 + 4 + 3 + len(params.claim_cells)
+    # One step per recorded result: 3 tx + 4 state + 4 queue + 3 worker + 3 lifecycle + 1
+    # per claim-cost cell.
+    return 3 + 4 + 4 + 3 + 3 + len(params.claim_cells)
 
 
 async def run_bench(
@@ -191,6 +195,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="claim+ack cycles timed in each claim-cost cell (default 200)",
     )
     parser.add_argument(
+        "--finished",
+        type=_positive,
+        default=20_000,
+        metavar="N",
+        help="done items in the queue for the second stats() cell (default 20000; "
+        "--finished 1000000 is issue 33's cell); filled untimed, pruned afterwards",
+    )
+    parser.add_argument(
         "--json", action="store_true", help="print the results as JSON instead of a table"
     )
     add_debug_argument(parser)
@@ -222,6 +234,7 @@ def params_from(args: argparse.Namespace) -> BenchParams:
         tenants=args.tenants,
         queued=args.queued,
         claims=args.claims,
+        finished=args.finished,
     )
 
 
@@ -247,6 +260,7 @@ def command(
                     "tenants": list(params.tenants),
                     "queued": list(params.queued),
                     "claims": params.claims,
+                    "finished": params.finished,
                 },
                 "backings": where,
                 "results": [asdict(r) for r in results],

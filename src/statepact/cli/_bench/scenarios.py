@@ -16,6 +16,7 @@ from typing import Any
 
 from statepact._limits import MAX_ENQUEUE_BATCH
 from statepact._retry import RetryPolicy
+from statepact.cli._bench.lifecycle import cancel_latency, percentile, stats_cost
 from statepact.cli._bench.measure import (
     RoundTrips,
     commit_marked,
@@ -48,6 +49,8 @@ class BenchParams:
     tenants: tuple[int, ...]
     queued: tuple[int, ...]
     claims: int
+    #: Done items in the queue for the second ``stats()`` cell (``cli/_bench/lifecycle.py``).
+    finished: int = 20_000
 
     @property
     def claim_cells(self) -> list[tuple[int, int]]:
@@ -439,8 +442,7 @@ class Runner:
                 await queue.enqueue(WorkItem(tenant="wake", item_id=f"wake-{n}"))
                 latencies.append(await asyncio.wait_for(starts.get(), poll * 2) - sent_at)
         latencies.sort()
-        p50 = latencies[len(latencies) // 2] * 1000
-        p99 = latencies[min(len(latencies) - 1, len(latencies) * 99 // 100)] * 1000
+        p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
         await self.record(
             "queue.worker.wake",
             f"queue: idle Worker, enqueue to start p50 {p50:.1f} ms, p99 {p99:.1f} ms "
@@ -502,6 +504,8 @@ class Runner:
             await self.state_ops()
             await self.queue_ops()
             await self.worker_ops()
+            await stats_cost(self)
+            await cancel_latency(self)
             for tenants, queued in self.p.claim_cells:
                 await self.claim_cost(tenants, queued)
         finally:
