@@ -139,9 +139,24 @@ return a + b
 """
 
 
+async def delete_matching(redis: Any, prefix: str) -> None:
+    """Delete every key starting with ``prefix``: the bench's own keys beside the backing's
+    (floors, seed designs), which the backing's namespace cleanup does not know of."""
+    from statepact.storage.redis import glob_escape
+
+    batch: list[Any] = []
+    async for key in redis.scan_iter(match=f"{glob_escape(prefix)}*", count=1000):
+        batch.append(key)
+        if len(batch) >= 500:
+            await redis.unlink(*batch)
+            batch.clear()
+    if batch:
+        await redis.unlink(*batch)
+
+
 class RedisFloor(Floor):
-    """A floor on the bench's redis-py client; its keys start with the bench's namespace
-    (``tag``), so the bench's cleanup deletes them."""
+    """A floor on the bench's redis-py client; its keys start with ``{<tag>:floor:``, the
+    bench's unique tag, and :meth:`close` deletes them."""
 
     def __init__(self, redis: Any, tag: str) -> None:
         super().__init__()
@@ -152,6 +167,9 @@ class RedisFloor(Floor):
     def key(self, caller: int, part: str = "") -> str:
         # One hash slot per caller ({...}), so a two-key script runs on a cluster too.
         return f"{{{self.tag}:floor:{caller}}}{part}"
+
+    async def close(self) -> None:
+        await delete_matching(self.redis, f"{{{self.tag}:floor:")
 
     async def counters(self, keys: Sequence[str]) -> list[int]:
         return [int(v or 0) for v in await self.redis.mget(list(keys))]

@@ -17,7 +17,13 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from statepact.cli._bench.floors import Floor, HeldConnections, drop_table, qualified
+from statepact.cli._bench.floors import (
+    Floor,
+    HeldConnections,
+    delete_matching,
+    drop_table,
+    qualified,
+)
 
 #: The key every agent shares in the ``hot`` scenario.
 HOT = "hot"
@@ -159,8 +165,8 @@ return tonumber(ver) + 1
 
 class RedisDesign(Design):
     """``seed.redis``: ``HMGET`` of value and version, then ``EVALSHA`` of a
-    compare-and-set script: two round trips per attempt. The keys start with the
-    bench's namespace (``tag``), so its cleanup deletes them."""
+    compare-and-set script: two round trips per attempt. The keys start with
+    ``<tag>:seed:``, the bench's unique tag, and :meth:`close` deletes them."""
 
     name = "redis"
 
@@ -170,6 +176,9 @@ class RedisDesign(Design):
 
     def key(self, key: str) -> str:
         return f"{self.tag}:seed:{key}"
+
+    async def close(self) -> None:
+        await delete_matching(self.redis, f"{self.tag}:seed:")
 
     async def setup(self) -> None:
         self.sha = await self.redis.script_load(COMPARE_AND_SET_SCRIPT)
