@@ -26,6 +26,7 @@ __all__ = [
     "MAX_SHARED_WRITES",
     "MAX_WEIGHT",
     "PRUNE_BATCH",
+    "PRUNE_PAUSE",
 ]
 
 #: The largest serialized blob, payload or value accepted unless settings say otherwise.
@@ -58,6 +59,10 @@ MAX_RETRY_DELAY = 30 * 86_400.0
 #: (``WorkQueue.prune``, ``StateStore.prune_runs``, a transaction history prune): a prune
 #: of a million rows is many short steps, none holding the server for long.
 PRUNE_BATCH = 500
+#: After each batch ``WorkQueue.prune`` waits this many times as long as the batch took:
+#: the pruner then holds the server at most a fifth of its time, so the workers draining
+#: the queue meanwhile keep their throughput (docs/backings.md).
+PRUNE_PAUSE = 4.0
 #: The largest ``WorkItem.weight`` (e.g. a model call's tokens) and the largest concurrency
 #: cap or rate a ``QueueLimits`` holds (``MAX_RATE_WEIGHT``: weight per period).
 MAX_WEIGHT = 10_000_000

@@ -67,7 +67,11 @@ def _layer(name: str) -> str:
         return "package"
     if name in FOUNDATION:
         return "foundation"
-    if name in FRONTS or name.startswith("statepact._tx"):
+    if (
+        name in FRONTS
+        or name == "statepact._queue"
+        or name.startswith(("statepact._tx", "statepact._queue."))
+    ):
         return "front"
     if name in RUNTIME or name.startswith("statepact.worker."):
         return "runtime"
@@ -87,8 +91,12 @@ def _layer(name: str) -> str:
 
 
 def _front(name: str) -> str:
-    """``statepact.tx`` for the transaction front's private parts (``statepact._tx``)."""
-    return "statepact.tx" if name.startswith("statepact._tx") else name
+    """The front whose private parts ``name`` is (``statepact._tx``, ``statepact._queue``)."""
+    if name.startswith("statepact._tx"):
+        return "statepact.tx"
+    if name == "statepact._queue" or name.startswith("statepact._queue."):
+        return "statepact.queue"
+    return name
 
 
 def _backing(name: str) -> str | None:
@@ -150,7 +158,7 @@ def _broken_rule(importer: str, imported: str) -> str | None:
     if importer == "statepact.worker._worker" and imported == WORKER_REGISTRY:
         return None  # the worker announces itself (lazily, at start)
     if source == target == "front" and _front(importer) == _front(imported):
-        return None  # a front and its own private parts (statepact._tx)
+        return None  # a front and its own private parts (statepact._tx, statepact._queue)
     if source in allowed and target not in allowed[source]:
         return f"{_a(source)} {source} module imports {_a(target)} {target} module"
     if source == target == "integration" and _integration(importer) != _integration(imported):

@@ -7,6 +7,7 @@ Nothing here builds SQL (``_sql/queue/`` does) or decides a retry or the dead le
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Mapping, Sequence
@@ -17,6 +18,7 @@ from sqlalchemy.engine import RowMapping
 
 from statepact._cancel import finish
 from statepact._codec import decode_json
+from statepact._limits import PRUNE_PAUSE
 from statepact.clock import Clock, read_clock
 from statepact.models import ItemStatus, WorkItem, stored
 from statepact.storage.postgres._client import Executor
@@ -122,7 +124,9 @@ async def prune(
     pruned = 0
     try:
         params = {**lease, "p_batch": batch, **cutoff_params(cutoffs)}
+        loop = asyncio.get_running_loop()
         while True:
+            started = loop.time()
             # Each batch is its own statement (and transaction, outside a caller's):
             # the lease is extended from the clock's reading as it goes.
             step = {**params, "p_until": read_clock(clock) + PRUNE_LEASE}
@@ -135,6 +139,7 @@ async def prune(
             pruned += deleted
             if not held or deleted < batch:
                 return pruned
+            await asyncio.sleep(PRUNE_PAUSE * (loop.time() - started))
     finally:
 
         async def give_back(conn: Conn) -> None:

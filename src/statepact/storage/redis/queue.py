@@ -20,6 +20,7 @@ from typing import Any, Self
 
 from statepact._cancel import finish
 from statepact._codec import decode_json
+from statepact._limits import PRUNE_PAUSE
 from statepact._retry import new_op_id
 from statepact.clock import Clock, from_micros, to_micros
 from statepact.errors import QueueUnavailableError
@@ -59,10 +60,6 @@ _STEP = 1000
 # the queue for another this long after its last batch.
 _PRUNE_LOCK_MS = 30_000
 
-# After each prune batch the pruner waits this many times as long as the batch took:
-# prune then holds the (single-threaded) server at most a fifth of the time, so the
-# workers draining the queue meanwhile keep their throughput (docs/backings.md).
-_PRUNE_PAUSE = 4.0
 
 # What a finished status is indexed and cut off under in prune.lua's ARGV order.
 _FINISHED = (ItemStatus.DONE, ItemStatus.CANCELLED, ItemStatus.DEAD)
@@ -392,7 +389,7 @@ class RedisWorkQueue(BaseWorkQueue):
                 pruned += int(deleted)
                 if int(more) != 1:
                     return pruned
-                await asyncio.sleep(_PRUNE_PAUSE * (loop.time() - started))
+                await asyncio.sleep(PRUNE_PAUSE * (loop.time() - started))
         finally:
             await self._run("prune unlock", "prune_unlock", None, token, key=lock)
 
