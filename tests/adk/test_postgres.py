@@ -19,6 +19,7 @@ from statepact.settings import PostgresStoreSettings
 from statepact.storage import Backing
 from statepact.storage.postgres import migrate, open_backing
 from tests.adk._contract import APP, USER, event, resend_an_append
+from tests.fixtures.postgres import drop_tables_like
 
 pytestmark = pytest.mark.integration
 
@@ -26,9 +27,11 @@ pytestmark = pytest.mark.integration
 async def test_open_refuses_a_database_without_the_tables(
     empty_database_url: str, clock: ManualClock
 ) -> None:
-    """At revision statepact_0005 (no ADK tables) the state store opens, the session
-    service refuses, naming the fix; nothing was created."""
-    await migrate.upgrade(empty_database_url, "statepact_0005")
+    """A database at head whose ADK tables are gone (dropped by hand, or never created by
+    an application's own migrations): the state store opens, the session service refuses,
+    naming the fix, and creates nothing."""
+    await migrate.upgrade(empty_database_url, "head")
+    await drop_tables_like(empty_database_url, r"statepact\_adk\_%")
     engine = create_async_engine(empty_database_url)
     try:
         async with await open_backing(
@@ -41,12 +44,6 @@ async def test_open_refuses_a_database_without_the_tables(
                     text("SELECT to_regclass('statepact_adk_sessions') IS NULL")
                 )
                 assert found.scalar() is True
-        await migrate.upgrade(empty_database_url, "head")
-        async with await open_backing(
-            PostgresStoreSettings(), clock=clock, client=engine
-        ) as backing:
-            service = await StatepactSessionService.open(backing)
-            assert (await service.create_session(app_name=APP, user_id=USER)).id
     finally:
         await engine.dispose()
 

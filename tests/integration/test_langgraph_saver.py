@@ -409,12 +409,15 @@ async def test_list_pages_through_more_than_a_page(saver: StatepactCheckpointSav
 async def test_open_refuses_postgres_without_the_tables(
     empty_database_url: str, clock: ManualClock
 ) -> None:
-    """A database migrated only up to statepact_0005 has no saver tables: open() refuses,
-    naming ``alembic upgrade head``; it creates nothing."""
+    """A database at head whose saver tables are gone (dropped by hand, or never created by
+    an application's own migrations): open() refuses, naming ``alembic upgrade head``; it
+    creates nothing."""
     from statepact.settings import PostgresStoreSettings
     from statepact.storage.postgres import migrate, open_backing
+    from tests.fixtures.postgres import drop_tables_like
 
-    await migrate.upgrade(empty_database_url, "statepact_0005")
+    await migrate.upgrade(empty_database_url, "head")
+    await drop_tables_like(empty_database_url, r"statepact\_lg\_%")
     async with await open_backing(PostgresStoreSettings(dsn=empty_database_url), clock=clock) as pg:
         with pytest.raises(SchemaVersionError, match="alembic upgrade head"):
             await StatepactCheckpointSaver.open(pg)

@@ -33,7 +33,7 @@ import pytest
 from statepact.clock import Clock, ManualClock
 from statepact.errors import LeaseLostError, StatePersistenceError
 from statepact.models import ItemStatus, Lease, QueueStats, WorkItem
-from statepact.queue import BaseWorkQueue, OnCancel, QueuePolicy, WorkWatch
+from statepact.queue import BaseWorkQueue, OnCancel, QueueLimits, QueuePolicy, WorkWatch
 from statepact.worker import Job, Worker, WorkerHooks
 from tests.unit.test_worker import Recorder, until
 
@@ -156,6 +156,12 @@ class Relay:
 
     async def prune(self) -> int:
         return await self.inner.prune()
+
+    async def set_limits(self, limits: QueueLimits | None) -> None:
+        await self.inner.set_limits(limits)
+
+    async def limits(self) -> QueueLimits:
+        return await self.inner.limits()
 
     async def reap(self) -> list[WorkItem]:
         return await self.inner.reap()

@@ -464,16 +464,33 @@ class Worker:
 
     async def run(self, *, install_signal_handlers: bool = True) -> None:
         """Start, then run until :meth:`stop` (SIGTERM or SIGINT, handled here) has finished."""
-        await self.start()
         loop = asyncio.get_running_loop()
         installed: list[signal.Signals] = []
+        # Handled from before the start: a signal that arrives while the worker starts (its
+        # context opening, say) is kept and acted on once it has, never a default-action kill.
+        early: list[signal.Signals] = []
+
+        def on_signal(sig: signal.Signals) -> None:
+            if self._rt is None:
+                early.append(sig)
+            else:
+                self._on_signal(sig)
+
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 try:
-                    loop.add_signal_handler(sig, self._on_signal, sig)
+                    loop.add_signal_handler(sig, on_signal, sig)
                 except (NotImplementedError, RuntimeError, ValueError):
                     continue  # not the main thread, or a loop without signal support
                 installed.append(sig)
+        try:
+            await self.start()
+        except BaseException:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            raise
+        for sig in early:
+            self._on_signal(sig)
         try:
             await self._stopped.wait()
         except asyncio.CancelledError:
