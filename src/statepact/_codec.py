@@ -47,6 +47,7 @@ __all__ = [
     "decode_json",
     "encode_json",
     "encode_json_value",
+    "flat_json",
     "json_array",
     "json_array_of_encoded",
     "nanos_to_decimal",
@@ -350,6 +351,16 @@ def plain_json(field: str, value: object, *, sort_keys: bool = False) -> tuple[A
         raise ValueError(f"{field}: must be a JSON object (a dict), got {type(value).__name__}")
     plain = _plain(field, value)
     return plain, _dumps(plain, sort_keys)
+
+
+def flat_json(value: object) -> tuple[dict[str, Any], bytes] | None:
+    """:func:`plain_json` of the usual payload (a ``dict`` of plain keys and scalars), with
+    no field name to refuse with: ``None`` for anything else, which ``plain_json`` then
+    checks, naming what it refuses."""
+    if type(value) is not dict:
+        return None
+    flat = _flat(value)
+    return None if flat is None else (flat, _dumps(flat, False))
 
 
 def _flat(value: dict[Any, Any]) -> dict[str, Any] | None:

@@ -23,9 +23,6 @@ from datetime import datetime, timedelta
 
 from statepact import _observe
 from statepact._codec import (
-    check_size,
-    plain_int,
-    plain_json,
     require_count,
     require_id,
     require_limit,
@@ -38,10 +35,10 @@ from statepact._limits import (
     MAX_PRIORITY,
     MAX_RETRY_DELAY,
     MAX_SHARED_ENQUEUES,
-    MAX_WEIGHT,
     PRUNE_BATCH,
 )
 from statepact._queue.hooks import BackingHooks
+from statepact._queue.items import ItemInput, fresh_item
 from statepact._queue.protocol import WorkQueue
 from statepact._queue_limits import QueueLimits, Rate
 from statepact._queue_policy import (
@@ -56,7 +53,7 @@ from statepact._queue_policy import (
 from statepact._shared import SharedRoundTrips
 from statepact.clock import Clock, SystemClock, read_clock
 from statepact.errors import LeaseLostError, StatePersistenceError
-from statepact.models import ItemStatus, Lease, Page, QueueStats, WorkItem, stored
+from statepact.models import ItemStatus, Lease, Page, QueueStats, WorkItem
 from statepact.settings import redact_dsn
 
 __all__ = [
@@ -85,17 +82,6 @@ def _error_text(text: str) -> str:
     (UTF-8 cannot hold them), at most ``MAX_ERROR_CHARS``."""
     message = text.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
     return message[:MAX_ERROR_CHARS]
-
-
-def _unique_for(field: str, item: WorkItem) -> timedelta | None:
-    """The item's checked ``unique_for``, which only makes sense with a ``unique_key``."""
-    period = item.unique_for
-    if period is None:
-        return None
-    if item.unique_key is None:
-        raise ValueError(f"{field}unique_for: is only meaningful with a unique_key")
-    seconds = require_seconds(f"{field}unique_for", period)
-    return period if isinstance(period, timedelta) else timedelta(seconds=seconds)
 
 
 def _dead_cursor(after: object) -> tuple[str, str]:
@@ -197,78 +183,34 @@ class BaseWorkQueue(BackingHooks):
         return self._clock
 
     def _prepare(
-        self, field: str, item: object, now: datetime, available_at: datetime
+        self, field: str, item: object, now: datetime, available_at: datetime, *, mappings: bool
     ) -> tuple[WorkItem, bytes]:
         """The checked, fresh record of ``item`` and its encoded payload; errors name ``field``."""
-        if not isinstance(item, WorkItem):
-            raise TypeError(f"{field or 'item'}: must be a WorkItem, got {type(item).__name__}")
-        tenant = require_id(f"{field}tenant", item.tenant)
-        item_id = require_id(f"{field}item_id", item.item_id)
-        if item.queue is not None and item.queue != self._name:
-            raise ValueError(
-                f"{field}queue: the item names queue {item.queue!r}, this is {self._name!r}"
-            )
-        if isinstance(item.priority, bool) or not isinstance(item.priority, int):
-            raise TypeError(f"{field}priority: must be an int, got {type(item.priority).__name__}")
-        if not -MAX_PRIORITY <= item.priority <= MAX_PRIORITY:
-            raise ValueError(f"{field}priority: must be between -{MAX_PRIORITY} and {MAX_PRIORITY}")
-        priority = plain_int(item.priority)
-        unique_key = (
-            None if item.unique_key is None else require_id(f"{field}unique_key", item.unique_key)
+        return fresh_item(
+            field,
+            item,
+            queue=self._name,
+            max_value_bytes=self._max_value_bytes,
+            now=now,
+            available_at=available_at,
+            mappings=mappings,
         )
-        unique_for = _unique_for(field, item)
-        timeout = None if item.timeout is None else require_seconds(f"{field}timeout", item.timeout)
-        limit_key = (
-            None if item.limit_key is None else require_id(f"{field}limit_key", item.limit_key)
-        )
-        weight = item.weight
-        if isinstance(weight, bool) or not isinstance(weight, int):
-            raise TypeError(f"{field}weight: must be an int, got {type(weight).__name__}")
-        if not 1 <= weight <= MAX_WEIGHT:
-            raise ValueError(f"{field}weight: must be between 1 and {MAX_WEIGHT}, got {weight}")
-        plain, payload = plain_json(f"{field}payload", item.payload)
-        if len(payload) > self._max_value_bytes:
-            check_size(
-                f"{field}payload", len(payload), self._max_value_bytes, where=f"item {item_id!r}"
-            )
-        # Every field is checked above and of its type: build the record without
-        # validating it again (a fifth of model_construct's cost; the same record).
-        fresh = stored(
-            WorkItem,
-            {
-                "tenant": tenant,
-                "item_id": item_id,
-                "payload": plain,
-                "queue": self._name,
-                "priority": priority,
-                "available_at": available_at,
-                "attempts": 0,
-                "status": ItemStatus.QUEUED,
-                "last_error": None,
-                "created_at": now,
-                "updated_at": now,
-                "unique_key": unique_key,
-                "unique_for": unique_for,
-                "timeout": timeout,
-                "limit_key": limit_key,
-                "weight": plain_int(weight),
-            },
-        )
-        return fresh, payload
 
     async def enqueue(self, item: WorkItem, *, delay: float | timedelta | None = None) -> WorkItem:
         now = read_clock(self._clock)
         wait = 0.0 if delay is None else require_seconds("delay", delay, allow_zero=True)
-        fresh, payload = self._prepare("", item, now, now + timedelta(seconds=wait))
+        fresh, payload = self._prepare("", item, now, now + timedelta(seconds=wait), mappings=False)
         if not self._shares_enqueues:
             return await self._enqueue(fresh, payload)
         return await self._enqueue_batches.send((fresh, payload))
 
     async def enqueue_many(
-        self, items: Sequence[WorkItem], *, delay: float | timedelta | None = None
+        self, items: Sequence[ItemInput], *, delay: float | timedelta | None = None
     ) -> list[WorkItem]:
         if isinstance(items, str | bytes) or not isinstance(items, Sequence):
-            raise TypeError(f"items: must be a sequence of WorkItem, got {type(items).__name__}")
+            raise TypeError(
+                f"items: must be a sequence of WorkItem or mappings, got {type(items).__name__}"
+            )
         if not 1 <= len(items) <= MAX_ENQUEUE_BATCH:
             raise ValueError(
                 f"items: must hold between 1 and {MAX_ENQUEUE_BATCH} items, got {len(items)}"
@@ -281,7 +223,9 @@ class BaseWorkQueue(BackingHooks):
         # 10,000 objects fewer for the collector to count).
         seen: dict[str, dict[str, int]] = {}
         for index, item in enumerate(items):
-            fresh, payload = self._prepare(f"items[{index}].", item, now, available_at)
+            fresh, payload = self._prepare(
+                f"items[{index}].", item, now, available_at, mappings=True
+            )
             ids = seen.get(fresh.tenant)
             if ids is None:
                 ids = seen[fresh.tenant] = {}

@@ -11,6 +11,7 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
+from statepact._queue.items import ItemInput
 from statepact._queue_limits import QueueLimits
 from statepact._queue_policy import OnCancel, WorkWatch
 from statepact.errors import LeaseLostError
@@ -50,9 +51,13 @@ class WorkQueue(Protocol):
         ...
 
     async def enqueue_many(
-        self, items: Sequence[WorkItem], *, delay: float | timedelta | None = None
+        self, items: Sequence[ItemInput], *, delay: float | timedelta | None = None
     ) -> list[WorkItem]:
         """Store up to 10,000 items in one round trip, all or none, each due at ``now + delay``.
+
+        Each item is a ``WorkItem`` or a plain mapping of its fields
+        (``{"tenant": ..., "item_id": ..., "payload": {...}}``), taken as
+        ``WorkItem(**mapping)`` would take it and refused exactly where that item would be.
 
         Idempotent per item, as ``enqueue`` is: an item already stored (or holding
         the item's unique slot, an earlier one of the batch included) is returned as

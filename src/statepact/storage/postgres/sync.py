@@ -18,7 +18,7 @@ docs/backings.md#inside-your-transaction-bound and docs/adopting.md.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from datetime import timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -200,7 +200,10 @@ class SyncBoundWorkQueue:
         return _blocking(self._queue.enqueue(item, delay=delay))
 
     def enqueue_many(
-        self, items: Sequence[WorkItem], *, delay: float | timedelta | None = None
+        self,
+        items: Sequence[WorkItem | Mapping[str, Any]],
+        *,
+        delay: float | timedelta | None = None,
     ) -> list[WorkItem]:
         """``WorkQueue.enqueue_many``, inside the session's transaction."""
         return _blocking(self._queue.enqueue_many(items, delay=delay))

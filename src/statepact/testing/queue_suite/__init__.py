@@ -88,6 +88,7 @@ from statepact.testing.queue_suite.enqueue import EnqueueConformance
 from statepact.testing.queue_suite.inputs import InputConformance
 from statepact.testing.queue_suite.lifecycle import LifecycleConformance
 from statepact.testing.queue_suite.limits import FlowControlConformance
+from statepact.testing.queue_suite.mappings import MappingConformance
 from statepact.testing.queue_suite.retention import RetentionConformance
 from statepact.testing.queue_suite.settle import SettleConformance
 from statepact.testing.queue_suite.unique import UniqueConformance
@@ -100,6 +101,7 @@ class WorkQueueConformance(
     ClaimConformance,
     SettleConformance,
     InputConformance,
+    MappingConformance,
     LifecycleConformance,
     UniqueConformance,
     RetentionConformance,

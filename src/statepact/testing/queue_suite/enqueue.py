@@ -325,7 +325,7 @@ class EnqueueConformance(SuiteBase):
             ([], ValueError, "items"),
             ("abc", TypeError, "items"),
             (None, TypeError, "items"),
-            ([{"tenant": "acme", "item_id": "x"}], TypeError, "items[0]"),
+            ([("acme", "x")], TypeError, "items[0]"),
         ],
     )
     async def test_enqueue_many_refuses_what_is_not_a_batch(
