@@ -38,7 +38,7 @@ from statepact._limits import (
     PRUNE_BATCH,
 )
 from statepact._queue.hooks import BackingHooks
-from statepact._queue.items import ItemInput, fresh_item
+from statepact._queue.items import ItemInput, fresh_batch, fresh_item
 from statepact._queue.protocol import WorkQueue
 from statepact._queue_limits import QueueLimits, Rate
 from statepact._queue_policy import (
@@ -183,7 +183,13 @@ class BaseWorkQueue(BackingHooks):
         return self._clock
 
     def _prepare(
-        self, field: str, item: object, now: datetime, available_at: datetime, *, mappings: bool
+        self,
+        field: str,
+        item: object,
+        now: datetime,
+        available_at: datetime,
+        *,
+        mappings: bool = False,
     ) -> tuple[WorkItem, bytes]:
         """The checked, fresh record of ``item`` and its encoded payload; errors name ``field``."""
         return fresh_item(
@@ -218,24 +224,13 @@ class BaseWorkQueue(BackingHooks):
         now = read_clock(self._clock)
         wait = 0.0 if delay is None else require_seconds("delay", delay, allow_zero=True)
         available_at = now + timedelta(seconds=wait)
-        batch: list[tuple[WorkItem, bytes]] = []
-        # Each tenant's ids, and their place: no key tuple per item (a batch of 10,000 is
-        # 10,000 objects fewer for the collector to count).
-        seen: dict[str, dict[str, int]] = {}
-        for index, item in enumerate(items):
-            fresh, payload = self._prepare(
-                f"items[{index}].", item, now, available_at, mappings=True
-            )
-            ids = seen.get(fresh.tenant)
-            if ids is None:
-                ids = seen[fresh.tenant] = {}
-            first = ids.setdefault(fresh.item_id, index)
-            if first != index:
-                raise ValueError(
-                    f"items[{index}].item_id: item {fresh.item_id!r} of tenant "
-                    f"{fresh.tenant!r} is already items[{first}] of this batch"
-                )
-            batch.append((fresh, payload))
+        batch = fresh_batch(
+            items,
+            queue=self._name,
+            max_value_bytes=self._max_value_bytes,
+            now=now,
+            available_at=available_at,
+        )
         total = sum(len(payload) for _, payload in batch)
         if total > MAX_BATCH_BYTES:
             raise StatePersistenceError(

@@ -27,7 +27,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session, scoped_session
 
 from statepact._cancel import finish
-from statepact._codec import json_array, json_array_of_encoded
 from statepact.clock import Clock
 from statepact.errors import QueueUnavailableError
 from statepact.models import (
@@ -62,10 +61,10 @@ from statepact.storage.postgres._listen import ListenWatch, control_channel
 from statepact.storage.postgres._queue_support import (
     Conn,
     Statements,
+    batch_params,
     cutoff_params,
     item_of,
     item_or_none,
-    optional_json,
     prune,
 )
 from statepact.storage.postgres._sql.queue import CoreStatement, QueueStatements
@@ -278,34 +277,11 @@ class PostgresWorkQueue(BaseWorkQueue):
         return None if row is None else item_of(row)
 
     async def _enqueue_many(self, batch: list[tuple[WorkItem, bytes]]) -> list[WorkItem]:
-        # Each moment once, each item naming its own by place (from 1): see _batch_insert.
         slots = [unique_slot(item, item.created_at) for item, _ in batch]  # type: ignore[arg-type]
-        places: dict[datetime | None, int] = {}
-        available = [places.setdefault(item.available_at, len(places) + 1) for item, _ in batch]
-        created = [places.setdefault(item.created_at, len(places) + 1) for item, _ in batch]
-        times = list(places)
         params = {
             "p_queue": self.name,
             "p_channel": self._channel,
-            # The latest clock reading of the batch (concurrent enqueues share one): turns.
-            "p_now": max(item.created_at for item, _ in batch),  # type: ignore[type-var]
-            # Each column one JSON text (see _sql.queue._batch_insert).
-            "p_tenants": json_array([item.tenant for item, _ in batch]),
-            "p_item_ids": json_array([item.item_id for item, _ in batch]),
-            "p_payloads": json_array_of_encoded([payload for _, payload in batch]),
-            "p_priorities": json_array([item.priority for item, _ in batch]),
-            "p_times": times,
-            "p_available": json_array(available),
-            "p_created": json_array(created),
-            # Optional columns (null where unset), of values the front checked.
-            "p_unique_keys": optional_json([item.unique_key for item, _ in batch]),
-            "p_unique_fors": optional_json(
-                [None if i.unique_for is None else i.unique_for.total_seconds() for i, _ in batch]
-            ),
-            "p_timeouts": optional_json([item.timeout for item, _ in batch]),
-            "p_slots": optional_json(slots),
-            "p_limit_keys": optional_json([item.limit_key for item, _ in batch]),
-            "p_weights": json_array([item.weight for item, _ in batch]),
+            **batch_params(batch, slots),
         }
 
         # Only on the driver (autocommit), where a failed statement aborts nothing else;

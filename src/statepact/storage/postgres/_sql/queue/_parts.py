@@ -176,6 +176,13 @@ def turn_added(turns: Table, source: CTE, *, grouped: bool) -> Any:
             param("now", TZ),
             literal_column("1", BigInteger),
         ).where(added)
+    return turns_upsert(turns, rows)
+
+
+def turns_upsert(turns: Table, rows: Any) -> Any:
+    """Upsert the turns rows ``rows`` gives as ``(queue, tenant, last_turn, queued,
+    next_due_at, checked_at, additions)``, in the order it gives them (see
+    :func:`turn_added`)."""
     statement = pg_insert(turns).from_select(
         ["queue", "tenant", "last_turn", "queued", "next_due_at", "checked_at", "additions"], rows
     )

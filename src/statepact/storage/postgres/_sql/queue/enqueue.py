@@ -27,9 +27,9 @@ from sqlalchemy import (
     text,
     true,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import ARRAY, Insert, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.sql.elements import Grouping
+from sqlalchemy.sql.elements import ColumnElement, Grouping
 from sqlalchemy.sql.selectable import CTE
 
 from statepact.storage.postgres._sql import TZ, param
@@ -40,6 +40,7 @@ from statepact.storage.postgres._sql.queue._parts import (
     identity_sequence,
     item_columns,
     turn_added,
+    turns_upsert,
 )
 from statepact.storage.postgres.schema import Tables
 
@@ -83,7 +84,11 @@ def enqueue(tables: Tables) -> Select[Any]:
     )
 
 
-# The columns of a batch, each a JSON array of one value per item, in this order.
+# The columns of a batch, each a JSON array of one value per item, in this order; the
+# batch's rows come in ``(tenant, item_id)`` byte order, ``places`` giving each its place
+# in the caller's batch. A column that would hold only its default is sent as NULL
+# (no array to read): ``places`` when the batch came in key order, ``priorities``,
+# ``available`` and ``created`` when every item is at the first, and each optional one.
 _BATCH_COLUMNS = (
     "tenants",
     "item_ids",
@@ -97,37 +102,28 @@ _BATCH_COLUMNS = (
     "slots",
     "limit_keys",
     "weights",
+    "places",
 )
 
 
-def _batch_insert(tables: Tables, *, skip_stored: bool) -> tuple[CTE, CTE]:
-    """The batch (parallel JSON arrays, one bind each whatever its length) and the insert of
-    its items, in ``(tenant, item_id)`` byte order (so two batches sharing ids wait on
-    each other in one order, never in a cycle), returning what the turns upsert needs.
-
-    ``skip_stored`` inserts only the items whose ``(queue, tenant, item_id)`` is new
-    (``ON CONFLICT DO NOTHING``); without it an item already stored fails the statement
-    (a unique violation: nothing is written), and the insert skips the probe of the
-    unique index ``ON CONFLICT`` makes for every row before inserting it, a large part
-    of a bulk load's statement (docs/benchmarks.md#queue-statement-plans).
-    """
-    work = tables.work
-    # The batch's moments, each once (a batch's items share one or two): every item names
-    # its ``available_at`` and ``created_at`` by place in ``p_times`` (from 1).
-    times = Grouping(cast(param("times"), ARRAY(TZ)))  # (CAST(...))[i]: a subscript needs it
-    # Each column of the batch is one JSON array, read in step with the others (ROWS FROM
-    # zips the functions' rows): asyncpg checks every element of an array parameter for
-    # nesting, in Python, several times the cost of building the six JSON texts, which it
-    # sends as they are.
+def _batch(*, materialized: bool) -> CTE:
+    """The batch: parallel JSON arrays (one bind each whatever its length) read in step,
+    each row with its place in the caller's batch (``ord``, from 1)."""
+    # asyncpg checks every element of an array parameter for nesting, in Python, several
+    # times the cost of building the JSON texts, which it sends as they are. ROWS FROM
+    # zips the functions' rows, padding a NULL column's with NULLs.
     elements = ", ".join(
         f"json_array_elements{'' if name == 'payloads' else '_text'}(CAST(:p_{name} AS JSON))"
         for name in _BATCH_COLUMNS
     )
     batch = (
         text(
-            f"SELECT * FROM ROWS FROM ({elements}) WITH ORDINALITY AS unnested("
-            "tenant, item_id, payload, priority, available_place, created_place, "
-            "unique_key, unique_for, timeout, unique_slot, limit_key, weight, ord)"
+            "SELECT tenant, item_id, payload, priority, available_place, created_place, "
+            "unique_key, unique_for, timeout, unique_slot, limit_key, weight, "
+            f"COALESCE(CAST(place AS BIGINT), row) AS ord FROM ROWS FROM ({elements}) "
+            "WITH ORDINALITY AS unnested(tenant, item_id, payload, priority, available_place, "
+            "created_place, unique_key, unique_for, timeout, unique_slot, limit_key, weight, "
+            "place, row)"
         )
         .bindparams(*(param(name, Text()) for name in _BATCH_COLUMNS))
         .columns(
@@ -145,37 +141,43 @@ def _batch_insert(tables: Tables, *, skip_stored: bool) -> tuple[CTE, CTE]:
             column("weight", Text),
             column("ord", BigInteger),
         )
-        # Read by the insert and by the anti-join of the skipped items: unnested once.
         .cte("batch")
-        .prefix_with("MATERIALIZED")
     )
-    created = times[cast(batch.c.created_place, Integer)]
-    # Each item's id drawn in the batch's order (its enqueue order: a tenant's items are
-    # claimed by id), before the rows are inserted in key order; the ids are the column's
-    # own identity sequence's, given explicitly (OVERRIDING SYSTEM VALUE).
-    numbered = (
+    # Read by the insert and by the anti-join of the skipped items: unnested once.
+    return batch.prefix_with("MATERIALIZED") if materialized else batch
+
+
+def _batch_insert(tables: Tables, *, skip_stored: bool) -> tuple[CTE, Insert]:
+    """The batch and the insert of its items, in the ``(tenant, item_id)`` byte order the
+    queue sent them in (so two batches sharing ids wait on each other in one order, never
+    in a cycle: nothing is sorted here).
+
+    Each item's id is the ``ord``-th of the ids drawn for the batch, in the batch's
+    order (its enqueue order: a tenant's items are claimed by id); the ids are the
+    column's own identity sequence's, given explicitly (OVERRIDING SYSTEM VALUE).
+
+    ``skip_stored`` inserts only the items whose ``(queue, tenant, item_id)`` is new
+    (``ON CONFLICT DO NOTHING``); without it an item already stored fails the statement
+    (a unique violation: nothing is written), and the insert skips the probe of the
+    unique index ``ON CONFLICT`` makes for every row before inserting it, a large part
+    of a bulk load's statement (docs/benchmarks.md#queue-statement-plans).
+    """
+    work = tables.work
+    batch = _batch(materialized=skip_stored)
+    # The batch's moments, each once (a batch's items share one or two): every item names
+    # its ``available_at`` and ``created_at`` by place in ``p_times`` (from 1; NULL is 1).
+    times = Grouping(cast(param("times"), ARRAY(TZ)))  # (CAST(...))[i]: a subscript needs it
+    created = times[func.coalesce(cast(batch.c.created_place, Integer), ONE)]
+    # Drawn once, before the insert, one nextval a row in the batch's order.
+    order: ColumnElement[int] = literal_column("drawn_place")
+    drawn = (
         select(
-            func.nextval(identity_sequence(work)).label("id"),
-            param("queue", work.c.queue.type).label("queue"),
-            batch.c.tenant,
-            batch.c.item_id,
-            batch.c.payload,
-            cast(batch.c.priority, Integer).label("priority"),
-            times[cast(batch.c.available_place, Integer)].label("available_at"),
-            created.label("created_at"),
-            batch.c.unique_key,
-            # Seconds, as the JSON number the queue sent.
-            (cast(batch.c.unique_for, Double) * literal_column("INTERVAL '1 second'")).label(
-                "unique_for"
-            ),
-            cast(batch.c.timeout, Double).label("timeout"),
-            batch.c.unique_slot,
-            batch.c.limit_key,
-            cast(batch.c.weight, Integer).label("weight"),
+            func.array_agg(aggregate_order_by(func.nextval(identity_sequence(work)), order)).label(
+                "ids"
+            )
         )
-        .order_by(batch.c.ord)
-        .cte("numbered")
-        .prefix_with("MATERIALIZED")
+        .select_from(func.generate_series(ONE, param("count", Integer())).alias("drawn_place"))
+        .cte("drawn")
     )
     names = (
         "id",
@@ -191,33 +193,45 @@ def _batch_insert(tables: Tables, *, skip_stored: bool) -> tuple[CTE, CTE]:
         "unique_slot",
         "limit_key",
         "weight",
+        "created_at",
     )
+    sent = (
+        select(
+            Grouping(drawn.c.ids)[batch.c.ord].label("id"),
+            param("queue", work.c.queue.type).label("queue"),
+            batch.c.tenant,
+            batch.c.item_id,
+            batch.c.payload,
+            func.coalesce(cast(batch.c.priority, Integer), ZERO).label("priority"),
+            times[func.coalesce(cast(batch.c.available_place, Integer), ONE)].label("available_at"),
+            batch.c.unique_key,
+            # Seconds, as the JSON number the queue sent.
+            (cast(batch.c.unique_for, Double) * literal_column("INTERVAL '1 second'")).label(
+                "unique_for"
+            ),
+            cast(batch.c.timeout, Double).label("timeout"),
+            batch.c.unique_slot,
+            batch.c.limit_key,
+            func.coalesce(cast(batch.c.weight, Integer), literal_column("1")).label("weight"),
+            created.label("created_at"),
+        )
+        .select_from(batch.join(drawn, true()))
+        .cte("sent")
+    )
+    # Read once and free of volatile calls (nextval is in ``drawn``): PostgreSQL inlines it.
     rows = text(
-        f"OVERRIDING SYSTEM VALUE SELECT {', '.join(names)}, {QUEUED}, {ZERO}, "
-        "created_at, created_at FROM numbered "
-        'ORDER BY tenant COLLATE "C", item_id COLLATE "C"'
-    ).columns(*(numbered.c[name] for name in names))
+        f"OVERRIDING SYSTEM VALUE SELECT {', '.join(names[:-1])}, {QUEUED}, {ZERO}, "
+        "created_at, created_at FROM sent"
+    ).columns(*(sent.c[name] for name in names[:-1]), sent.c.created_at, sent.c.created_at)
     insert = (
         pg_insert(work)
-        .from_select(
-            [
-                *names,
-                "status",
-                "attempts",
-                "created_at",
-                "updated_at",
-            ],
-            rows,
-        )
-        .add_cte(numbered)  # the text above reads it: named here, so that WITH holds it
+        .from_select([*names[:-1], "status", "attempts", "created_at", "updated_at"], rows)
+        .add_cte(sent)  # the text above reads it: named here, so that WITH holds it
     )
     if skip_stored:
         # No conflict target: an item's key or its unique slot, whichever is held.
         insert = insert.on_conflict_do_nothing()
-    inserted = insert.returning(
-        work.c.queue, work.c.tenant, work.c.item_id, work.c.available_at, work.c.status
-    ).cte("inserted")
-    return batch, inserted
+    return batch, insert
 
 
 def enqueue_new(tables: Tables) -> Select[Any]:
@@ -225,15 +239,39 @@ def enqueue_new(tables: Tables) -> Select[Any]:
     statement, or fail with a unique violation (writing nothing) if any is stored already:
     :func:`enqueue_many` without its ``ON CONFLICT``, for a batch expected to be new, sent
     first by a queue that can send ``enqueue_many`` after a failure (not in a caller's
-    transaction, which the failure would abort). Answers one row, the insert's count.
+    transaction, which the failure would abort). Answers one row, the notify's.
+
+    Every item is inserted or none, so each tenant's count and earliest due moment are
+    the queue's to send (``p_turn_tenants``, ``p_turn_counts``, ``p_turn_dues``: places
+    in ``p_times``), in ``(queue, tenant)`` order like every other multi-row write here.
     """
-    _, inserted = _batch_insert(tables, skip_stored=False)
-    woken = turn_added(tables.queue_turns, inserted, grouped=True).cte("woken")
-    return (
-        select(func.count(), func.pg_notify(param("channel"), literal_column("''")))
-        .select_from(inserted)
-        .add_cte(woken)
+    _, insert = _batch_insert(tables, skip_stored=False)
+    inserted = insert.cte("inserted")
+    counted = (
+        text(
+            "SELECT tenant, CAST(queued AS BIGINT) AS queued, CAST(due AS INTEGER) AS due "
+            "FROM ROWS FROM (json_array_elements_text(CAST(:p_turn_tenants AS JSON)), "
+            "json_array_elements_text(CAST(:p_turn_counts AS JSON)), "
+            "json_array_elements_text(CAST(:p_turn_dues AS JSON))) AS counted(tenant, queued, due)"
+        )
+        .bindparams(*(param(name, Text()) for name in ("turn_tenants", "turn_counts", "turn_dues")))
+        .columns(column("tenant", Text), column("queued", BigInteger), column("due", Integer))
+        .cte("counted")
     )
+    times = Grouping(cast(param("times"), ARRAY(TZ)))
+    woken = turns_upsert(
+        tables.queue_turns,
+        select(
+            param("queue", tables.work.c.queue.type),
+            counted.c.tenant,
+            ZERO,
+            counted.c.queued,
+            times[counted.c.due],
+            param("now", TZ),
+            counted.c.queued,
+        ),
+    ).cte("woken")
+    return select(func.pg_notify(param("channel"), literal_column("''"))).add_cte(inserted, woken)
 
 
 def enqueue_many(tables: Tables) -> Select[Any]:
@@ -251,13 +289,16 @@ def enqueue_many(tables: Tables) -> Select[Any]:
     second statement. Every other item was stored as sent.
     """
     work, turns = tables.work, tables.queue_turns
-    batch, inserted = _batch_insert(tables, skip_stored=True)
+    batch, insert = _batch_insert(tables, skip_stored=True)
+    inserted = insert.returning(
+        work.c.queue, work.c.tenant, work.c.item_id, work.c.available_at, work.c.status
+    ).cte("inserted")
     woken = turn_added(turns, inserted, grouped=True).cte("woken")
     # The items the insert skipped (usually none): an anti-join of two small sets, run only
     # when the insert stored fewer rows than the batch holds (a one-time filter).
-    some_skipped = select(func.count()).select_from(
-        inserted
-    ).scalar_subquery() < func.json_array_length(cast(param("tenants", Text()), JSON))
+    some_skipped = select(func.count()).select_from(inserted).scalar_subquery() < param(
+        "count", Integer()
+    )
     skipped = (
         select(batch.c.ord, batch.c.tenant, batch.c.item_id, batch.c.unique_slot)
         .where(
