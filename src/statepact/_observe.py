@@ -294,6 +294,7 @@ CALLS: tuple[CallSpec, ...] = (
     CallSpec(_STATE, "list_runs", "state", "list_runs", _ids("tenant", None, "runs")),
     CallSpec(_STATE, "delete_run", "state", "delete_run", _ids("tenant", "run_id", "runs")),
     CallSpec(_STATE, "prune_runs", "state", "prune_runs", _ids("tenant", None, "runs")),
+    CallSpec(_STATE, "run_totals", "state", "run_totals", _ids("tenant", None, "runs")),
     CallSpec(
         _STATE, "put_session", "state", "put_session", _record("record", "session_id", "sessions")
     ),
