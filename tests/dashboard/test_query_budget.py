@@ -22,8 +22,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300
 DONE_ITEMS = 1_000_000
 DEAD_ITEMS = 2_000
 RUNS = 100_000
-#: The most statements one page may issue (the runs page: a listing, up to five totals pages,
-#: the queues' stats for the tenant list).
+#: The most statements one page may issue (the queues page: stats, paused, the oldest wait
+#: and the finished counts per queue; the runs page: a listing, one totals aggregate, the
+#: queues' stats for the tenant list).
 MAX_STATEMENTS = 12
 #: The slowest statement a page may issue, in seconds.
 MAX_STATEMENT_SECONDS = 0.050
@@ -32,8 +33,10 @@ PAGES = [
     "/queues",
     "/fragments/queues",
     "/items?queue=default&tenant=t1&item_id=done-500000",
+    "/items?queue=default&tenant=t1&unique_key=key-21",
     "/runs?tenant=big&window=1h",
-    "/runs?tenant=big&status=running&window=all",
+    "/runs?tenant=big&window=7d",
+    "/runs?tenant=big&status=running&window=24h",
     "/run?tenant=big&run_id=run-99999",
     "/workers",
     "/metrics",
@@ -86,7 +89,10 @@ async def big(statepact_postgres_database: str) -> AsyncIterator[Any]:
     async with await open_backing(settings) as backing:
         seconds = await _fill(backing.client)
         await backing.queue.enqueue_many(
-            [WorkItem(tenant=f"t{i % 20}", item_id=f"q-{i}") for i in range(2000)]
+            [
+                WorkItem(tenant=f"t{i % 20}", item_id=f"q-{i}", unique_key=f"key-{i}")
+                for i in range(2000)
+            ]
         )
         print(
             f"\nfixture: {DONE_ITEMS} done + {DEAD_ITEMS} dead items, {RUNS} runs "
