@@ -78,6 +78,7 @@ MAX_ERROR_CHARS = 4096
 MAX_BATCH = 1000
 
 _log = logging.getLogger("statepact.queue")
+_FINISHED_STATUSES = (ItemStatus.DONE, ItemStatus.CANCELLED, ItemStatus.DEAD)
 
 
 def _error_text(text: str) -> str:
@@ -556,6 +557,42 @@ class BaseWorkQueue(BackingHooks):
             return Page(items=items)
         shown = items[:count]
         return Page(items=shown, next=json.dumps([shown[-1].tenant, shown[-1].item_id]))
+
+    async def find_unique(
+        self, tenant: str, unique_key: str, *, unique_for: timedelta | None = None
+    ) -> WorkItem | None:
+        """The item of the tenant holding ``unique_key`` now, or ``None``: queued or leased
+        (with ``unique_for``, done too, the period being the current one). One probe of
+        the unique-slot index; an item whose key no longer blocks is not found by it."""
+        key = require_id("unique_key", unique_key)
+        probe = WorkItem(
+            tenant=require_id("tenant", tenant), item_id="-", unique_key=key, unique_for=unique_for
+        )
+        slot = unique_slot(probe, read_clock(self._clock)) or key
+        return await self._unique_holder(probe.tenant, slot)
+
+    async def oldest_waiting(self) -> dict[str, float]:
+        """Per tenant with ready work, the seconds its oldest ready item (queued and due)
+        has waited since it came due (``now - available_at``); tenants without ready work
+        are left out. Read per tenant from the ready index's head (docs/dashboard.md)."""
+        now = read_clock(self._clock)
+        oldest = await self._oldest_ready(now)
+        return {
+            tenant: max(0.0, (now - at).total_seconds()) for tenant, at in sorted(oldest.items())
+        }
+
+    async def finished_per_minute(self, minutes: int = 5) -> dict[ItemStatus, list[int]]:
+        """Items that finished as done, cancelled and dead in each of the last ``minutes``
+        whole minutes up to now, oldest minute first. A range count of the finished index
+        per status and minute: it costs what the items finished in those minutes cost,
+        never what all finished items do."""
+        if isinstance(minutes, bool) or not isinstance(minutes, int) or not 1 <= minutes <= 60:
+            raise ValueError(f"minutes: must be an int from 1 to 60, got {minutes!r}")
+        width = timedelta(minutes=1)
+        # The last minute ends just after now, so an item finished at now is counted.
+        since = read_clock(self._clock) + timedelta(microseconds=1) - minutes * width
+        counts = await self._finished_counts(since, width, minutes)
+        return {status: counts.get(status, [0] * minutes) for status in _FINISHED_STATUSES}
 
     async def queues(self) -> list[QueueStats]:
         """Every queue that holds items on this queue's storage (done ones included), by

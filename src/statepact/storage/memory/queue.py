@@ -49,6 +49,7 @@ __all__ = ["MemoryWorkQueue"]
 
 # The most held-back items one claim passes over in a tenant before it tries the next.
 _LOOKAHEAD = 64
+_ONE = timedelta(microseconds=1)
 
 
 @dataclass(slots=True)
@@ -534,6 +535,34 @@ class MemoryWorkQueue(BaseWorkQueue):
         keys = sorted((tenant, item_id) for tenant, ids in self._dead.items() for item_id in ids)
         chosen = [key for key in keys if after is None or key > after][:limit]
         return [self._record(self._items[key]) for key in chosen]
+
+    async def _unique_holder(self, tenant: str, slot: str) -> WorkItem | None:
+        item_id = self._slots.get((tenant, slot))
+        return None if item_id is None else await self._get_item(tenant, item_id)
+
+    async def _oldest_ready(self, now: datetime) -> dict[str, datetime]:
+        # Memory is the reference, not a server: one pass over the items is its cost.
+        oldest: dict[str, datetime] = {}
+        for entry in self._items.values():
+            due = entry.status is ItemStatus.QUEUED and entry.available_at <= now
+            # Every due time is before now + 1 µs: the default loses to any of them.
+            if due and entry.available_at < oldest.get(entry.tenant, now + _ONE):
+                oldest[entry.tenant] = entry.available_at
+        return oldest
+
+    async def _finished_counts(
+        self, since: datetime, width: timedelta, buckets: int
+    ) -> dict[ItemStatus, list[int]]:
+        counts: dict[ItemStatus, list[int]] = {}
+        for status, entries in self._finished.items():
+            row = counts.setdefault(status, [0] * buckets)
+            for updated_at, order, tenant, item_id in entries:
+                at = (updated_at - since) // width
+                if 0 <= at < buckets and self._finished_entry(
+                    status, updated_at, order, tenant, item_id
+                ):
+                    row[at] += 1
+        return counts
 
     async def _queues(self) -> list[QueueStats]:
         return [await self._stats()] if self._items else []

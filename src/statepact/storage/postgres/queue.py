@@ -575,6 +575,45 @@ class PostgresWorkQueue(BaseWorkQueue):
             found.append(counted)
         return found
 
+    async def _unique_holder(self, tenant: str, slot: str) -> WorkItem | None:
+        params = {"p_queue": self.name, "p_tenant": tenant, "p_unique_slot": slot}
+
+        async def work(conn: Conn) -> WorkItem | None:
+            row = (await conn.execute(self._sql.slot_holder, params)).mappings().first()
+            return None if row is None else item_of(row)
+
+        return await self._executor.run(work, idempotent=True)
+
+    async def _oldest_ready(self, now: datetime) -> dict[str, datetime]:
+        params = {"p_queue": self.name, "p_now": now}
+
+        async def work(conn: Conn) -> dict[str, datetime]:
+            rows = await conn.execute(self._sql.oldest_ready, params)
+            return {tenant: at for tenant, at in rows if at is not None}
+
+        return await self._executor.run(work, idempotent=True)
+
+    async def _finished_counts(
+        self, since: datetime, width: timedelta, buckets: int
+    ) -> dict[ItemStatus, list[int]]:
+        seconds = width.total_seconds()
+        params = {
+            "p_queue": self.name,
+            "p_since": since,
+            "p_until": since + buckets * width,
+            "p_width": seconds,
+        }
+
+        async def work(conn: Conn) -> dict[ItemStatus, list[int]]:
+            counts: dict[ItemStatus, list[int]] = {}
+            for status, bucket, count in await conn.execute(self._sql.finished_counts, params):
+                row = counts.setdefault(ItemStatus(status), [0] * buckets)
+                if 0 <= bucket < buckets:
+                    row[bucket] += int(count)
+            return counts
+
+        return await self._executor.run(work, idempotent=True)
+
     # -- cancel, pause, prune ---------------------------------------------
 
     async def _cancel_many(

@@ -213,6 +213,9 @@ def _define_state_tables(meta: MetaData, names: StateTables, db_schema: str | No
             postgresql_where=text("session_id IS NOT NULL"),
         ),
         Index(f"ix_{names.runs}_status_seq", "tenant", "status", "seq"),
+        # run_totals over a window: a range of the tenant's runs by creation. created_at
+        # is never rewritten, so patches stay HOT.
+        Index(f"ix_{names.runs}_tenant_created", "tenant", "created_at"),
         # Patches rewrite no indexed column: room on the page keeps them HOT.
         postgresql_with=dict(RUNS_TABLE_OPTIONS),
         schema=db_schema,

@@ -69,6 +69,8 @@ class QueueStatements(Generic[S]):
     count_prunable: S
     dead_letters_all: S
     queue_names: S
+    oldest_ready: S
+    finished_counts: S
     flow_lock: S
     flow_state: S
     flow_save: S
@@ -122,6 +124,8 @@ class QueueStatements(Generic[S]):
             count_prunable=reads.count_prunable(work),
             dead_letters_all=reads.dead_letters_all(work),
             queue_names=reads.queue_names(work),
+            oldest_ready=reads.oldest_ready(tables.queue_turns, work),
+            finished_counts=reads.finished_counts(work),
             flow_lock=flow.lock(tables),
             flow_state=flow.state(tables.queue_control),
             flow_save=flow.save(tables.queue_control),
