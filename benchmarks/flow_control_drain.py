@@ -82,9 +82,15 @@ async def main(args: argparse.Namespace) -> None:
     async with open_backings(
         args.backend, args.url, clock=SystemClock(), policy=QueuePolicy(), connections=40
     ) as b:
-        print(f"{args.backend}: {b.where}; {args.items:,} items, {args.tenants} tenants, "
-              f"{args.keys} keys, best of {args.rounds}")
+        print(
+            f"{args.backend}: {b.where}; {args.items:,} items, {args.tenants} tenants, "
+            f"{args.keys} keys, best of {args.rounds}"
+        )
         queue = await b.new_queue("flow", QueuePolicy(keep_done=timedelta(0)))
+        # Untimed: connections opened, statements prepared, both ways.
+        warm = argparse.Namespace(**{**vars(args), "items": 200})
+        for limited in (False, True):
+            await cell(queue, warm, 10, limited, f"warm-{limited}")
         for workers in args.workers:
             best = {False: 0.0, True: 0.0}
             for r in range(args.rounds):
