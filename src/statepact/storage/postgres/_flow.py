@@ -1,8 +1,10 @@
 """The claim under ``QueueLimits`` on PostgreSQL: ``claim_limited``.
 
 Runs only when the queue's control row holds limits (the plain claims then yield
-nothing), in one transaction holding the queue's flow lock, so limited claims of a
-queue run one at a time and see each other's leases and rate buckets. The same rules
+nothing), in one transaction holding the queue's flow lock (its control row, locked),
+so limited claims of a queue run one at a time and see each other's leases and rate
+buckets; the lock is held over three statements (lock, pick, lease) and the commit,
+which does not wait for the WAL flush: that is waited for after (``flush``). The same rules
 as the memory and Redis queues (statepact._queue_limits): a tenant at its cap, or
 whose first ``LOOKAHEAD`` due items a key cap, a (tenant, key) cap or a rate holds
 back, keeps its turn and the walk goes on to the next tenant; at most ``MAX_PASSES``
