@@ -22,7 +22,13 @@ from datetime import datetime, timedelta
 from typing import Self
 
 from statepact._codec import decode_json
-from statepact._queue_limits import QueueLimits, admissible_at, bucket_of, window_start
+from statepact._queue_limits import (
+    RATE_BUCKETS,
+    QueueLimits,
+    admissible_at,
+    bucket_of,
+    window_start,
+)
 from statepact.clock import Clock, from_micros, to_micros
 from statepact.models import (
     ItemStatus,
@@ -335,9 +341,10 @@ class MemoryWorkQueue(BaseWorkQueue):
             buckets = self._spent.setdefault((kind, name), {})
             bucket = bucket_of(rate, micros)
             buckets[bucket] = buckets.get(bucket, 0) + entry.weight
-            oldest = window_start(rate, micros)
-            for old in [b for b in buckets if b < oldest]:
-                del buckets[old]
+            if len(buckets) > RATE_BUCKETS + 1:  # else all may be in the window: keep them
+                oldest = window_start(rate, micros)
+                for old in [b for b in buckets if b < oldest]:
+                    del buckets[old]
 
     def _hold_key(self, entry: _Item, change: int) -> None:
         key = entry.limit_key

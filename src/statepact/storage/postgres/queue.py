@@ -134,6 +134,9 @@ class PostgresWorkQueue(BaseWorkQueue):
             max_value_bytes=self._settings.max_value_bytes,
         )
         self._tables = tables_for(tables, self._settings.db_schema)
+        #: Whether this queue's last claim found ``QueueLimits`` set (claims then go to
+        #: the limited claim first; a hint only, the control row decides).
+        self._limited = False
         self._executor: Executor
         # The statements the executor runs: compiled once for the driver on an engine (the
         # DirectExecutor, a fraction of SQLAlchemy's cost per statement), Core expressions on
@@ -356,6 +359,13 @@ class PostgresWorkQueue(BaseWorkQueue):
 
         async def work(conn: Conn) -> list[Lease]:
             rows: list[RowMapping] = []
+            if self._limited:
+                # The last claim found limits: claim under them first, without the plain
+                # claims (which yield nothing then) nor the probe (None: limits gone).
+                limited = await claim_limited(conn, self._sql, params, now, limit, probe=False)
+                if limited is not None:
+                    return leases(limited)
+                self._limited = False
             if limit > 1:
                 batch = {**params, "p_limit": limit}
                 rows = list((await conn.execute(self._sql.claim_many, batch)).mappings().all())
@@ -370,7 +380,11 @@ class PostgresWorkQueue(BaseWorkQueue):
                 # Nothing due, or the queue has limits (the plain claims then yield
                 # nothing): only an empty claim pays for asking (docs/backings.md#flow-control).
                 limited = await claim_limited(conn, self._sql, params, now, limit)
+                self._limited = limited is not None
                 rows = rows if limited is None else limited
+            return leases(rows)
+
+        def leases(rows: list[RowMapping]) -> list[Lease]:
             return [
                 stored_lease(item_of(row), worker_id, row["token"], expires_at, seconds)
                 for row in rows
