@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statepact.settings import PostgresStoreSettings
-from statepact.storage.postgres._client import asyncpg_url, create_engine
+from statepact.storage.postgres._engine import asyncpg_url, create_engine
 
 __all__ = ["own_engine"]
 
