@@ -30,7 +30,6 @@ from statepact._cancel import finish
 from statepact._retry import RetryPolicy
 from statepact.clock import Clock
 from statepact.errors import (
-    ConflictError,
     SchemaVersionError,
     StatepactError,
     StatePersistenceError,
@@ -379,8 +378,8 @@ class PostgresBackend:
         except StatepactError:
             return
 
-    async def read(self, resource: str, key: str, at: Snapshot | None) -> StoredValue:
-        async def work(conn: Statements) -> StoredValue:
+    async def read(self, resource: str, key: str, at: Snapshot | None) -> StoredValue | Refusal:
+        async def work(conn: Statements) -> StoredValue | Refusal:
             if at is None:
                 result = await conn.execute(READ_LATEST, {"resource": resource, "key": key})
             else:
@@ -389,11 +388,12 @@ class PostgresBackend:
                 if version is not None:
                     return StoredValue(data, int(version))
                 if pruned:
-                    raise ConflictError.snapshot_too_old(
+                    return Refusal(
+                        "too_old",
                         resource,
                         key,
-                        at=at.sequence,
-                        gone="dropped from the history by prune_history "
+                        taken_at=at.sequence,
+                        reason="dropped from the history by prune_history "
                         f"(history_retention_seconds={self.history_retention:g})",
                     )
                 return _ABSENT
