@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import Any, Self, TypedDict, TypeVar, Unpack
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
 from statepact._cancel import finish
@@ -38,7 +38,7 @@ from statepact.errors import (
 from statepact.settings import PostgresStoreSettings
 from statepact.storage.postgres._commits import Commits
 from statepact.storage.postgres._direct import DirectExecutor, Prepared, Statements
-from statepact.storage.postgres._pool import own_engine
+from statepact.storage.postgres._pool import own_engine, warm
 from statepact.storage.postgres._predict import LocalOrder
 from statepact.storage.postgres._reads import FirstReads
 from statepact.storage.postgres._sql.tx import PING, TxStatements, statements
@@ -240,7 +240,7 @@ class PostgresBackend:
             raise
         backend._owns_engine = True
         try:
-            await backend._warm(min_size)
+            await warm(backend._engine, min_size)
         except BaseException:
             await backend.close()
             raise
@@ -284,23 +284,6 @@ class PostgresBackend:
             "run `statepact db upgrade` (or connect with create_schema=True)",
             expected="statepact_0004",
         )
-
-    async def _warm(self, count: int) -> None:
-        """Open ``count`` pooled connections now rather than on the first calls."""
-        if count <= 0:
-            return
-        engine = self._engine
-        opened: list[AsyncConnection] = []
-        try:
-            for _ in range(count):
-                conn = await engine.connect()
-                opened.append(conn)
-                await conn.execute(PING)
-        except Exception:
-            return  # warming is an optimisation; the first real call reports any trouble
-        finally:
-            for conn in opened:
-                await conn.close()
 
     @property
     def engine(self) -> AsyncEngine:
