@@ -14,7 +14,6 @@ cancels, pauses, resumes and prunes at INFO.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -23,10 +22,6 @@ from datetime import datetime, timedelta
 
 from statepact import _observe
 from statepact._codec import (
-    check_size,
-    plain_int,
-    plain_json,
-    require_count,
     require_id,
     require_limit,
     require_seconds,
@@ -38,9 +33,20 @@ from statepact._limits import (
     MAX_PRIORITY,
     MAX_RETRY_DELAY,
     MAX_SHARED_ENQUEUES,
-    MAX_WEIGHT,
     PRUNE_BATCH,
 )
+
+# Re-exported: the worker, the backings and the CLI have always imported them from here.
+from statepact._queue.checks import MAX_BATCH as MAX_BATCH  # noqa: PLC0414
+from statepact._queue.checks import MAX_ERROR_CHARS as MAX_ERROR_CHARS  # noqa: PLC0414
+from statepact._queue.checks import (
+    CheckedWatch,
+    dead_cursor,
+    error_text,
+    prepared_item,
+    require_lease,
+)
+from statepact._queue.checks import SleepWatch as SleepWatch  # noqa: PLC0414
 from statepact._queue.hooks import BackingHooks
 from statepact._queue.protocol import WorkQueue
 from statepact._queue_limits import QueueLimits, Rate
@@ -56,7 +62,7 @@ from statepact._queue_policy import (
 from statepact._shared import SharedRoundTrips
 from statepact.clock import Clock, SystemClock, read_clock
 from statepact.errors import LeaseLostError, StatePersistenceError
-from statepact.models import ItemStatus, Lease, Page, QueueStats, WorkItem, stored
+from statepact.models import ItemStatus, Lease, Page, QueueStats, WorkItem
 from statepact.settings import redact_dsn
 
 __all__ = [
@@ -74,82 +80,8 @@ __all__ = [
     "unique_slot",
 ]
 
-MAX_ERROR_CHARS = 4096
-MAX_BATCH = 1000
-
 _log = logging.getLogger("statepact.queue")
 _FINISHED_STATUSES = (ItemStatus.DONE, ItemStatus.CANCELLED, ItemStatus.DEAD)
-
-
-def _error_text(text: str) -> str:
-    """An error or reason as every backing can store it: no NUL, lone surrogates as "?"
-    (UTF-8 cannot hold them), at most ``MAX_ERROR_CHARS``."""
-    message = text.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
-    return message[:MAX_ERROR_CHARS]
-
-
-def _unique_for(field: str, item: WorkItem) -> timedelta | None:
-    """The item's checked ``unique_for``, which only makes sense with a ``unique_key``."""
-    period = item.unique_for
-    if period is None:
-        return None
-    if item.unique_key is None:
-        raise ValueError(f"{field}unique_for: is only meaningful with a unique_key")
-    seconds = require_seconds(f"{field}unique_for", period)
-    return period if isinstance(period, timedelta) else timedelta(seconds=seconds)
-
-
-def _dead_cursor(after: object) -> tuple[str, str]:
-    """``dead_letters_all``'s ``after``: the ``next`` of a page, ``["tenant", "item_id"]``."""
-    if not isinstance(after, str):
-        raise TypeError(f"after: must be a str (a page's next), got {type(after).__name__}")
-    try:
-        tenant, item_id = json.loads(after)
-        return require_id("after", tenant), require_id("after", item_id)
-    except (ValueError, TypeError):
-        raise ValueError("after: is not the next of a dead_letters_all page") from None
-
-
-def _require_lease(lease: object, field: str = "lease") -> Lease:
-    """A lease whose fields a backing reads have the right types and ranges.
-
-    A lease rebuilt with ``model_copy``/``model_construct`` skips pydantic's
-    checks, so what the settle calls read is checked here, before anything is sent.
-    """
-    if not isinstance(lease, Lease):
-        raise TypeError(f"{field}: must be a Lease, got {type(lease).__name__}")
-    if not isinstance(lease.item, WorkItem):
-        raise TypeError(f"{field}.item: must be a WorkItem, got {type(lease.item).__name__}")
-    require_id(f"{field}.item.tenant", lease.item.tenant)
-    require_id(f"{field}.item.item_id", lease.item.item_id)
-    require_count(f"{field}.item.attempts", lease.item.attempts)
-    token = lease.token
-    if isinstance(token, bool) or not isinstance(token, int):
-        raise TypeError(f"{field}.token: must be an int, got {type(token).__name__}")
-    if not 0 <= token < 2**63:
-        raise ValueError(f"{field}.token: {token} is not a token any queue issues")
-    return lease
-
-
-class _CheckedWatch:
-    """A backing's ``WorkWatch`` behind the front's check of ``timeout``."""
-
-    __slots__ = ("_watch",)
-
-    def __init__(self, watch: WorkWatch) -> None:
-        self._watch = watch
-
-    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - the fallback poll
-        return await self._watch.wait(require_seconds("timeout", timeout, allow_zero=True))
-
-
-class SleepWatch:
-    """Wake-ups with nothing to listen to (a queue on one caller's connection): the
-    timeout only."""
-
-    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - the fallback poll
-        await asyncio.sleep(timeout)
-        return False
 
 
 class BaseWorkQueue(BackingHooks):
@@ -201,61 +133,9 @@ class BaseWorkQueue(BackingHooks):
         self, field: str, item: object, now: datetime, available_at: datetime
     ) -> tuple[WorkItem, bytes]:
         """The checked, fresh record of ``item`` and its encoded payload; errors name ``field``."""
-        if not isinstance(item, WorkItem):
-            raise TypeError(f"{field or 'item'}: must be a WorkItem, got {type(item).__name__}")
-        tenant = require_id(f"{field}tenant", item.tenant)
-        item_id = require_id(f"{field}item_id", item.item_id)
-        if item.queue is not None and item.queue != self._name:
-            raise ValueError(
-                f"{field}queue: the item names queue {item.queue!r}, this is {self._name!r}"
-            )
-        if isinstance(item.priority, bool) or not isinstance(item.priority, int):
-            raise TypeError(f"{field}priority: must be an int, got {type(item.priority).__name__}")
-        if not -MAX_PRIORITY <= item.priority <= MAX_PRIORITY:
-            raise ValueError(f"{field}priority: must be between -{MAX_PRIORITY} and {MAX_PRIORITY}")
-        priority = plain_int(item.priority)
-        unique_key = (
-            None if item.unique_key is None else require_id(f"{field}unique_key", item.unique_key)
+        return prepared_item(
+            field, item, now, available_at, queue=self._name, max_value_bytes=self._max_value_bytes
         )
-        unique_for = _unique_for(field, item)
-        timeout = None if item.timeout is None else require_seconds(f"{field}timeout", item.timeout)
-        limit_key = (
-            None if item.limit_key is None else require_id(f"{field}limit_key", item.limit_key)
-        )
-        weight = item.weight
-        if isinstance(weight, bool) or not isinstance(weight, int):
-            raise TypeError(f"{field}weight: must be an int, got {type(weight).__name__}")
-        if not 1 <= weight <= MAX_WEIGHT:
-            raise ValueError(f"{field}weight: must be between 1 and {MAX_WEIGHT}, got {weight}")
-        plain, payload = plain_json(f"{field}payload", item.payload)
-        if len(payload) > self._max_value_bytes:
-            check_size(
-                f"{field}payload", len(payload), self._max_value_bytes, where=f"item {item_id!r}"
-            )
-        # Every field is checked above and of its type: build the record without
-        # validating it again (a fifth of model_construct's cost; the same record).
-        fresh = stored(
-            WorkItem,
-            {
-                "tenant": tenant,
-                "item_id": item_id,
-                "payload": plain,
-                "queue": self._name,
-                "priority": priority,
-                "available_at": available_at,
-                "attempts": 0,
-                "status": ItemStatus.QUEUED,
-                "last_error": None,
-                "created_at": now,
-                "updated_at": now,
-                "unique_key": unique_key,
-                "unique_for": unique_for,
-                "timeout": timeout,
-                "limit_key": limit_key,
-                "weight": plain_int(weight),
-            },
-        )
-        return fresh, payload
 
     async def enqueue(self, item: WorkItem, *, delay: float | timedelta | None = None) -> WorkItem:
         now = read_clock(self._clock)
@@ -316,7 +196,7 @@ class BaseWorkQueue(BackingHooks):
         return await self._claim(worker, now, seconds, count)
 
     async def heartbeat(self, lease: Lease) -> Lease:
-        checked = _require_lease(lease)
+        checked = require_lease(lease)
         require_id("lease.worker_id", checked.worker_id)
         seconds = require_seconds("lease.lease_seconds", checked.lease_seconds)
         if checked.lease_seconds != seconds or type(checked.lease_seconds) is not float:
@@ -330,7 +210,7 @@ class BaseWorkQueue(BackingHooks):
         return renewed
 
     async def ack(self, lease: Lease) -> WorkItem:
-        checked = _require_lease(lease)
+        checked = require_lease(lease)
         done = await self._ack(checked, read_clock(self._clock))
         if done is None:
             raise self._lost("ack", checked)
@@ -345,7 +225,7 @@ class BaseWorkQueue(BackingHooks):
             )
         seen: dict[tuple[str, str], int] = {}
         for index, lease in enumerate(leases):
-            checked = _require_lease(lease, f"leases[{index}]")
+            checked = require_lease(lease, f"leases[{index}]")
             key = (checked.item.tenant, checked.item.item_id)
             if key in seen:
                 raise ValueError(
@@ -367,7 +247,7 @@ class BaseWorkQueue(BackingHooks):
         retryable: bool = True,
         retry_in: float | timedelta | None = None,
     ) -> WorkItem:
-        checked = _require_lease(lease)
+        checked = require_lease(lease)
         if not isinstance(error, str):
             raise TypeError(f"error: must be a str, got {type(error).__name__}")
         if not isinstance(retryable, bool):
@@ -377,7 +257,7 @@ class BaseWorkQueue(BackingHooks):
             if retry_in is None
             else require_seconds("retry_in", retry_in, allow_zero=True, most=MAX_RETRY_DELAY)
         )
-        message = _error_text(error)
+        message = error_text(error)
         now = read_clock(self._clock)
         outcome = self._policy.after_failure(checked.item.attempts, now, retryable=retryable)
         if wait is not None and not outcome.dead:
@@ -415,7 +295,7 @@ class BaseWorkQueue(BackingHooks):
         delay: float | timedelta | None = None,
         count_attempt: bool = False,
     ) -> WorkItem:
-        checked = _require_lease(lease)
+        checked = require_lease(lease)
         wait = (
             0.0
             if delay is None
@@ -468,7 +348,7 @@ class BaseWorkQueue(BackingHooks):
                 )
         if reason is not None and not isinstance(reason, str):
             raise TypeError(f"reason: must be a str or None, got {type(reason).__name__}")
-        message = None if reason is None else _error_text(reason)
+        message = None if reason is None else error_text(reason)
         now = read_clock(self._clock)
         answers = await self._cancel_many(owner, list(seen), message, now)
         cancelled = [
@@ -551,7 +431,7 @@ class BaseWorkQueue(BackingHooks):
         """Dead items of every tenant, by ``(tenant, item_id)``, a page at a time: pass
         ``next`` back as ``after``. ``after`` is refused (naming it) unless a page gave it."""
         count = require_limit(limit, MAX_BATCH)
-        start = None if after is None else _dead_cursor(after)
+        start = None if after is None else dead_cursor(after)
         items = await self._dead_letters_all(start, count + 1)
         if len(items) <= count:
             return Page(items=items)
@@ -680,7 +560,7 @@ class BaseWorkQueue(BackingHooks):
         if on_cancel is not None and not callable(on_cancel):
             raise TypeError(f"on_cancel: must be callable, got {type(on_cancel).__name__}")
         async with self._watch(on_cancel) as watch:
-            yield _CheckedWatch(watch)
+            yield CheckedWatch(watch)
 
     # -- what the log records carry ---------------------------------------
 

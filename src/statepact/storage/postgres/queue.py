@@ -27,7 +27,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session, scoped_session
 
 from statepact._cancel import finish
-from statepact._codec import json_array, json_array_of_encoded
 from statepact.clock import Clock
 from statepact.errors import QueueUnavailableError
 from statepact.models import (
@@ -47,16 +46,15 @@ from statepact.queue import (
     QueuePolicy,
     SleepWatch,
     WorkWatch,
-    unique_slot,
 )
 from statepact.settings import PostgresStoreSettings
 from statepact.storage.postgres._client import (
     BoundExecutor,
     EngineExecutor,
     Executor,
-    is_unique_violation,
 )
 from statepact.storage.postgres._direct import DirectExecutor, Prepared
+from statepact.storage.postgres._enqueue import batch_params, store_many, store_one
 from statepact.storage.postgres._flow import claim_limited
 from statepact.storage.postgres._listen import ListenWatch, control_channel
 from statepact.storage.postgres._queue_support import (
@@ -65,7 +63,6 @@ from statepact.storage.postgres._queue_support import (
     cutoff_params,
     item_of,
     item_or_none,
-    optional_json,
     prune,
 )
 from statepact.storage.postgres._sql.queue import CoreStatement, QueueStatements
@@ -99,11 +96,6 @@ def _channel(tables: Tables, queue: str) -> str:
 # ERROR (a unique violation): smaller batches, which idempotent re-enqueues and the shared
 # single enqueues make, always go as ``enqueue_many``, which fails nothing.
 _NEW_FIRST_FROM = 1_000
-
-# Inserts of one item whose conflicting holder was gone when read (pruned, or its slot
-# freed in between) before the enqueue gives up: each try needs another writer between
-# its two statements.
-_HOLDER_TRIES = 5
 
 
 class PostgresWorkQueue(BaseWorkQueue):
@@ -234,115 +226,26 @@ class PostgresWorkQueue(BaseWorkQueue):
 
     async def _enqueue(self, item: WorkItem, payload: bytes) -> WorkItem:
         async def work(conn: Conn) -> WorkItem:
-            return await self._store_one(conn, item, payload)
+            return await store_one(conn, self._sql, self._channel, item, payload)
 
         return await self._executor.run(work, idempotent=True)
 
-    async def _store_one(self, conn: Conn, item: WorkItem, payload: bytes) -> WorkItem:
-        """Insert one item, or answer the stored item its id or unique slot names."""
-        slot = unique_slot(item, item.created_at)  # type: ignore[arg-type]
-        params = {
-            **self._key(item.tenant, item.item_id),
-            "p_channel": self._channel,
-            "p_payload": payload.decode("utf-8"),
-            "p_priority": item.priority,
-            "p_available_at": item.available_at,
-            "p_now": item.created_at,
-            "p_unique_key": item.unique_key,
-            "p_unique_for": item.unique_for,
-            "p_timeout": item.timeout,
-            "p_unique_slot": slot,
-            "p_limit_key": item.limit_key,
-            "p_weight": item.weight,
-        }
-        for _ in range(_HOLDER_TRIES):
-            inserted = (await conn.execute(self._sql.enqueue, params)).scalar()
-            if inserted:
-                return item  # stored as sent: the front built the record
-            found = await self._holder(conn, item.tenant, item.item_id, slot)
-            if found is not None:
-                return found
-        raise QueueUnavailableError(
-            f"enqueue of item {item.item_id!r}: its id or unique slot was held, and the "
-            f"holder gone when read, {_HOLDER_TRIES} times"
-        )
-
-    async def _holder(
-        self, conn: Conn, tenant: str, item_id: str, slot: str | None
-    ) -> WorkItem | None:
-        """The stored item an insert conflicted with: the item itself (its id is the
-        idempotency key, checked first), else the holder of its unique slot; ``None``
-        when neither is there any more (pruned, or the slot freed: insert again)."""
-        key = self._key(tenant, item_id)
-        row = (await conn.execute(self._sql.get_item, key)).mappings().first()
-        if row is None and slot is not None:
-            holder = {**key, "p_unique_slot": slot}
-            row = (await conn.execute(self._sql.slot_holder, holder)).mappings().first()
-        return None if row is None else item_of(row)
-
     async def _enqueue_many(self, batch: list[tuple[WorkItem, bytes]]) -> list[WorkItem]:
-        # Each moment once, each item naming its own by place (from 1): see _batch_insert.
-        slots = [unique_slot(item, item.created_at) for item, _ in batch]  # type: ignore[arg-type]
-        places: dict[datetime | None, int] = {}
-        available = [places.setdefault(item.available_at, len(places) + 1) for item, _ in batch]
-        created = [places.setdefault(item.created_at, len(places) + 1) for item, _ in batch]
-        times = list(places)
-        params = {
-            "p_queue": self.name,
-            "p_channel": self._channel,
-            # The latest clock reading of the batch (concurrent enqueues share one): turns.
-            "p_now": max(item.created_at for item, _ in batch),  # type: ignore[type-var]
-            # Each column one JSON text (see _sql.queue._batch_insert).
-            "p_tenants": json_array([item.tenant for item, _ in batch]),
-            "p_item_ids": json_array([item.item_id for item, _ in batch]),
-            "p_payloads": json_array_of_encoded([payload for _, payload in batch]),
-            "p_priorities": json_array([item.priority for item, _ in batch]),
-            "p_times": times,
-            "p_available": json_array(available),
-            "p_created": json_array(created),
-            # Optional columns (null where unset), of values the front checked.
-            "p_unique_keys": optional_json([item.unique_key for item, _ in batch]),
-            "p_unique_fors": optional_json(
-                [None if i.unique_for is None else i.unique_for.total_seconds() for i, _ in batch]
-            ),
-            "p_timeouts": optional_json([item.timeout for item, _ in batch]),
-            "p_slots": optional_json(slots),
-            "p_limit_keys": optional_json([item.limit_key for item, _ in batch]),
-            "p_weights": json_array([item.weight for item, _ in batch]),
-        }
-
+        params, slots = batch_params(self.name, self._channel, batch)
         # Only on the driver (autocommit), where a failed statement aborts nothing else;
         # never inside a caller's transaction (bound) or on the caller's AsyncConnection.
         new_first = isinstance(self._executor, DirectExecutor) and len(batch) >= _NEW_FIRST_FROM
 
         async def work(conn: Conn) -> list[WorkItem]:
-            answer = [item for item, _ in batch]
-            if new_first:
-                # A bulk load is usually all new: insert it without ON CONFLICT's probe of
-                # every row. An item stored already fails that statement, which writes
-                # nothing; the batch then goes as enqueue_many.
-                try:
-                    await conn.execute(self._sql.enqueue_new, params)
-                    return answer
-                except Exception as exc:
-                    if not is_unique_violation(exc):
-                        raise
-            # Only the items the insert skipped come back; every other one was stored as sent.
-            rows = (await conn.execute(self._sql.enqueue_many, params)).mappings().all()
-            for row in rows:
-                if row["ord"] is None:  # the notify's own row: nothing skipped
-                    continue
-                place = row["ord"] - 1
-                if row["status"] is not None:
-                    answer[place] = item_of(row)
-                    continue
-                # Inserted after this statement's snapshot (by a concurrent enqueue, or by
-                # this batch: two items of one unique slot), or gone since (then stored
-                # again, alone).
-                item, payload = batch[place]
-                found = await self._holder(conn, item.tenant, item.item_id, slots[place])
-                answer[place] = found or await self._store_one(conn, item, payload)
-            return answer
+            return await store_many(
+                conn,
+                self._sql,
+                self._channel,
+                batch,
+                params=params,
+                slots=slots,
+                new_first=new_first,
+            )
 
         return await self._executor.run(work, idempotent=True)
 
