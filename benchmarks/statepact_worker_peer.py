@@ -12,7 +12,13 @@ claims, heartbeats and acks are the Worker's, not hand-written loops). Each row'
 ``statepact.<backing>.worker.wake``: 200 items enqueued one at a time to an idle
 Worker (concurrency 10), the time from the enqueue call to the handler's start
 (``ops_per_s`` is 1 / the mean), with ``p50_ms``, ``p99_ms`` and ``max_ms`` beside
-``poll_interval_s``, the fallback poll the wake-ups replace.
+``poll_interval_s``, the fallback poll the wake-ups replace. And on Redis and
+PostgreSQL, ``statepact.<backing>.process.p1`` and ``.process.p2``: ``statepact
+worker --processes 1`` and ``2`` (a no-op task, the Worker's defaults otherwise)
+draining ``--process-items`` items enqueued in batches, timed until the server
+counts nothing queued or leased and checked after (nothing queued, leased or
+dead); the ``.p2`` row's ``params`` carries ``vs_p1``, its ratio to ``.p1``
+(``benchmarks/worker_processes.py`` is the drain).
 
 Needs the shared peers directory on ``PYTHONPATH`` (run.sh sets it) and statepact
 installed in the bench venv (run.sh installs the checkout).
@@ -22,15 +28,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from benchlib import Timer, emit, emit_failure, log, versions
+from benchlib import REDIS_HOST, REDIS_PORT, Timer, emit, emit_failure, log, versions
 from queuebench import WARMUP_JOBS, run_rounds
-from statepact_peer import Backing, state_calls, tx_scenarios
+from statepact_peer import DB, Backing, pg_url, state_calls, tx_scenarios
 
 from statepact.models import WorkItem
 from statepact.worker import Job, Worker, WorkerHooks
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import worker_processes  # the drain by `statepact worker --processes N`
 
 
 async def worker_drain(queue: Any, count: int, concurrency: int, budget: float) -> Timer:
@@ -168,6 +179,26 @@ async def queue_rounds(b: Backing, n: int, conc: int, loops: int, budget: float)
         emit_failure(f"statepact.{b.kind}.worker.wake", e, **common)
 
 
+async def process_rounds(kind: str, items: int) -> None:
+    """``statepact worker --processes 1`` and ``2`` on the server ``kind``, one drain each."""
+    url = f"redis://{REDIS_HOST}:{REDIS_PORT}/6" if kind == "redis" else pg_url(DB)
+    common = {
+        "versions": versions("statepact", "redis", "sqlalchemy", "asyncpg"),
+        "backing": kind,
+        "driver": "worker --processes",
+    }
+    took: dict[int, float] = {}
+    for processes in (1, 2):
+        name = f"statepact.{kind}.process.p{processes}"
+        try:
+            took[processes] = await worker_processes.drain(kind, url, processes, items)
+        except Exception as e:
+            emit_failure(name, e, **common)
+            return
+        extra = {"vs_p1": round(took[1] / took[2], 3)} if processes == 2 else {}
+        emit(name, items, took[processes], processes=processes, **extra, **common)
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -182,6 +213,7 @@ async def main() -> None:
     ap.add_argument("--worker-concurrency", type=int, default=10)
     ap.add_argument("--state-per", type=int, default=250)
     ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--process-items", type=int, default=20_000)
     ap.add_argument("--only", choices=["tx", "queue", "state"], action="append")
     args = ap.parse_args()
     parts = args.only or ["tx", "queue", "state"]
@@ -207,6 +239,8 @@ async def main() -> None:
                     emit_failure(f"statepact.{kind}.queue", e)
             if "state" in parts:
                 await state_calls(b, args.agents, args.state_per)
+            if "queue" in parts and kind != "memory":
+                await process_rounds(kind, args.process_items)
         finally:
             await b.close()
             log(f"statepact_worker_peer: {kind} took {time.monotonic() - began:.0f} s")

@@ -294,6 +294,7 @@ CALLS: tuple[CallSpec, ...] = (
     CallSpec(_STATE, "list_runs", "state", "list_runs", _ids("tenant", None, "runs")),
     CallSpec(_STATE, "delete_run", "state", "delete_run", _ids("tenant", "run_id", "runs")),
     CallSpec(_STATE, "prune_runs", "state", "prune_runs", _ids("tenant", None, "runs")),
+    CallSpec(_STATE, "run_totals", "state", "run_totals", _ids("tenant", None, "runs")),
     CallSpec(
         _STATE, "put_session", "state", "put_session", _record("record", "session_id", "sessions")
     ),
@@ -326,6 +327,9 @@ CALLS: tuple[CallSpec, ...] = (
     CallSpec(_QUEUE, "prunable", "queue", "prunable"),
     CallSpec(_QUEUE, "dead_letters_all", "queue", "dead_letters_all"),
     CallSpec(_QUEUE, "queues", "queue", "queues"),
+    CallSpec(_QUEUE, "find_unique", "queue", "find_unique", _ids("tenant", None, None)),
+    CallSpec(_QUEUE, "oldest_waiting", "queue", "oldest_waiting"),
+    CallSpec(_QUEUE, "finished_per_minute", "queue", "finished_per_minute"),
     CallSpec(_QUEUE, "set_limits", "queue", "set_limits"),
     CallSpec(_QUEUE, "limits", "queue", "limits"),
     CallSpec(_QUEUE, "reap", "queue", "reap"),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from datetime import timedelta
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
@@ -54,9 +55,10 @@ class Rate(BaseModel):
     def _seconds(self, per: timedelta) -> float:
         return per.total_seconds()
 
-    @property
+    @cached_property
     def bucket_micros(self) -> int:
-        """The width of one bucket in microseconds (at least 1 ms)."""
+        """The width of one bucket in microseconds (at least 1 ms); computed once (every
+        limited claim asks)."""
         return max(1000, (self.per // timedelta(microseconds=1)) // RATE_BUCKETS)
 
 
@@ -132,9 +134,10 @@ class QueueLimits(BaseModel):
             raise ValueError(f"key_rates: names {len(value)} keys; at most {MAX_LIMIT_KEYS}")
         return {require_id(f"key_rates[{key!r}]", key): rate for key, rate in value.items()}
 
-    @property
+    @cached_property
     def empty(self) -> bool:
-        """Whether nothing is limited (claims then cost what they cost without limits)."""
+        """Whether nothing is limited (claims then cost what they cost without limits);
+        computed once (every claim asks, and comparing models is not free)."""
         return self == _NONE
 
     def tenant_cap(self, tenant: str) -> int | None:
@@ -169,6 +172,8 @@ def admissible_at(
     (``weight`` above the rate's)."""
     if weight > rate.weight:
         return None
+    if sum(buckets.values()) + weight <= rate.weight:
+        return now_micros  # fits even counting every bucket given: the common case, cheap
     current = bucket_of(rate, now_micros)
     for ahead in range(RATE_BUCKETS + 2):
         first = current + ahead - RATE_BUCKETS

@@ -22,6 +22,7 @@ __all__ = [
     "QueueStats",
     "RunRecord",
     "RunStatus",
+    "RunTotals",
     "SessionRecord",
     "TenantQueueStats",
     "WorkItem",
@@ -66,6 +67,22 @@ class RunRecord(BaseModel):
     created_at: datetime | None = None
     updated_at: datetime | None = None
     seq: int | None = None
+
+
+class RunTotals(BaseModel):
+    """A tenant's runs created at or after ``since`` (``StateStore.run_totals``): how many,
+    how many of each status, and their counters summed, exactly."""
+
+    model_config = _FROZEN
+
+    tenant: str
+    since: datetime
+    runs: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: Decimal = Decimal(0)
+    iterations: int = 0
+    by_status: dict[str, int] = Field(default_factory=dict)
 
 
 class SessionRecord(BaseModel):

@@ -14,7 +14,6 @@ cancels, pauses, resumes and prunes at INFO.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -23,7 +22,6 @@ from datetime import datetime, timedelta
 
 from statepact import _observe
 from statepact._codec import (
-    require_count,
     require_id,
     require_limit,
     require_seconds,
@@ -37,6 +35,17 @@ from statepact._limits import (
     MAX_SHARED_ENQUEUES,
     PRUNE_BATCH,
 )
+
+# Re-exported: the worker, the backings and the CLI have always imported them from here.
+from statepact._queue.checks import MAX_BATCH as MAX_BATCH  # noqa: PLC0414
+from statepact._queue.checks import MAX_ERROR_CHARS as MAX_ERROR_CHARS  # noqa: PLC0414
+from statepact._queue.checks import (
+    CheckedWatch,
+    dead_cursor,
+    error_text,
+    require_lease,
+)
+from statepact._queue.checks import SleepWatch as SleepWatch  # noqa: PLC0414
 from statepact._queue.hooks import BackingHooks
 from statepact._queue.items import ItemInput, fresh_batch, fresh_item
 from statepact._queue.protocol import WorkQueue
@@ -71,70 +80,8 @@ __all__ = [
     "unique_slot",
 ]
 
-MAX_ERROR_CHARS = 4096
-MAX_BATCH = 1000
-
 _log = logging.getLogger("statepact.queue")
-
-
-def _error_text(text: str) -> str:
-    """An error or reason as every backing can store it: no NUL, lone surrogates as "?"
-    (UTF-8 cannot hold them), at most ``MAX_ERROR_CHARS``."""
-    message = text.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
-    return message[:MAX_ERROR_CHARS]
-
-
-def _dead_cursor(after: object) -> tuple[str, str]:
-    """``dead_letters_all``'s ``after``: the ``next`` of a page, ``["tenant", "item_id"]``."""
-    if not isinstance(after, str):
-        raise TypeError(f"after: must be a str (a page's next), got {type(after).__name__}")
-    try:
-        tenant, item_id = json.loads(after)
-        return require_id("after", tenant), require_id("after", item_id)
-    except (ValueError, TypeError):
-        raise ValueError("after: is not the next of a dead_letters_all page") from None
-
-
-def _require_lease(lease: object, field: str = "lease") -> Lease:
-    """A lease whose fields a backing reads have the right types and ranges.
-
-    A lease rebuilt with ``model_copy``/``model_construct`` skips pydantic's
-    checks, so what the settle calls read is checked here, before anything is sent.
-    """
-    if not isinstance(lease, Lease):
-        raise TypeError(f"{field}: must be a Lease, got {type(lease).__name__}")
-    if not isinstance(lease.item, WorkItem):
-        raise TypeError(f"{field}.item: must be a WorkItem, got {type(lease.item).__name__}")
-    require_id(f"{field}.item.tenant", lease.item.tenant)
-    require_id(f"{field}.item.item_id", lease.item.item_id)
-    require_count(f"{field}.item.attempts", lease.item.attempts)
-    token = lease.token
-    if isinstance(token, bool) or not isinstance(token, int):
-        raise TypeError(f"{field}.token: must be an int, got {type(token).__name__}")
-    if not 0 <= token < 2**63:
-        raise ValueError(f"{field}.token: {token} is not a token any queue issues")
-    return lease
-
-
-class _CheckedWatch:
-    """A backing's ``WorkWatch`` behind the front's check of ``timeout``."""
-
-    __slots__ = ("_watch",)
-
-    def __init__(self, watch: WorkWatch) -> None:
-        self._watch = watch
-
-    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - the fallback poll
-        return await self._watch.wait(require_seconds("timeout", timeout, allow_zero=True))
-
-
-class SleepWatch:
-    """Wake-ups with nothing to listen to (a queue on one caller's connection): the
-    timeout only."""
-
-    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - the fallback poll
-        await asyncio.sleep(timeout)
-        return False
+_FINISHED_STATUSES = (ItemStatus.DONE, ItemStatus.CANCELLED, ItemStatus.DEAD)
 
 
 class BaseWorkQueue(BackingHooks):
@@ -183,13 +130,7 @@ class BaseWorkQueue(BackingHooks):
         return self._clock
 
     def _prepare(
-        self,
-        field: str,
-        item: object,
-        now: datetime,
-        available_at: datetime,
-        *,
-        mappings: bool = False,
+        self, field: str, item: object, now: datetime, available_at: datetime
     ) -> tuple[WorkItem, bytes]:
         """The checked, fresh record of ``item`` and its encoded payload; errors name ``field``."""
         return fresh_item(
@@ -199,13 +140,12 @@ class BaseWorkQueue(BackingHooks):
             max_value_bytes=self._max_value_bytes,
             now=now,
             available_at=available_at,
-            mappings=mappings,
         )
 
     async def enqueue(self, item: WorkItem, *, delay: float | timedelta | None = None) -> WorkItem:
         now = read_clock(self._clock)
         wait = 0.0 if delay is None else require_seconds("delay", delay, allow_zero=True)
-        fresh, payload = self._prepare("", item, now, now + timedelta(seconds=wait), mappings=False)
+        fresh, payload = self._prepare("", item, now, now + timedelta(seconds=wait))
         if not self._shares_enqueues:
             return await self._enqueue(fresh, payload)
         return await self._enqueue_batches.send((fresh, payload))
@@ -254,7 +194,7 @@ class BaseWorkQueue(BackingHooks):
         return await self._claim(worker, now, seconds, count)
 
     async def heartbeat(self, lease: Lease) -> Lease:
-        checked = _require_lease(lease)
+        checked = require_lease(lease)
         require_id("lease.worker_id", checked.worker_id)
         seconds = require_seconds("lease.lease_seconds", checked.lease_seconds)
         if checked.lease_seconds != seconds or type(checked.lease_seconds) is not float:
@@ -268,7 +208,7 @@ class BaseWorkQueue(BackingHooks):
         return renewed
 
     async def ack(self, lease: Lease) -> WorkItem:
-        checked = _require_lease(lease)
+        checked = require_lease(lease)
         done = await self._ack(checked, read_clock(self._clock))
         if done is None:
             raise self._lost("ack", checked)
@@ -283,7 +223,7 @@ class BaseWorkQueue(BackingHooks):
             )
         seen: dict[tuple[str, str], int] = {}
         for index, lease in enumerate(leases):
-            checked = _require_lease(lease, f"leases[{index}]")
+            checked = require_lease(lease, f"leases[{index}]")
             key = (checked.item.tenant, checked.item.item_id)
             if key in seen:
                 raise ValueError(
@@ -305,7 +245,7 @@ class BaseWorkQueue(BackingHooks):
         retryable: bool = True,
         retry_in: float | timedelta | None = None,
     ) -> WorkItem:
-        checked = _require_lease(lease)
+        checked = require_lease(lease)
         if not isinstance(error, str):
             raise TypeError(f"error: must be a str, got {type(error).__name__}")
         if not isinstance(retryable, bool):
@@ -315,7 +255,7 @@ class BaseWorkQueue(BackingHooks):
             if retry_in is None
             else require_seconds("retry_in", retry_in, allow_zero=True, most=MAX_RETRY_DELAY)
         )
-        message = _error_text(error)
+        message = error_text(error)
         now = read_clock(self._clock)
         outcome = self._policy.after_failure(checked.item.attempts, now, retryable=retryable)
         if wait is not None and not outcome.dead:
@@ -353,7 +293,7 @@ class BaseWorkQueue(BackingHooks):
         delay: float | timedelta | None = None,
         count_attempt: bool = False,
     ) -> WorkItem:
-        checked = _require_lease(lease)
+        checked = require_lease(lease)
         wait = (
             0.0
             if delay is None
@@ -406,7 +346,7 @@ class BaseWorkQueue(BackingHooks):
                 )
         if reason is not None and not isinstance(reason, str):
             raise TypeError(f"reason: must be a str or None, got {type(reason).__name__}")
-        message = None if reason is None else _error_text(reason)
+        message = None if reason is None else error_text(reason)
         now = read_clock(self._clock)
         answers = await self._cancel_many(owner, list(seen), message, now)
         cancelled = [
@@ -489,12 +429,48 @@ class BaseWorkQueue(BackingHooks):
         """Dead items of every tenant, by ``(tenant, item_id)``, a page at a time: pass
         ``next`` back as ``after``. ``after`` is refused (naming it) unless a page gave it."""
         count = require_limit(limit, MAX_BATCH)
-        start = None if after is None else _dead_cursor(after)
+        start = None if after is None else dead_cursor(after)
         items = await self._dead_letters_all(start, count + 1)
         if len(items) <= count:
             return Page(items=items)
         shown = items[:count]
         return Page(items=shown, next=json.dumps([shown[-1].tenant, shown[-1].item_id]))
+
+    async def find_unique(
+        self, tenant: str, unique_key: str, *, unique_for: timedelta | None = None
+    ) -> WorkItem | None:
+        """The item of the tenant holding ``unique_key`` now, or ``None``: queued or leased
+        (with ``unique_for``, done too, the period being the current one). One probe of
+        the unique-slot index; an item whose key no longer blocks is not found by it."""
+        key = require_id("unique_key", unique_key)
+        probe = WorkItem(
+            tenant=require_id("tenant", tenant), item_id="-", unique_key=key, unique_for=unique_for
+        )
+        slot = unique_slot(probe, read_clock(self._clock)) or key
+        return await self._unique_holder(probe.tenant, slot)
+
+    async def oldest_waiting(self) -> dict[str, float]:
+        """Per tenant with ready work, the seconds its oldest ready item (queued and due)
+        has waited since it came due (``now - available_at``); tenants without ready work
+        are left out. Read per tenant from the ready index's head (docs/dashboard.md)."""
+        now = read_clock(self._clock)
+        oldest = await self._oldest_ready(now)
+        return {
+            tenant: max(0.0, (now - at).total_seconds()) for tenant, at in sorted(oldest.items())
+        }
+
+    async def finished_per_minute(self, minutes: int = 5) -> dict[ItemStatus, list[int]]:
+        """Items that finished as done, cancelled and dead in each of the last ``minutes``
+        whole minutes up to now, oldest minute first. A range count of the finished index
+        per status and minute: it costs what the items finished in those minutes cost,
+        never what all finished items do."""
+        if isinstance(minutes, bool) or not isinstance(minutes, int) or not 1 <= minutes <= 60:
+            raise ValueError(f"minutes: must be an int from 1 to 60, got {minutes!r}")
+        width = timedelta(minutes=1)
+        # The last minute ends just after now, so an item finished at now is counted.
+        since = read_clock(self._clock) + timedelta(microseconds=1) - minutes * width
+        counts = await self._finished_counts(since, width, minutes)
+        return {status: counts.get(status, [0] * minutes) for status in _FINISHED_STATUSES}
 
     async def queues(self) -> list[QueueStats]:
         """Every queue that holds items on this queue's storage (done ones included), by
@@ -582,7 +558,7 @@ class BaseWorkQueue(BackingHooks):
         if on_cancel is not None and not callable(on_cancel):
             raise TypeError(f"on_cancel: must be callable, got {type(on_cancel).__name__}")
         async with self._watch(on_cancel) as watch:
-            yield _CheckedWatch(watch)
+            yield CheckedWatch(watch)
 
     # -- what the log records carry ---------------------------------------
 

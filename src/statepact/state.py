@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -29,7 +29,7 @@ from statepact._codec import (
 )
 from statepact._limits import DEFAULT_MAX_VALUE_BYTES, MAX_COUNTER, MAX_PAGE, PRUNE_BATCH
 from statepact.clock import Clock, SystemClock, read_clock
-from statepact.models import Page, RunRecord, RunStatus, SessionRecord
+from statepact.models import Page, RunRecord, RunStatus, RunTotals, SessionRecord
 
 __all__ = [
     "TERMINAL_RUN_STATUSES",
@@ -373,6 +373,31 @@ class BaseStateStore(ABC):
         items = await self._list_runs(query)
         return _page(items, query.limit)
 
+    async def run_totals(
+        self,
+        tenant: str,
+        *,
+        since: datetime,
+        session_id: str | None = None,
+        status: RunStatus | str | None = None,
+    ) -> RunTotals:
+        """The tenant's runs created at or after ``since`` (of the session and status when
+        given), counted and their counters summed, exactly: an operator's read, not part
+        of the ``StateStore`` protocol. It reads the runs of the window and no other
+        (PostgreSQL: one aggregate over the ``(tenant, created_at)`` index's range; Redis:
+        a binary search of the creation order, then the window's runs a page at a time),
+        so its cost follows how many runs were created since ``since``."""
+        if not isinstance(since, datetime) or since.tzinfo is None:
+            raise TypeError("since: must be a timezone-aware datetime")
+        query = ListQuery(
+            tenant=require_id("tenant", tenant),
+            session_id=None if session_id is None else require_id("session_id", session_id),
+            status=None if status is None else _require_status(status),
+            limit=_TOTALS_PAGE,
+            after_seq=0,
+        )
+        return await self._run_totals(query, since)
+
     async def delete_run(self, tenant: str, run_id: str) -> bool:
         return await self._delete_run(require_id("tenant", tenant), require_id("run_id", run_id))
 
@@ -457,6 +482,29 @@ class BaseStateStore(ABC):
         """The whole prune: batches of at most ``prune.batch`` runs looked at, until none
         is left; how many runs were deleted."""
 
+    async def _run_totals(self, query: ListQuery, since: datetime) -> RunTotals:
+        """``run_totals`` by pages of ``_list_runs`` from the first run created at or after
+        ``since`` in ``seq`` order (``_first_seq_since``); a backing with an aggregate of
+        its own overrides it. Only runs created at or after ``since`` are counted."""
+        first = await self._first_seq_since(query.tenant, since)
+        totals = _Totals()
+        if first is None:
+            return totals.done(query.tenant, since)
+        after = first - 1
+        while True:
+            page = await self._list_runs(replace(query, after_seq=after))
+            for run in page[: query.limit]:
+                if run.created_at is not None and run.created_at >= since:
+                    totals.add(run)
+            if len(page) <= query.limit:
+                return totals.done(query.tenant, since)
+            after = page[query.limit - 1].seq or after
+
+    async def _first_seq_since(self, tenant: str, since: datetime) -> int | None:
+        """The ``seq`` of the tenant's first run (in ``seq`` order) created at or after
+        ``since``, or ``None``: runs are created in ``seq`` order, so a binary search."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement run_totals yet")
+
     @abstractmethod
     async def _put_session(self, write: SessionWrite) -> SessionRecord: ...
 
@@ -469,6 +517,39 @@ class BaseStateStore(ABC):
 
     @abstractmethod
     async def _delete_session(self, tenant: str, session_id: str) -> bool: ...
+
+
+# run_totals reads the runs of its window this many at a time.
+_TOTALS_PAGE = 1000
+
+
+class _Totals:
+    """``RunTotals`` summed one run at a time."""
+
+    def __init__(self) -> None:
+        self.runs = self.input_tokens = self.output_tokens = self.iterations = 0
+        self.cost = Decimal(0)
+        self.by_status: dict[str, int] = {}
+
+    def add(self, run: RunRecord) -> None:
+        self.runs += 1
+        self.input_tokens += run.input_tokens
+        self.output_tokens += run.output_tokens
+        self.cost += run.cost
+        self.iterations += run.iterations
+        self.by_status[run.status.value] = self.by_status.get(run.status.value, 0) + 1
+
+    def done(self, tenant: str, since: datetime) -> RunTotals:
+        return RunTotals(
+            tenant=tenant,
+            since=since,
+            runs=self.runs,
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            cost=self.cost,
+            iterations=self.iterations,
+            by_status=dict(sorted(self.by_status.items())),
+        )
 
 
 R = TypeVar("R", RunRecord, SessionRecord)

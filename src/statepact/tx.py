@@ -178,13 +178,15 @@ class StorageBackend(Protocol):
         """
         ...
 
-    async def read(self, resource: str, key: str, at: Snapshot | None) -> StoredValue:
+    async def read(self, resource: str, key: str, at: Snapshot | None) -> StoredValue | Refusal:
         """The newest committed version of the key visible at snapshot ``at``.
 
         ``at=None`` reads the latest committed version. Never sees an
-        uncommitted write. Raises ``ConflictError`` if the version the
-        snapshot needs is no longer retained (a capped history: "snapshot
-        too old"; retryable).
+        uncommitted write. If the version the snapshot needs is no longer
+        retained (a capped or pruned history), answers ``Refusal("too_old",
+        resource, key, taken_at=at.sequence, reason=<how it went>)``, never
+        raised here: the front raises it as ``ConflictError`` ("snapshot too
+        old"; retryable).
         """
         ...
 

@@ -45,6 +45,16 @@ class Page:
 
         await self._fresh(click)
 
+    async def type(self, css: str, text: str) -> None:
+        from selenium.webdriver.common.by import By
+
+        def type_in() -> None:
+            found = self.driver.find_element(By.CSS_SELECTOR, css)
+            found.clear()
+            found.send_keys(text)
+
+        await self._fresh(type_in)
+
     async def text(self, css: str) -> str:
         from selenium.webdriver.common.by import By
 
@@ -86,15 +96,30 @@ async def _enqueued_item_appears(setup: Setup, chrome: Any) -> None:
     page = Page(chrome, setup)
     await page.open("/queues")
     await setup.backing.queue.enqueue(
-        WorkItem(tenant="acme", item_id="order-1", payload={"task": "summarise", "doc": 7})
+        WorkItem(
+            tenant="acme",
+            item_id="order-1",
+            payload={"task": "summarise", "doc": 7},
+            unique_key="summary:<doc-7>",
+        )
     )
-    # The queues page updates itself (no reload): acme's queued count becomes 1.
+    # The queues page updates itself (no reload): acme's queued count becomes 1, and its
+    # oldest wait is shown, in seconds.
     await page.wait_for('tr[data-tenant="acme"] td[data-count="queued"]', lambda t: t == "1")
+    await page.wait_for('td[data-oldest="acme"]', lambda t: t.endswith(" s"))
+    assert await page.text('td[data-rate="done"]') == "0.0"
     if setup.kind == "postgres":
         await page.screenshot("queues")
     await page.open("/items?queue=default&tenant=acme&item_id=order-1")
     assert await page.text('td[data-field="status"]') == "queued"
     assert "summarise" in await page.text('td[data-field="payload"]')
+    # Found by its unique key through the search form (the key's "<" and ">" stay text).
+    await page.open("/items?queue=default")
+    await page.type('input[name="tenant"]', "acme")
+    await page.type('input[name="unique_key"]', "summary:<doc-7>")
+    await page.click('form.search button[type="submit"]')
+    await page.wait_for('td[data-field="item_id"]', lambda t: t == "order-1")
+    assert await page.text('td[data-field="unique_key"]') == "summary:<doc-7>"
 
 
 async def test_an_enqueued_item_appears_postgres(postgres_setup: Setup, chrome: Any) -> None:
@@ -116,6 +141,10 @@ async def _dead_item_requeued_and_runs(setup: Setup, chrome: Any) -> None:
     assert (await queue.get_item("acme", "flaky-1")).status is ItemStatus.DEAD
 
     page = Page(chrome, setup)
+    # The queues page counts the death in its last minutes: all that finished died.
+    await page.open("/queues")
+    assert await page.text('td[data-rate="dead"]') == "0.2"  # one item over five minutes
+    assert await page.text("strong[data-failure-rate]") == "100.0 %"
     await page.open("/items?queue=default&tenant=acme&item_id=flaky-1")
     assert await page.text('td[data-field="last_error"]') == "upstream 503"
     if setup.kind == "postgres":
@@ -149,6 +178,10 @@ async def _dead_item_requeued_and_runs(setup: Setup, chrome: Any) -> None:
     assert await registry.live() == []  # a stopped worker leaves the registry
     await page.open("/items?queue=default&tenant=acme&item_id=flaky-1")
     await page.wait_for('td[data-field="status"]', lambda t: t == "done")
+    # Requeued and run: it counts as done now, no longer as dead.
+    await page.open("/queues")
+    assert await page.text('td[data-rate="done"]') == "0.2"
+    assert await page.text("strong[data-failure-rate]") == "0.0 %"
 
 
 async def test_a_dead_item_requeued_from_the_page_runs_postgres(
@@ -295,6 +328,7 @@ async def _run_counters_update_live(setup: Setup, chrome: Any) -> None:
         await page.screenshot("run")
     await page.open("/runs?tenant=acme&window=1h")
     await page.wait_for('strong[data-total="input_tokens"]', lambda t: t == "200")
+    assert await page.text('strong[data-total="runs"]') == "1"
     await state.patch_run("acme", "run-1", input_tokens=1)
     await page.wait_for('strong[data-total="input_tokens"]', lambda t: t == "201")
     if setup.kind == "postgres":

@@ -1,6 +1,11 @@
 """Each dashboard page on PostgreSQL issues a bounded number of statements, each quick, with
 a million finished items and a hundred thousand runs in the tables (printed: statement count
-and the slowest statement's time per page)."""
+and the slowest statement's time per page).
+
+The runs were created one every 26 s over the last 30 days (a tenant creating 3,300 runs a
+day), so the totals' windows hold about 140 (1 h), 3,300 (24 h) and 23,000 (7 d) of them:
+the totals read the window's runs and no other. The done items finished one a second, so
+the queues page's throughput counts 300 of them."""
 
 from __future__ import annotations
 
@@ -22,8 +27,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300
 DONE_ITEMS = 1_000_000
 DEAD_ITEMS = 2_000
 RUNS = 100_000
-#: The most statements one page may issue (the runs page: a listing, up to five totals pages,
-#: the queues' stats for the tenant list).
+#: The most statements one page may issue (the queues page: stats, paused, the oldest wait
+#: and the finished counts per queue; the runs page: a listing, one totals aggregate, the
+#: queues' stats for the tenant list).
 MAX_STATEMENTS = 12
 #: The slowest statement a page may issue, in seconds.
 MAX_STATEMENT_SECONDS = 0.050
@@ -32,8 +38,10 @@ PAGES = [
     "/queues",
     "/fragments/queues",
     "/items?queue=default&tenant=t1&item_id=done-500000",
+    "/items?queue=default&tenant=t1&unique_key=key-21",
     "/runs?tenant=big&window=1h",
-    "/runs?tenant=big&status=running&window=all",
+    "/runs?tenant=big&window=7d",
+    "/runs?tenant=big&status=running&window=24h",
     "/run?tenant=big&run_id=run-99999",
     "/workers",
     "/metrics",
@@ -68,8 +76,10 @@ async def _fill(engine: Any) -> float:
                 "INSERT INTO adk_runs (tenant, run_id, status, data, version, input_tokens, "
                 "output_tokens, cost, iterations, created_at, updated_at) "
                 "SELECT 'big', 'run-' || g, CASE WHEN g % 10 = 0 THEN 'running' "
-                "ELSE 'succeeded' END, '{}'::json, 1, g % 1000, g % 100, 0.001, 1, now(), "
-                "now() - ((g % 7200) || ' seconds')::interval FROM generate_series(0, :n - 1) AS g"
+                "ELSE 'succeeded' END, '{}'::json, 1, g % 1000, g % 100, 0.001, 1, "
+                "now() - (g * 26 || ' seconds')::interval, "
+                "now() - (g * 26 || ' seconds')::interval + ((g % 7200) || ' seconds')::interval "
+                "FROM generate_series(0, :n - 1) AS g"
             ),
             {"n": RUNS},
         )
@@ -86,7 +96,10 @@ async def big(statepact_postgres_database: str) -> AsyncIterator[Any]:
     async with await open_backing(settings) as backing:
         seconds = await _fill(backing.client)
         await backing.queue.enqueue_many(
-            [WorkItem(tenant=f"t{i % 20}", item_id=f"q-{i}") for i in range(2000)]
+            [
+                WorkItem(tenant=f"t{i % 20}", item_id=f"q-{i}", unique_key=f"key-{i}")
+                for i in range(2000)
+            ]
         )
         print(
             f"\nfixture: {DONE_ITEMS} done + {DEAD_ITEMS} dead items, {RUNS} runs "

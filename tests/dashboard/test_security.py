@@ -33,7 +33,9 @@ def _backing() -> Any:
         lease = await backing.queue.claim("w", lease_for=30)
         assert lease is not None
         await backing.queue.fail(lease, XSS)  # one attempt allowed: dead
-        await backing.queue.enqueue(WorkItem(tenant="acme", item_id="i1", payload={"x": XSS}))
+        await backing.queue.enqueue(
+            WorkItem(tenant="acme", item_id="i1", payload={"x": XSS}, unique_key="k1")
+        )
         await backing.state.put_run(RunRecord(tenant="acme", run_id="r1", data={"note": XSS}))
         return backing
 
@@ -133,6 +135,15 @@ def test_a_script_payload_is_rendered_inert(backing: Any) -> None:
     assert "&lt;script&gt;alert" in item_page.text
     assert "script-src 'self'" in item_page.headers["content-security-policy"]
     assert "&lt;script&gt;alert" in client.get("/run?tenant=acme&run_id=r1").text
+    # A unique key typed into the search comes back as text, found (the payload escaped)
+    # or not (the key escaped in the message).
+    for key in (XSS, "k1"):
+        found = client.get("/items", params={"tenant": "acme", "unique_key": key})
+        assert found.status_code == 200
+        assert "<script>alert" not in found.text
+        assert "&lt;script&gt;alert" in found.text
+    by_key = client.get("/items", params={"tenant": "acme", "unique_key": "k1"})
+    assert '<td data-field="item_id">i1</td>' in by_key.text
 
 
 def test_no_dsn_password_in_any_response(backing: Any) -> None:

@@ -184,7 +184,7 @@ async def open_redis(clock: ManualClock, port: int) -> Stores:
 async def open_postgres(clock: ManualClock, url: str) -> Stores:
     from statepact.settings import PostgresStoreSettings
     from statepact.storage.postgres import PostgresBackend, PostgresStateStore, PostgresWorkQueue
-    from statepact.storage.postgres._client import create_engine
+    from statepact.storage.postgres._engine import create_engine
 
     # Fewer connections than workers: calls queue for one, so a cancel also lands there.
     settings = PostgresStoreSettings(dsn=url, pool_size=POOL_SIZE, pool_timeout=10.0)

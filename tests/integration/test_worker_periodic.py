@@ -20,6 +20,7 @@ tests/unit/test_worker_periodic.py.
 from __future__ import annotations
 
 import asyncio
+import io
 import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -98,8 +99,31 @@ async def new_queue(
 
 async def drain(queue: BaseWorkQueue, ran: Ran) -> None:
     """Run what the schedule workers enqueued but had not claimed when they stopped."""
-    async with Worker(queue, handlers={"beat": ran}, worker_id="drain", **SETTINGS):
-        await until(lambda: idle(queue), timeout=10)
+
+    async def run() -> None:
+        async with Worker(queue, handlers={"beat": ran}, worker_id="drain", **SETTINGS):
+            await until(lambda: idle(queue), timeout=10)
+
+    await bounded("the drain worker", run())
+
+
+async def stop_all(workers: list[Worker]) -> None:
+    await bounded("stop()", asyncio.gather(*(worker.stop() for worker in workers)))
+
+
+async def bounded(what: str, work: Awaitable[object], seconds: float = 60) -> None:
+    """Fail in ``seconds`` naming every task's stack (what each waits on), rather than hang
+    until the suite's timeout: ``stop()`` finishes its drain through a cancellation, so a
+    timeout that cancels it would wait as long."""
+    task = asyncio.ensure_future(work)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if task in done:
+        task.result()
+        return
+    stacks = io.StringIO()
+    for each in asyncio.all_tasks():
+        each.print_stack(file=stacks)
+    pytest.fail(f"{what} did not finish in {seconds} s; the tasks:\n{stacks.getvalue()}")
 
 
 async def idle(queue: BaseWorkQueue) -> bool:
@@ -125,7 +149,7 @@ async def test_three_workers_sharing_a_one_second_interval_make_one_item_per_tic
         await asyncio.sleep(10)
     finally:
         stopping = clock.now()
-        await asyncio.gather(*(worker.stop() for worker in workers))
+        await stop_all(workers)
     elapsed = time.monotonic() - begun
     await drain(queues[0], ran)
 
@@ -179,7 +203,7 @@ async def test_three_workers_sharing_a_cron_schedule_on_a_manual_clock(
         clock.advance(timedelta(minutes=15))  # 09:40: 09:30 and 09:35 are skipped
         await after_every_worker_looked(7)
     finally:
-        await asyncio.gather(*(worker.stop() for worker in workers))
+        await stop_all(workers)
 
     nine = datetime(2026, 3, 2, 9, tzinfo=UTC)
     minutes = [0, 5, 10, 15, 20, 25, 40]

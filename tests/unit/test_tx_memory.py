@@ -19,7 +19,14 @@ from statepact.storage.memory._serialization import (
     depends,
     find_serialization_cycle,
 )
-from statepact.tx import LockMode, Snapshot, StorageBackend, Transaction, TransactionManager
+from statepact.tx import (
+    LockMode,
+    Refusal,
+    Snapshot,
+    StorageBackend,
+    Transaction,
+    TransactionManager,
+)
 
 
 async def write(manager: TransactionManager, key: str, value: object) -> int:
@@ -105,8 +112,10 @@ async def test_reading_a_collected_version_is_a_conflict() -> None:
     # No snapshot was registered at 1, so a collection drops version 1 (retained_versions
     # runs the batched collection): reading it is "snapshot too old".
     assert backend.retained_versions("r", "k") == [3]
+    refused = await backend.read("r", "k", Snapshot(1))
+    assert isinstance(refused, Refusal)
     with pytest.raises(ConflictError, match="snapshot too old"):
-        await backend.read("r", "k", Snapshot(1))
+        raise refused.error()
     assert (await backend.read("r", "k", Snapshot(0))).data is None  # before the key existed
     assert (await backend.read("r", "k", Snapshot(3))).version == 3
 
@@ -119,8 +128,10 @@ async def test_a_version_collected_between_two_kept_ones_is_not_read_silently() 
     for value in ("v2", "v3", "v4"):
         await write(manager, "k", value)
     assert backend.retained_versions("r", "k") == [1, 4]
+    refused = await backend.read("r", "k", Snapshot(2))  # v2 is gone; v1 must not stand in
+    assert isinstance(refused, Refusal)
     with pytest.raises(ConflictError, match="snapshot too old"):
-        await backend.read("r", "k", Snapshot(2))  # v2 is gone; v1 must not stand in for it
+        raise refused.error()
     assert (await backend.read("r", "k", Snapshot(1))).data == '"v1"'
     await reader.rollback()
 

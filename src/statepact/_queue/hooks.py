@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from statepact._queue_limits import QueueLimits
 from statepact._queue_policy import FailOutcome, LapseOutcome, OnCancel, WorkWatch
@@ -143,6 +143,24 @@ class BackingHooks(ABC):
         """Up to ``limit`` dead items of any tenant with ``(tenant, item_id)`` after ``after``,
         in that order."""
         raise self._missing("dead_letters_all")
+
+    # The dashboard's reads (issue 38): each bounded, none reads every finished item.
+
+    async def _unique_holder(self, tenant: str, slot: str) -> WorkItem | None:
+        """The item holding unique slot ``slot`` of the tenant now, or ``None``."""
+        raise self._missing("find_unique")
+
+    async def _oldest_ready(self, now: datetime) -> dict[str, datetime]:
+        """Per tenant with a ready item (queued, ``available_at <= now``), the earliest
+        ``available_at`` of its ready items."""
+        raise self._missing("oldest_waiting")
+
+    async def _finished_counts(
+        self, since: datetime, width: timedelta, buckets: int
+    ) -> dict[ItemStatus, list[int]]:
+        """Per finished status (done, cancelled, dead), how many items finished (their
+        ``updated_at``) in each of ``buckets`` spans ``[since + i*width, since + (i+1)*width)``."""
+        raise self._missing("finished_per_minute")
 
     async def _queues(self) -> list[QueueStats]:
         """The stats of every queue with items on this storage, by queue name."""

@@ -325,18 +325,21 @@ class LeaseRequest:
 #: read at a version that has moved on (``read``), a stale fencing token (``fenced``),
 #: an idempotency key used for other writes (``idempotency``), or a refusal with only a
 #: reason to give (``other``: the memory audit's cycle, a deadlock inside the commit, an
-#: idempotency record removed mid-commit).
-RefusalKind = Literal["write", "read", "fenced", "idempotency", "other"]
+#: idempotency record removed mid-commit); or why it refused a read at a snapshot: the
+#: version the snapshot needs is no longer kept (``too_old``).
+RefusalKind = Literal["write", "read", "fenced", "idempotency", "other", "too_old"]
 
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """A backing's verdict on a commit it refused: nothing of it was applied.
+    """A backing's verdict on a commit it refused (nothing of it was applied), or on a
+    snapshot read it cannot answer (``too_old``).
 
     ``seen`` is the version the transaction read (``read``), or the fencing token it
     presented (``fenced``); ``latest`` the version now committed (``write``, ``read``)
     or the highest token issued (``fenced``); ``taken_at`` the snapshot's sequence
-    (``write``); ``reason`` the wording of an ``other`` refusal. Backings decide
+    (``write``, ``too_old``); ``reason`` the wording of an ``other`` refusal, or how the
+    version a ``too_old`` read needs went (trimmed, collected, pruned). Backings decide
     *whether* to refuse; the front (``TransactionManager``) raises :meth:`error`, so
     the public error and its wording are decided once for every backing.
     """
@@ -368,4 +371,8 @@ class Refusal:
             )
         if kind == "idempotency":
             return IdempotencyConflictError(str(self.key))
+        if kind == "too_old":
+            return ConflictError.snapshot_too_old(
+                str(self.resource), str(self.key), at=int(self.taken_at or 0), gone=self.reason
+            )
         return ConflictError(self.reason, resource=self.resource, key=self.key)

@@ -341,7 +341,12 @@ class Transaction:
             self._holds = self._holds or self._manager._pins_snapshots
             self._snapshot, found = await self._backend.begin_read(self.txn_id, slot[0], slot[1])
         else:
-            found = await self._backend.read(slot[0], slot[1], None if read_committed else snapshot)
+            answer = await self._backend.read(
+                slot[0], slot[1], None if read_committed else snapshot
+            )
+            if isinstance(answer, Refusal):  # the version the snapshot needs is gone
+                raise answer.error()
+            found = answer
         # The first observation is what serializable validation compares against.
         if slot not in reads:
             reads[slot] = found

@@ -1,8 +1,11 @@
 """The numbers the pages and ``/metrics`` show, read through the public protocols only.
 
 Every read here is bounded: queue counts come from ``WorkQueue.stats()`` (whose
-cost does not grow with finished work), an item from ``get_item``, a tenant's
-dead letter from ``dead_letters(limit=)``, runs from ``list_runs`` pages, workers
+cost does not grow with finished work), the oldest wait from ``oldest_waiting()``
+(one index head per tenant), throughput from ``finished_per_minute()`` (range
+counts of the finished index), an item from ``get_item`` or ``find_unique`` (one
+index probe), a tenant's dead letter from ``dead_letters(limit=)``, runs from a
+``list_runs`` page, totals from ``run_totals`` (the window's runs only), workers
 from the registry's bounded listing. Nothing here lists every item or every run.
 
 This module must never write anything and never import starlette.
@@ -14,21 +17,20 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from decimal import Decimal
 from typing import Any
 
 from statepact.clock import Clock
 from statepact.dashboard.workers import WorkerInfo, WorkerRegistry
-from statepact.models import RunRecord, RunStatus, WorkItem
-from statepact.queue import WorkQueue
-from statepact.state import StateStore
+from statepact.models import RunStatus, RunTotals, WorkItem
+from statepact.queue import BaseWorkQueue, WorkQueue
+from statepact.state import BaseStateStore, StateStore
 
 __all__ = [
+    "RATE_MINUTES",
     "RUNS_PAGE",
-    "TOTALS_SCAN",
     "QueueView",
-    "RunTotals",
     "Sources",
+    "age_text",
     "item_fields",
     "pretty_json",
     "queue_views",
@@ -37,9 +39,8 @@ __all__ = [
 
 #: Runs shown on one page of the runs listing.
 RUNS_PAGE = 50
-#: The most runs a tenant's totals read (pages of ``list_runs``); past it they are partial.
-TOTALS_SCAN = 5000
-_TOTALS_PAGE = 1000
+#: The minutes the throughput and failure rate cover, one column each.
+RATE_MINUTES = 5
 
 
 @dataclass(frozen=True)
@@ -62,13 +63,39 @@ class Sources:
 
 @dataclass(frozen=True)
 class QueueView:
-    """One queue: its counts per tenant (every count ``stats()`` gives) and paused state."""
+    """One queue: its counts per tenant (every count ``stats()`` gives), each tenant's
+    oldest wait in seconds, items finished per minute by status (oldest minute first;
+    empty when the queue has no such read), and paused state."""
 
     name: str
     columns: tuple[str, ...]
     tenants: list[tuple[str, dict[str, int]]]
     totals: dict[str, int]
     paused: bool
+    oldest: dict[str, float] = field(default_factory=dict)
+    per_minute: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def oldest_overall(self) -> float | None:
+        return max(self.oldest.values(), default=None)
+
+    @property
+    def failure_rate(self) -> float | None:
+        """Dead over done plus dead in the minutes shown; ``None`` when nothing finished."""
+        done = sum(self.per_minute.get("done", []))
+        dead = sum(self.per_minute.get("dead", []))
+        return None if done + dead == 0 else dead / (done + dead)
+
+
+def age_text(seconds: float | None) -> str:
+    """A wait for a person: ``-`` for none, else seconds, minutes or hours."""
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _counts(stats_row: Any) -> dict[str, int]:
@@ -81,7 +108,21 @@ async def queue_view(name: str, queue: WorkQueue) -> QueueView:
     columns: tuple[str, ...] = tuple(rows[0][1]) if rows else _default_columns(stats)
     totals = {column: sum(counts.get(column, 0) for _, counts in rows) for column in columns}
     paused = await queue.paused()
-    return QueueView(name=name, columns=columns, tenants=rows, totals=totals, paused=paused)
+    oldest: dict[str, float] = {}
+    per_minute: dict[str, list[int]] = {}
+    if isinstance(queue, BaseWorkQueue):
+        oldest = await queue.oldest_waiting()
+        finished = await queue.finished_per_minute(RATE_MINUTES)
+        per_minute = {status.value: counts for status, counts in finished.items()}
+    return QueueView(
+        name=name,
+        columns=columns,
+        tenants=rows,
+        totals=totals,
+        paused=paused,
+        oldest=oldest,
+        per_minute=per_minute,
+    )
 
 
 def _default_columns(stats: Any) -> tuple[str, ...]:
@@ -108,55 +149,20 @@ def item_fields(item: WorkItem) -> list[tuple[str, str]]:
     return shown
 
 
-@dataclass
-class RunTotals:
-    """A tenant's counters summed over the runs updated within the window."""
-
-    runs: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost: Decimal = Decimal(0)
-    iterations: int = 0
-    scanned: int = 0
-    complete: bool = True
-    by_status: dict[str, int] = field(default_factory=dict)
-
-    def add(self, run: RunRecord) -> None:
-        self.runs += 1
-        self.input_tokens += run.input_tokens
-        self.output_tokens += run.output_tokens
-        self.cost += run.cost
-        self.iterations += run.iterations
-        self.by_status[run.status.value] = self.by_status.get(run.status.value, 0) + 1
-
-
 async def run_totals(
     state: StateStore,
     tenant: str,
     *,
     now: datetime,
-    window: timedelta | None,
+    window: timedelta,
     status: RunStatus | None = None,
     session_id: str | None = None,
-) -> RunTotals:
-    """The tenant's totals over runs updated since ``now - window`` (all when ``None``),
-    reading at most ``TOTALS_SCAN`` runs; ``complete`` says whether that was all of them."""
-    totals = RunTotals()
-    since = None if window is None else now - window
-    after: str | None = None
-    while totals.scanned < TOTALS_SCAN:
-        page = await state.list_runs(
-            tenant, status=status, session_id=session_id, limit=_TOTALS_PAGE, after=after
-        )
-        for run in page.items:
-            totals.scanned += 1
-            if since is None or (run.updated_at is not None and run.updated_at >= since):
-                totals.add(run)
-        after = page.next
-        if after is None:
-            return totals
-    totals.complete = False
-    return totals
+) -> RunTotals | None:
+    """The tenant's exact totals over the runs created since ``now - window``, or
+    ``None`` for a store without ``run_totals`` (not one of statepact's)."""
+    if not isinstance(state, BaseStateStore):
+        return None
+    return await state.run_totals(tenant, since=now - window, status=status, session_id=session_id)
 
 
 def worker_rows(workers: Sequence[WorkerInfo], now: datetime) -> list[dict[str, Any]]:

@@ -45,7 +45,7 @@ from statepact.dashboard._security import (
 from statepact.dashboard.metrics import metrics_endpoint
 from statepact.dashboard.workers import WorkerRegistry, registry_for
 from statepact.models import ItemStatus, RunStatus, WorkItem
-from statepact.queue import WorkQueue
+from statepact.queue import BaseWorkQueue, WorkQueue
 from statepact.settings import redact_dsn
 from statepact.state import StateStore
 
@@ -59,12 +59,12 @@ ACTIONS: dict[str, str] = {
     "requeue": "Requeue this dead item (due now, attempts reset)",
     "purge": "Delete every dead item of this tenant",
 }
-#: The totals windows the runs page offers, by their query value.
-WINDOWS: dict[str, timedelta | None] = {
+#: The totals windows the runs page offers, by their query value: runs created within it.
+WINDOWS: dict[str, timedelta] = {
     "15m": timedelta(minutes=15),
     "1h": timedelta(hours=1),
     "24h": timedelta(hours=24),
-    "all": None,
+    "7d": timedelta(days=7),
 }
 _PAGES = ("queues", "items", "runs", "workers")
 # A fragment's refresh interval, in milliseconds, for the script.
@@ -88,6 +88,7 @@ def _templates() -> Jinja2Templates:
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    env.filters["age"] = _data.age_text
     return Jinja2Templates(env=env)
 
 
@@ -178,19 +179,30 @@ class Dashboard:
         views = await _data.queue_views(self.sources)
         name = "_queues.html" if fragment else "queues.html"
         notice = _notice(request)
-        return self.render(request, name, {"page": "queues", "views": views, "notice": notice})
+        context = {
+            "page": "queues",
+            "views": views,
+            "notice": notice,
+            "rate_minutes": _data.RATE_MINUTES,
+        }
+        return self.render(request, name, context)
 
     async def items(self, request: Request, fragment: bool = False) -> Response:
         params = request.query_params
         queue_name = params.get("queue") or next(iter(self.sources.queues))
         tenant = params.get("tenant", "").strip()
         item_id = params.get("item_id", "").strip()
+        unique_key = params.get("unique_key", "").strip()
         queue = self.sources.queue(queue_name)
         item: WorkItem | None = None
         dead: list[WorkItem] = []
-        looked = bool(tenant and item_id)
-        if looked:
+        looked = bool(tenant and (item_id or unique_key))
+        if tenant and item_id:
             item = await queue.get_item(tenant, item_id)
+        elif tenant and unique_key:
+            if not isinstance(queue, BaseWorkQueue):
+                raise _Refused(400, "unique_key: this queue cannot be searched by unique key")
+            item = await queue.find_unique(tenant, unique_key)
         if tenant:
             dead = await queue.dead_letters(tenant, limit=20)
         context = {
@@ -199,12 +211,20 @@ class Dashboard:
             "queue": queue_name,
             "tenant": tenant,
             "item_id": item_id,
+            "unique_key": unique_key,
             "item": item,
             "fields": _data.item_fields(item) if item else [],
             "looked": looked,
             "dead": dead,
             "notice": _notice(request),
-            "query": urlencode({"queue": queue_name, "tenant": tenant, "item_id": item_id}),
+            "query": urlencode(
+                {
+                    "queue": queue_name,
+                    "tenant": tenant,
+                    "item_id": item_id,
+                    "unique_key": unique_key,
+                }
+            ),
         }
         return self.render(request, "_item.html" if fragment else "items.html", context)
 
@@ -231,7 +251,7 @@ class Dashboard:
         tenant = params.get("tenant", "").strip()
         status_text = params.get("status", "")
         session = params.get("session", "").strip() or None
-        window_key = params.get("window", "1h")
+        window_key = params.get("window", "24h")
         if window_key not in WINDOWS:
             raise _Refused(400, f"window: one of {', '.join(WINDOWS)}, got {window_key!r}")
         status = RunStatus(status_text) if status_text else None

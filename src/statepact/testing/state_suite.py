@@ -53,12 +53,17 @@ from statepact.testing._state_retention import StateRetentionConformance
 from statepact.testing._state_suite.limits import LimitsConformance
 from statepact.testing._state_suite.listing import ListingConformance
 from statepact.testing._state_suite.records import RecordConformance
+from statepact.testing._state_suite.totals import RunTotalsConformance
 
 __all__ = ["StateStoreConformance"]
 
 
 class StateStoreConformance(
-    StateRetentionConformance, RecordConformance, ListingConformance, LimitsConformance
+    StateRetentionConformance,
+    RecordConformance,
+    ListingConformance,
+    LimitsConformance,
+    RunTotalsConformance,
 ):
     """One test per promise of ``StateStore``; see the module docstring for the fixtures.
 

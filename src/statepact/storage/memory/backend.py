@@ -19,7 +19,6 @@ from typing import Self, TypedDict, Unpack
 
 from statepact.clock import Clock
 from statepact.errors import (
-    ConflictError,
     LockTimeoutError,
 )
 from statepact.settings import MemoryStoreSettings
@@ -243,7 +242,7 @@ class MemoryBackend:
         chain = self._chains.get((resource, key))
         return _ABSENT if chain is None else chain.values[-1]
 
-    async def read(self, resource: str, key: str, at: Snapshot | None) -> StoredValue:
+    async def read(self, resource: str, key: str, at: Snapshot | None) -> StoredValue | Refusal:
         if self._closed:
             self._check_open()
         if at is None:
@@ -259,7 +258,7 @@ class MemoryBackend:
             return _ABSENT
         index = bisect.bisect_right(versions, seq) - 1
         if index < 0 or chain.until[index] <= seq:
-            raise ConflictError.snapshot_too_old(resource, key, at=seq, gone="garbage-collected")
+            return Refusal("too_old", resource, key, taken_at=seq, reason="garbage-collected")
         return chain.values[index]
 
     def _latest(self, slot: Slot) -> int:

@@ -17,12 +17,11 @@ import asyncio
 import heapq
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Self
 
-from statepact._codec import decode_json
-from statepact._queue_limits import QueueLimits, admissible_at, bucket_of, window_start
+from statepact._queue_limits import QueueLimits
 from statepact.clock import Clock, from_micros, to_micros
 from statepact.models import (
     ItemStatus,
@@ -30,7 +29,6 @@ from statepact.models import (
     QueueStats,
     TenantQueueStats,
     WorkItem,
-    stored,
     stored_lease,
 )
 from statepact.queue import (
@@ -44,33 +42,12 @@ from statepact.queue import (
     unique_slot,
 )
 from statepact.settings import MemoryStoreSettings
+from statepact.storage.memory._entries import Entry, MemoryWatch
+from statepact.storage.memory._flow import FlowLedger
 
 __all__ = ["MemoryWorkQueue"]
 
-# The most held-back items one claim passes over in a tenant before it tries the next.
-_LOOKAHEAD = 64
-
-
-@dataclass(slots=True)
-class _Item:
-    tenant: str
-    item_id: str
-    payload: bytes
-    priority: int
-    order: int  # enqueue order within the queue
-    available_at: datetime
-    created_at: datetime
-    updated_at: datetime
-    attempts: int = 0
-    status: ItemStatus = ItemStatus.QUEUED
-    last_error: str | None = None
-    token: int = 0
-    unique_key: str | None = None
-    unique_for: timedelta | None = None
-    timeout: float | None = None
-    slot: str | None = None  # the unique slot it holds now (see queue.unique_slot)
-    limit_key: str | None = None
-    weight: int = 1
+_ONE = timedelta(microseconds=1)
 
 
 class MemoryWorkQueue(BaseWorkQueue):
@@ -113,7 +90,7 @@ class MemoryWorkQueue(BaseWorkQueue):
                 settings.max_value_bytes if max_value_bytes is None else max_value_bytes
             ),
         )
-        self._items: dict[tuple[str, str], _Item] = {}
+        self._items: dict[tuple[str, str], Entry] = {}
         self._ready: dict[str, list[tuple[int, int, str]]] = {}
         self._delayed: list[tuple[datetime, int, str, str]] = []
         self._rotation: list[tuple[int, str]] = []
@@ -128,17 +105,12 @@ class MemoryWorkQueue(BaseWorkQueue):
         self._finished: dict[ItemStatus, list[tuple[datetime, int, str, str]]] = {}
         self._slots: dict[tuple[str, str], str] = {}
         self._paused_now = False
-        self._flow = QueueLimits()
-        # Leased items per limit key and per (tenant, key); per tenant is _counts.
-        self._leased_keys: dict[str, int] = {}
-        self._leased_pairs: dict[tuple[str, str], int] = {}
-        # Weight claimed per rate bucket: ("key" | "tenant", name) -> {bucket: weight}.
-        self._spent: dict[tuple[str, str], dict[int, int]] = {}
+        self._flow = FlowLedger()
         # When the earliest item a rate held back in the last claim fits (next_due's hint).
         self._rate_wake: datetime | None = None
         self._pruning = False
         # The open watches (watch()); each is told when an item is scheduled.
-        self._watches: set[_MemoryWatch] = set()
+        self._watches: set[MemoryWatch] = set()
 
     @classmethod
     async def open(
@@ -161,7 +133,7 @@ class MemoryWorkQueue(BaseWorkQueue):
 
     @asynccontextmanager
     async def _watch(self, on_cancel: OnCancel | None) -> AsyncIterator[WorkWatch]:
-        watch = _MemoryWatch(on_cancel)
+        watch = MemoryWatch(on_cancel)
         self._watches.add(watch)
         try:
             yield watch
@@ -185,7 +157,7 @@ class MemoryWorkQueue(BaseWorkQueue):
                 return self._record(self._items[(item.tenant, holder)])
             self._slots[(item.tenant, slot)] = item.item_id
         self._order_counter += 1
-        entry = _Item(
+        entry = Entry(
             tenant=item.tenant,
             item_id=item.item_id,
             payload=payload,
@@ -212,7 +184,7 @@ class MemoryWorkQueue(BaseWorkQueue):
         if self._paused_now:
             return []
         self._promote(now)
-        if not self._flow.empty:
+        if not self._flow.limits.empty:
             return self._claim_limited(worker_id, now, seconds, limit)
         leases: list[Lease] = []
         while len(leases) < limit and self._rotation:
@@ -233,7 +205,7 @@ class MemoryWorkQueue(BaseWorkQueue):
     ) -> list[Lease]:
         """``_claim`` under ``QueueLimits``: a tenant whose next items are held back by a cap
         or a rate keeps its turn and the rotation goes on to the next tenant; within a
-        tenant at most ``_LOOKAHEAD`` held-back items are passed over per claim, so the
+        tenant at most ``LOOKAHEAD`` (``_flow``) held-back items are passed over per claim, so the
         cost does not grow with the backlog."""
         micros = to_micros(now)
         leases: list[Lease] = []
@@ -241,11 +213,13 @@ class MemoryWorkQueue(BaseWorkQueue):
         wake: int | None = None
         while len(leases) < limit and self._rotation:
             turn, tenant = heapq.heappop(self._rotation)
-            cap = self._flow.tenant_cap(tenant)
+            cap = self._flow.limits.tenant_cap(tenant)
             if cap is not None and self._counts.get(tenant, {}).get(ItemStatus.LEASED, 0) >= cap:
                 passed.append((turn, tenant))
                 continue
-            entry, held, fits_at = self._pop_allowed(tenant, micros)
+            entry, held, fits_at = self._flow.pop_allowed(
+                self._ready.get(tenant), micros, partial(self._queued, tenant)
+            )
             if fits_at is not None:
                 wake = fits_at if wake is None else min(wake, fits_at)
             if entry is None:
@@ -255,7 +229,7 @@ class MemoryWorkQueue(BaseWorkQueue):
                     self._active.discard(tenant)
                 continue
             self._take_turn(tenant)
-            self._spend(entry, micros)
+            self._flow.spend(entry, micros)
             self._set_status(entry, ItemStatus.LEASED)
             entry.attempts += 1
             entry.updated_at = now
@@ -274,80 +248,6 @@ class MemoryWorkQueue(BaseWorkQueue):
         else:
             self._active.discard(tenant)
             self._ready.pop(tenant, None)
-
-    def _pop_allowed(self, tenant: str, micros: int) -> tuple[_Item | None, bool, int | None]:
-        """The tenant's best due item no limit holds back (taken off its heap), whether
-        items were held back, and when the earliest one a rate held back fits."""
-        ready = self._ready.get(tenant)
-        held: list[tuple[int, int, str]] = []
-        found: _Item | None = None
-        fits_at: int | None = None
-        while ready and len(held) < _LOOKAHEAD:
-            top = heapq.heappop(ready)
-            if self._stale(top[1], tenant, top[2]):
-                continue
-            entry = self._items[(tenant, top[2])]
-            blocked, at = self._held_back(entry, micros)
-            if not blocked:
-                found = entry
-                break
-            held.append(top)
-            if at is not None:
-                fits_at = at if fits_at is None else min(fits_at, at)
-        for top in held:
-            heapq.heappush(ready, top)  # type: ignore[arg-type]  # ready is set when held
-        return found, bool(held), fits_at
-
-    def _held_back(self, entry: _Item, micros: int) -> tuple[bool, int | None]:
-        """Whether a cap or a rate holds the item back now; for a rate, when it would fit
-        (``None``: a cap, or never)."""
-        flow, key = self._flow, entry.limit_key
-        if key is not None:
-            cap = flow.key_cap(key)
-            if cap is not None and self._leased_keys.get(key, 0) >= cap:
-                return True, None
-            pair = flow.tenant_key_cap(key)
-            if pair is not None and self._leased_pairs.get((entry.tenant, key), 0) >= pair:
-                return True, None
-        latest = micros
-        for kind, name, rate in (
-            ("key", key, flow.rate_of_key(key)),
-            ("tenant", entry.tenant, flow.tenant_rate),
-        ):
-            if rate is None or name is None:
-                continue
-            at = admissible_at(rate, self._spent.get((kind, name), {}), micros, entry.weight)
-            if at is None:
-                return True, None
-            latest = max(latest, at)
-        return (latest > micros), (latest if latest > micros else None)
-
-    def _spend(self, entry: _Item, micros: int) -> None:
-        """Count the item's weight in the rate windows it is claimed under."""
-        flow, key = self._flow, entry.limit_key
-        for kind, name, rate in (
-            ("key", key, flow.rate_of_key(key)),
-            ("tenant", entry.tenant, flow.tenant_rate),
-        ):
-            if rate is None or name is None:
-                continue
-            buckets = self._spent.setdefault((kind, name), {})
-            bucket = bucket_of(rate, micros)
-            buckets[bucket] = buckets.get(bucket, 0) + entry.weight
-            oldest = window_start(rate, micros)
-            for old in [b for b in buckets if b < oldest]:
-                del buckets[old]
-
-    def _hold_key(self, entry: _Item, change: int) -> None:
-        key = entry.limit_key
-        assert key is not None
-        self._leased_keys[key] = self._leased_keys.get(key, 0) + change
-        if not self._leased_keys[key]:
-            del self._leased_keys[key]
-        pair = (entry.tenant, key)
-        self._leased_pairs[pair] = self._leased_pairs.get(pair, 0) + change
-        if not self._leased_pairs[pair]:
-            del self._leased_pairs[pair]
 
     # -- settle -------------------------------------------------------------
 
@@ -431,12 +331,12 @@ class MemoryWorkQueue(BaseWorkQueue):
         return self._paused_now
 
     async def _set_limits(self, limits: QueueLimits) -> None:
-        self._flow = limits
+        self._flow.limits = limits
         for watch in self._watches:
             watch.notify()  # a raised limit may make held-back items claimable
 
     async def _limits(self) -> QueueLimits:
-        return self._flow
+        return self._flow.limits
 
     async def _prune(
         self, now: datetime, cutoffs: Mapping[ItemStatus, datetime], batch: int
@@ -535,12 +435,40 @@ class MemoryWorkQueue(BaseWorkQueue):
         chosen = [key for key in keys if after is None or key > after][:limit]
         return [self._record(self._items[key]) for key in chosen]
 
+    async def _unique_holder(self, tenant: str, slot: str) -> WorkItem | None:
+        item_id = self._slots.get((tenant, slot))
+        return None if item_id is None else await self._get_item(tenant, item_id)
+
+    async def _oldest_ready(self, now: datetime) -> dict[str, datetime]:
+        # Memory is the reference, not a server: one pass over the items is its cost.
+        oldest: dict[str, datetime] = {}
+        for entry in self._items.values():
+            due = entry.status is ItemStatus.QUEUED and entry.available_at <= now
+            # Every due time is before now + 1 µs: the default loses to any of them.
+            if due and entry.available_at < oldest.get(entry.tenant, now + _ONE):
+                oldest[entry.tenant] = entry.available_at
+        return oldest
+
+    async def _finished_counts(
+        self, since: datetime, width: timedelta, buckets: int
+    ) -> dict[ItemStatus, list[int]]:
+        counts: dict[ItemStatus, list[int]] = {}
+        for status, entries in self._finished.items():
+            row = counts.setdefault(status, [0] * buckets)
+            for updated_at, order, tenant, item_id in entries:
+                at = (updated_at - since) // width
+                if 0 <= at < buckets and self._finished_entry(
+                    status, updated_at, order, tenant, item_id
+                ):
+                    row[at] += 1
+        return counts
+
     async def _queues(self) -> list[QueueStats]:
         return [await self._stats()] if self._items else []
 
     def _finished_entry(
         self, status: ItemStatus, updated_at: datetime, order: int, tenant: str, item_id: str
-    ) -> _Item | None:
+    ) -> Entry | None:
         """The item a ``_finished`` entry stands for, or ``None`` when it is stale."""
         entry = self._items.get((tenant, item_id))
         if (
@@ -581,44 +509,22 @@ class MemoryWorkQueue(BaseWorkQueue):
 
     # -- helpers ------------------------------------------------------------
 
-    def _record(self, entry: _Item) -> WorkItem:
-        # The queue's own entry: every field is of its type already, built in the model's
-        # order without validating it again.
-        return stored(
-            WorkItem,
-            {
-                "tenant": entry.tenant,
-                "item_id": entry.item_id,
-                "payload": decode_json(entry.payload),
-                "queue": self.name,
-                "priority": entry.priority,
-                "available_at": entry.available_at,
-                "attempts": entry.attempts,
-                "status": entry.status,
-                "last_error": entry.last_error,
-                "created_at": entry.created_at,
-                "updated_at": entry.updated_at,
-                "unique_key": entry.unique_key,
-                "unique_for": entry.unique_for,
-                "timeout": entry.timeout,
-                "limit_key": entry.limit_key,
-                "weight": entry.weight,
-            },
-        )
+    def _record(self, entry: Entry) -> WorkItem:
+        return entry.record(self.name)
 
     def _count(self, tenant: str, status: ItemStatus, change: int) -> None:
         counts = self._counts.setdefault(tenant, {})
         counts[status] = counts.get(status, 0) + change
 
-    def _set_status(self, entry: _Item, status: ItemStatus) -> None:
+    def _set_status(self, entry: Entry, status: ItemStatus) -> None:
         """Move the item between statuses, keeping stats, the dead index and its unique
         slot in step."""
         self._leave(entry)
         was_leased = entry.status is ItemStatus.LEASED
         entry.status = status
         if status is ItemStatus.LEASED and entry.limit_key is not None:
-            self._hold_key(entry, +1)
-        if was_leased and status is not ItemStatus.LEASED and not self._flow.empty:
+            self._flow.hold_key(entry, +1)
+        if was_leased and status is not ItemStatus.LEASED and not self._flow.limits.empty:
             for watch in self._watches:
                 watch.notify()  # a freed slot: a held-back item may be claimable now
         if status is not ItemStatus.DONE:
@@ -630,10 +536,10 @@ class MemoryWorkQueue(BaseWorkQueue):
         ):
             self._free_slot(entry)
 
-    def _leave(self, entry: _Item) -> None:
+    def _leave(self, entry: Entry) -> None:
         """Take the item out of its status's count and the dead index."""
         if entry.status is ItemStatus.LEASED and entry.limit_key is not None:
-            self._hold_key(entry, -1)
+            self._flow.hold_key(entry, -1)
         if entry.status is ItemStatus.DEAD:
             dead = self._dead[entry.tenant]
             dead.discard(entry.item_id)
@@ -642,24 +548,28 @@ class MemoryWorkQueue(BaseWorkQueue):
         if entry.status is not ItemStatus.DONE:
             self._count(entry.tenant, entry.status, -1)
 
-    def _free_slot(self, entry: _Item) -> None:
+    def _free_slot(self, entry: Entry) -> None:
         if entry.slot is not None and self._slots.get((entry.tenant, entry.slot)) == entry.item_id:
             del self._slots[(entry.tenant, entry.slot)]
         entry.slot = None
 
-    def _delete(self, entry: _Item) -> None:
+    def _delete(self, entry: Entry) -> None:
         """Forget a finished item: its id and unique slot are free; heap entries it left
         are stale."""
         self._leave(entry)
         self._free_slot(entry)
         del self._items[(entry.tenant, entry.item_id)]
 
+    def _queued(self, tenant: str, top: tuple[int, int, str]) -> Entry | None:
+        """The queued item a ready heap entry of ``tenant`` stands for (``None``: stale)."""
+        return None if self._stale(top[1], tenant, top[2]) else self._items[(tenant, top[2])]
+
     def _stale(self, order: int, tenant: str, item_id: str) -> bool:
         """Whether a ready/delayed heap entry no longer stands for a queued item."""
         entry = self._items.get((tenant, item_id))
         return entry is None or entry.order != order or entry.status is not ItemStatus.QUEUED
 
-    def _schedule(self, entry: _Item, now: datetime) -> None:
+    def _schedule(self, entry: Entry, now: datetime) -> None:
         """Put a queued item where a claim will find it: ready if due, else delayed."""
         if entry.available_at <= now:
             self._push_ready(entry)
@@ -671,7 +581,7 @@ class MemoryWorkQueue(BaseWorkQueue):
         for watch in self._watches:
             watch.notify()
 
-    def _push_ready(self, entry: _Item) -> None:
+    def _push_ready(self, entry: Entry) -> None:
         ready = self._ready.setdefault(entry.tenant, [])
         heapq.heappush(ready, (-entry.priority, entry.order, entry.item_id))
         if entry.tenant not in self._active:
@@ -685,7 +595,7 @@ class MemoryWorkQueue(BaseWorkQueue):
             if not self._stale(order, tenant, item_id):
                 self._push_ready(self._items[(tenant, item_id)])
 
-    def _pop_ready(self, tenant: str) -> _Item | None:
+    def _pop_ready(self, tenant: str) -> Entry | None:
         """The tenant's next due item, or ``None`` if it has none."""
         ready = self._ready.get(tenant)
         while ready:
@@ -695,7 +605,7 @@ class MemoryWorkQueue(BaseWorkQueue):
         self._ready.pop(tenant, None)
         return None
 
-    def _grant(self, entry: _Item, worker_id: str, now: datetime, seconds: float) -> Lease:
+    def _grant(self, entry: Entry, worker_id: str, now: datetime, seconds: float) -> Lease:
         """A new token and expiry for a leased item; every earlier token is now stale."""
         self._token_counter += 1
         entry.token = self._token_counter
@@ -703,7 +613,7 @@ class MemoryWorkQueue(BaseWorkQueue):
         heapq.heappush(self._expiry, (expires_at, entry.token, entry.tenant, entry.item_id))
         return stored_lease(self._record(entry), worker_id, entry.token, expires_at, seconds)
 
-    def _held(self, lease: Lease) -> _Item | None:
+    def _held(self, lease: Lease) -> Entry | None:
         """The leased item if ``lease`` still holds it, else ``None``."""
         item = lease.item
         entry = None if item.queue != self.name else self._items.get((item.tenant, item.item_id))
@@ -711,7 +621,7 @@ class MemoryWorkQueue(BaseWorkQueue):
             return None
         return entry
 
-    def _end_lease(self, entry: _Item, status: ItemStatus, now: datetime) -> None:
+    def _end_lease(self, entry: Entry, status: ItemStatus, now: datetime) -> None:
         """Settle an item into ``status``: queued items are scheduled again, finished ones
         wait for ``prune``."""
         self._set_status(entry, status)
@@ -723,47 +633,3 @@ class MemoryWorkQueue(BaseWorkQueue):
                 self._finished.setdefault(status, []),
                 (now, entry.order, entry.tenant, entry.item_id),
             )
-
-
-class _MemoryWatch:
-    """Waits for the queue to schedule a due item (enqueue, release, retry, reap, requeue).
-
-    Open for as long as ``watch()`` is: an item scheduled while nobody waits is kept
-    (as a Redis wake list or a PostgreSQL LISTEN keeps it), and the next ``wait``
-    returns at once, so no wake-up is lost between a claim that found nothing and
-    the wait that follows it.
-    """
-
-    __slots__ = ("_on_cancel", "_pending", "_waiters")
-
-    def __init__(self, on_cancel: OnCancel | None) -> None:
-        self._on_cancel = on_cancel
-        self._pending = False
-        self._waiters: set[asyncio.Future[None]] = set()
-
-    def cancelled(self, tenant: str, item_id: str, token: int) -> None:
-        # Called soon, not now: the caller's cancel finishes first, whatever the callback does
-        # (an exception it raises goes to the loop's handler, not to the cancel).
-        if self._on_cancel is not None:
-            asyncio.get_running_loop().call_soon(self._on_cancel, tenant, item_id, token)
-
-    def notify(self) -> None:
-        if not self._waiters:
-            self._pending = True
-        for waiter in self._waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-
-    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - the fallback poll
-        if self._pending:
-            self._pending = False
-            return True
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.add(waiter)
-        try:
-            await asyncio.wait({waiter}, timeout=timeout)
-        finally:
-            self._waiters.discard(waiter)
-            woken = waiter.done() and not waiter.cancelled()
-            waiter.cancel()
-        return woken

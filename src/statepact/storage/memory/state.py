@@ -215,6 +215,17 @@ class MemoryStateStore(BaseStateStore):
                 break
         return found
 
+    async def _first_seq_since(self, tenant: str, since: datetime) -> int | None:
+        # Memory is the reference, not a server: one pass over the runs is its cost.
+        return min(
+            (
+                row.seq
+                for (owner, _), row in self._runs.items()
+                if owner == tenant and row.created_at >= since
+            ),
+            default=None,
+        )
+
     async def _delete_run(self, tenant: str, run_id: str) -> bool:
         return self._remove_run(tenant, run_id)
 

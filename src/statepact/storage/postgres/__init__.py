@@ -22,14 +22,13 @@ here creates or alters a table at import or at ``open()``.
 """
 
 from statepact.settings import PostgresStoreSettings
-from statepact.storage.postgres._client import (
-    EngineExecutor,
+from statepact.storage.postgres._client import EngineExecutor, connect_refusal
+from statepact.storage.postgres._direct import DirectExecutor, Prepared
+from statepact.storage.postgres._engine import (
     asyncpg_url,
-    connect_refusal,
     create_engine,
     refuse_closed_connections,
 )
-from statepact.storage.postgres._direct import DirectExecutor, Prepared
 from statepact.storage.postgres.backend import PostgresBackend
 from statepact.storage.postgres.backing import open_backing
 from statepact.storage.postgres.migrate import AutogenerateFilter

@@ -22,7 +22,7 @@ from statepact.storage.postgres._client import detail_of, is_rolled_back, sqlsta
 from statepact.storage.postgres._direct import Prepared, Statements
 from statepact.storage.postgres._predict import LocalOrder
 from statepact.storage.postgres._sql import LOCK_NOT_AVAILABLE
-from statepact.storage.postgres._sql import tx as sql
+from statepact.storage.postgres._sql.tx import TxStatements
 from statepact.tx import CommitRequest, CommitResult, Isolation, Refusal
 
 __all__ = ["Commits", "refusal_of"]
@@ -31,9 +31,6 @@ T = TypeVar("T")
 
 #: Runs one piece of work on a connection, with the backend's failover (``_run``).
 Run = Callable[[Callable[[Statements], Awaitable[T]]], Awaitable[T]]
-
-COMMIT = Prepared(sql.COMMIT)
-COMMIT_MANY = Prepared(sql.COMMIT_MANY)
 
 # The function's own SQLSTATEs (class SP, revision statepact_0004): what it refused.
 _REFUSED_KINDS: dict[str, Any] = {"SPF01": "fenced", "SPI01": "idempotency", "SPC01": "write"}
@@ -127,11 +124,13 @@ def _commit_result(reply: Any) -> CommitResult:
 class Commits:
     """Sends one backend's commits (alone or together) and keeps its ``LocalOrder``.
 
-    ``run(work)`` is the backend's: one piece of work on a connection, sent again after
-    a connection error (safe here: a resend finds its first attempt).
+    ``sql`` is the backend's prepared statements; ``run(work)`` is the backend's: one
+    piece of work on a connection, sent again after a connection error (safe here: a
+    resend finds its first attempt).
     """
 
-    def __init__(self, run: Run[Any], order: LocalOrder) -> None:
+    def __init__(self, sql: TxStatements[Prepared], run: Run[Any], order: LocalOrder) -> None:
+        self._sql = sql
         self._run = run
         self.order = order
         self._shared: SharedRoundTrips[_Pending, CommitResult | Refusal | None] = SharedRoundTrips(
@@ -184,7 +183,7 @@ class Commits:
             attempts += 1
             requests = [commits[n].text(resend=attempts > 1) for n in order]
             try:
-                rows = (await conn.execute(COMMIT_MANY, {"requests": requests})).all()
+                rows = (await conn.execute(self._sql.commit_many, {"requests": requests})).all()
             except Exception as exc:
                 if (
                     refusal_of(exc) is not None
@@ -214,7 +213,7 @@ class Commits:
             # commit function"): it says so, and the function looks for it.
             sent = pending.text(resend=attempts > 1)
             try:
-                reply = (await conn.execute(COMMIT, {"request": sent})).scalar_one()
+                reply = (await conn.execute(self._sql.commit, {"request": sent})).scalar_one()
             except Exception as exc:
                 refusal = refusal_of(exc)
                 if refusal is None:

@@ -1,16 +1,18 @@
 """The engine a ``PostgresBackend.connect`` builds and owns: its pool bounds, the
-statement timeout on every connection, and the client's own bound on a reply."""
+statement timeout on every connection, the client's own bound on a reply, and the
+connections it opens at once."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from statepact.settings import PostgresStoreSettings
-from statepact.storage.postgres._client import asyncpg_url, create_engine
+from statepact.storage.postgres._engine import asyncpg_url, create_engine
+from statepact.storage.postgres._sql.tx import PING
 
-__all__ = ["own_engine"]
+__all__ = ["own_engine", "warm"]
 
 # Seconds to open a connection before calling the attempt failed (asyncpg waits 60).
 _CONNECT_TIMEOUT = 10.0
@@ -56,3 +58,20 @@ def own_engine(
     # and every call a backend sends is safe to send again after one that went stale.
     engine = create_engine(settings, pool_pre_ping=False, connect_args=connect_args, **options)
     return settings, engine
+
+
+async def warm(engine: AsyncEngine, count: int) -> None:
+    """Open ``count`` pooled connections now rather than on the first calls."""
+    if count <= 0:
+        return
+    opened: list[AsyncConnection] = []
+    try:
+        for _ in range(count):
+            conn = await engine.connect()
+            opened.append(conn)
+            await conn.execute(PING)
+    except Exception:
+        return  # warming is an optimisation; the first real call reports any trouble
+    finally:
+        for conn in opened:
+            await conn.close()

@@ -11,13 +11,10 @@ from typing import Any
 from statepact._limits import MAX_BATCH_BYTES, MAX_SHARED_READS
 from statepact._shared import SharedRoundTrips
 from statepact.storage.postgres._direct import Prepared, Statements
-from statepact.storage.postgres._sql import tx as sql
+from statepact.storage.postgres._sql.tx import TxStatements
 from statepact.tx import Snapshot, StoredValue
 
 __all__ = ["FirstReads"]
-
-BEGIN_READ = Prepared(sql.BEGIN_READ)
-BEGIN_READ_MANY = Prepared(sql.BEGIN_READ_MANY)
 
 Taken = tuple[Snapshot, StoredValue]
 #: Runs one piece of work on a connection: a read alone may be abandoned by a cancelled
@@ -41,7 +38,8 @@ def _found(data: str | None, version: int | None) -> StoredValue:
 class FirstReads:
     """Sends one backend's first reads, alone (``read_alone``) or together (``run``)."""
 
-    def __init__(self, read_alone: Run, run: Run) -> None:
+    def __init__(self, sql: TxStatements[Prepared], read_alone: Run, run: Run) -> None:
+        self._sql = sql
         self._read_alone = read_alone
         self._run = run
         self._shared: SharedRoundTrips[_FirstRead, Taken] = SharedRoundTrips(
@@ -61,7 +59,9 @@ class FirstReads:
         params = {"resource": read.resource, "key": read.key}
 
         async def work(conn: Statements) -> Taken:
-            token, sequence, data, version = (await conn.execute(BEGIN_READ, params)).one()
+            token, sequence, data, version = (
+                await conn.execute(self._sql.begin_read, params)
+            ).one()
             return Snapshot(int(sequence), token), _found(data, version)
 
         taken: Taken = await self._read_alone(work)
@@ -79,7 +79,7 @@ class FirstReads:
             answers: list[Taken] = []
             snapshot: Snapshot | None = None
             for _ord, token, sequence, data, version in (
-                await conn.execute(BEGIN_READ_MANY, params)
+                await conn.execute(self._sql.begin_read_many, params)
             ).all():
                 if snapshot is None:
                     snapshot = Snapshot(int(sequence), token)

@@ -21,16 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any, Self, TypedDict, TypeVar, Unpack
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
 from statepact._cancel import finish
 from statepact._retry import RetryPolicy
 from statepact.clock import Clock
 from statepact.errors import (
-    ConflictError,
     SchemaVersionError,
     StatepactError,
     StatePersistenceError,
@@ -38,10 +38,10 @@ from statepact.errors import (
 from statepact.settings import PostgresStoreSettings
 from statepact.storage.postgres._commits import Commits
 from statepact.storage.postgres._direct import DirectExecutor, Prepared, Statements
-from statepact.storage.postgres._pool import own_engine
+from statepact.storage.postgres._pool import own_engine, warm
 from statepact.storage.postgres._predict import LocalOrder
 from statepact.storage.postgres._reads import FirstReads
-from statepact.storage.postgres._sql import tx as sql
+from statepact.storage.postgres._sql.tx import PING, TxStatements, statements
 from statepact.tx import (
     CommitRequest,
     CommitResult,
@@ -57,23 +57,14 @@ from statepact.tx import (
 
 __all__ = ["PostgresBackend"]
 
-# Compiled once for the driver (_direct.Prepared).
-ACQUIRE_LEASE = Prepared(sql.ACQUIRE_LEASE)
-BEGIN = Prepared(sql.BEGIN)
-HISTORY = Prepared(sql.HISTORY)
-PRUNE_HISTORY = Prepared(sql.PRUNE_HISTORY)
-READ_AT = Prepared(sql.READ_AT)
-READ_LATEST = Prepared(sql.READ_LATEST)
-REGISTER = Prepared(sql.REGISTER)
-RELEASE_LEASE = Prepared(sql.RELEASE_LEASE)
-RENEW_LEASE = Prepared(sql.RENEW_LEASE)
-RESET_SEQ = Prepared(sql.RESET_SEQ)
-RESOURCE_INFO = Prepared(sql.RESOURCE_INFO)
-TRUNCATE = Prepared(sql.TRUNCATE)
-TRY_LOCK = Prepared(sql.TRY_LOCK)
-UNLOCK = Prepared(sql.UNLOCK)
-_SCHEMA_PRESENT = Prepared(sql.SCHEMA_PRESENT)
 _ABSENT = StoredValue(None, 0)
+
+
+@cache
+def _prepared() -> TxStatements[Prepared]:
+    """``TxStatements`` compiled once for the driver (``_direct.Prepared``)."""
+    return statements().map(Prepared)
+
 
 T = TypeVar("T")
 
@@ -163,8 +154,13 @@ class PostgresBackend:
         # Transactions of this process that asked for a lock; end() releases theirs.
         self._locking: set[str] = set()
         self._closed = False
-        self._first_reads = FirstReads(self._read, lambda work: self._run(work, idempotent=True))
-        self._commits = Commits(lambda work: self._run(work, idempotent=True), LocalOrder())
+        self._sql = _prepared()
+        self._first_reads = FirstReads(
+            self._sql, self._read, lambda work: self._run(work, idempotent=True)
+        )
+        self._commits = Commits(
+            self._sql, lambda work: self._run(work, idempotent=True), LocalOrder()
+        )
 
     @classmethod
     async def open(
@@ -244,7 +240,7 @@ class PostgresBackend:
             raise
         backend._owns_engine = True
         try:
-            await backend._warm(min_size)
+            await warm(backend._engine, min_size)
         except BaseException:
             await backend.close()
             raise
@@ -256,7 +252,7 @@ class PostgresBackend:
 
     async def _ensure_schema(self, create: bool) -> None:
         async def present(conn: Statements) -> Any:
-            return (await conn.execute(_SCHEMA_PRESENT)).one()
+            return (await conn.execute(self._sql.schema_present)).one()
 
         row = await self._run(present, idempotent=True)
         tables, functions = bool(row[0]), all(row[1:])
@@ -288,23 +284,6 @@ class PostgresBackend:
             "run `statepact db upgrade` (or connect with create_schema=True)",
             expected="statepact_0004",
         )
-
-    async def _warm(self, count: int) -> None:
-        """Open ``count`` pooled connections now rather than on the first calls."""
-        if count <= 0:
-            return
-        engine = self._engine
-        opened: list[AsyncConnection] = []
-        try:
-            for _ in range(count):
-                conn = await engine.connect()
-                opened.append(conn)
-                await conn.execute(sql.PING)
-        except Exception:
-            return  # warming is an optimisation; the first real call reports any trouble
-        finally:
-            for conn in opened:
-                await conn.close()
 
     @property
     def engine(self) -> AsyncEngine:
@@ -338,7 +317,7 @@ class PostgresBackend:
 
     async def begin(self, txn_id: str) -> Snapshot:
         async def work(conn: Statements) -> Snapshot:
-            token, sequence = (await conn.execute(BEGIN)).one()
+            token, sequence = (await conn.execute(self._sql.begin)).one()
             return Snapshot(int(sequence), token)
 
         snapshot = await self._read(work)
@@ -372,28 +351,31 @@ class PostgresBackend:
         """
 
         async def work(conn: Statements) -> None:
-            await conn.execute(UNLOCK, {"txn_ids": txn_ids})
+            await conn.execute(self._sql.unlock, {"txn_ids": txn_ids})
 
         try:
             await self._executor.run(work, idempotent=True)
         except StatepactError:
             return
 
-    async def read(self, resource: str, key: str, at: Snapshot | None) -> StoredValue:
-        async def work(conn: Statements) -> StoredValue:
+    async def read(self, resource: str, key: str, at: Snapshot | None) -> StoredValue | Refusal:
+        async def work(conn: Statements) -> StoredValue | Refusal:
             if at is None:
-                result = await conn.execute(READ_LATEST, {"resource": resource, "key": key})
+                result = await conn.execute(
+                    self._sql.read_latest, {"resource": resource, "key": key}
+                )
             else:
                 params = {"resource": resource, "key": key, "snapshot": at.token}
-                data, version, pruned = (await conn.execute(READ_AT, params)).one()
+                data, version, pruned = (await conn.execute(self._sql.read_at, params)).one()
                 if version is not None:
                     return StoredValue(data, int(version))
                 if pruned:
-                    raise ConflictError.snapshot_too_old(
+                    return Refusal(
+                        "too_old",
                         resource,
                         key,
-                        at=at.sequence,
-                        gone="dropped from the history by prune_history "
+                        taken_at=at.sequence,
+                        reason="dropped from the history by prune_history "
                         f"(history_retention_seconds={self.history_retention:g})",
                     )
                 return _ABSENT
@@ -429,7 +411,7 @@ class PostgresBackend:
         }
 
         async def attempt(conn: Statements) -> bool:
-            return bool((await conn.execute(TRY_LOCK, params)).scalar_one())
+            return bool((await conn.execute(self._sql.try_lock, params)).scalar_one())
 
         # Idempotent: asking again for a lock the transaction holds is a no-op.
         return await self._run(attempt, idempotent=True)
@@ -446,7 +428,7 @@ class PostgresBackend:
         }
 
         async def work(conn: Statements) -> int | None:
-            token = (await conn.execute(ACQUIRE_LEASE, params)).scalar_one_or_none()
+            token = (await conn.execute(self._sql.acquire_lease, params)).scalar_one_or_none()
             return None if token is None else int(token)
 
         # Sent again after a lost reply, the same owner re-acquires: its lease gets
@@ -473,7 +455,7 @@ class PostgresBackend:
         }
 
         async def work(conn: Statements) -> bool:
-            return (await conn.execute(RENEW_LEASE, params)).first() is not None
+            return (await conn.execute(self._sql.renew_lease, params)).first() is not None
 
         if not await self._run(work, idempotent=True):
             return None
@@ -489,7 +471,7 @@ class PostgresBackend:
         params = {"p_resource": lease.resource, "p_token": lease.token, "p_now": now}
 
         async def work(conn: Statements) -> bool:
-            return (await conn.execute(RELEASE_LEASE, params)).first() is not None
+            return (await conn.execute(self._sql.release_lease, params)).first() is not None
 
         # Not sent again after a lost reply: a second attempt would answer False.
         return await self._run(work, idempotent=False)
@@ -500,7 +482,7 @@ class PostgresBackend:
         params = {"resource": resource, "key": key, "limit": limit}
 
         async def work(conn: Statements) -> list[StoredVersion]:
-            rows: Any = (await conn.execute(HISTORY, params)).all()
+            rows: Any = (await conn.execute(self._sql.history, params)).all()
             return [StoredVersion(int(row[0]), row[1], row[2]) for row in rows]
 
         return await self._read(work)
@@ -530,7 +512,7 @@ class PostgresBackend:
         between steps, and a step sent again deletes nothing twice."""
 
         async def work(conn: Statements) -> Any:
-            return (await conn.execute(PRUNE_HISTORY, params)).first()
+            return (await conn.execute(self._sql.prune_history, params)).first()
 
         return await self._run(work, idempotent=True)
 
@@ -538,13 +520,13 @@ class PostgresBackend:
         params = {"p_name": name, "p_metadata": metadata, "p_now": now}
 
         async def work(conn: Statements) -> None:
-            await conn.execute(REGISTER, params)
+            await conn.execute(self._sql.register, params)
 
         await self._run(work, idempotent=True)
 
     async def resource_info(self, name: str) -> StoredResource | None:
         async def work(conn: Statements) -> StoredResource | None:
-            row: Any = (await conn.execute(RESOURCE_INFO, {"name": name})).one()
+            row: Any = (await conn.execute(self._sql.resource_info, {"name": name})).one()
             stored_metadata, version, committed_at = row
             if stored_metadata is None and version is None:
                 return None
@@ -572,7 +554,7 @@ class PostgresBackend:
     async def _ping(self) -> bool:
         try:
             async with self._engine.connect() as conn:
-                await conn.execute(sql.PING)
+                await conn.execute(PING)
         except Exception:
             return False
         return True
@@ -605,8 +587,8 @@ class PostgresBackend:
         """
 
         async def work(conn: Statements) -> None:
-            await conn.execute(TRUNCATE)
-            await conn.execute(RESET_SEQ)
+            await conn.execute(self._sql.truncate)
+            await conn.execute(self._sql.reset_seq)
 
         await self._run(work, idempotent=True)
         self._locking.clear()

@@ -8,7 +8,7 @@ from statepact.clock import Clock
 from statepact.queue import QueuePolicy
 from statepact.settings import PostgresStoreSettings
 from statepact.storage import Backing, assemble_backing
-from statepact.storage.postgres._client import create_engine
+from statepact.storage.postgres._engine import create_engine
 from statepact.storage.postgres.backend import PostgresBackend
 from statepact.storage.postgres.queue import PostgresWorkQueue
 from statepact.storage.postgres.schema import StateTables

@@ -46,22 +46,20 @@ from statepact.queue import (
     QueuePolicy,
     SleepWatch,
     WorkWatch,
-    unique_slot,
 )
 from statepact.settings import PostgresStoreSettings
 from statepact.storage.postgres._client import (
     BoundExecutor,
     EngineExecutor,
     Executor,
-    is_unique_violation,
 )
 from statepact.storage.postgres._direct import DirectExecutor, Prepared
+from statepact.storage.postgres._enqueue import batch_params, store_many, store_one
 from statepact.storage.postgres._flow import claim_limited
 from statepact.storage.postgres._listen import ListenWatch, control_channel
 from statepact.storage.postgres._queue_support import (
     Conn,
     Statements,
-    batch_params,
     cutoff_params,
     item_of,
     item_or_none,
@@ -99,11 +97,6 @@ def _channel(tables: Tables, queue: str) -> str:
 # single enqueues make, always go as ``enqueue_many``, which fails nothing.
 _NEW_FIRST_FROM = 1_000
 
-# Inserts of one item whose conflicting holder was gone when read (pruned, or its slot
-# freed in between) before the enqueue gives up: each try needs another writer between
-# its two statements.
-_HOLDER_TRIES = 5
-
 
 class PostgresWorkQueue(BaseWorkQueue):
     """The ``WorkQueue`` on PostgreSQL, through SQLAlchemy Core (asyncpg).
@@ -133,6 +126,9 @@ class PostgresWorkQueue(BaseWorkQueue):
             max_value_bytes=self._settings.max_value_bytes,
         )
         self._tables = tables_for(tables, self._settings.db_schema)
+        #: Whether this queue's last claim found ``QueueLimits`` set (claims then go to
+        #: the limited claim first; a hint only, the control row decides).
+        self._limited = False
         self._executor: Executor
         # The statements the executor runs: compiled once for the driver on an engine (the
         # DirectExecutor, a fraction of SQLAlchemy's cost per statement), Core expressions on
@@ -230,92 +226,26 @@ class PostgresWorkQueue(BaseWorkQueue):
 
     async def _enqueue(self, item: WorkItem, payload: bytes) -> WorkItem:
         async def work(conn: Conn) -> WorkItem:
-            return await self._store_one(conn, item, payload)
+            return await store_one(conn, self._sql, self._channel, item, payload)
 
         return await self._executor.run(work, idempotent=True)
 
-    async def _store_one(self, conn: Conn, item: WorkItem, payload: bytes) -> WorkItem:
-        """Insert one item, or answer the stored item its id or unique slot names."""
-        slot = unique_slot(item, item.created_at)  # type: ignore[arg-type]
-        params = {
-            **self._key(item.tenant, item.item_id),
-            "p_channel": self._channel,
-            "p_payload": payload.decode("utf-8"),
-            "p_priority": item.priority,
-            "p_available_at": item.available_at,
-            "p_now": item.created_at,
-            "p_unique_key": item.unique_key,
-            "p_unique_for": item.unique_for,
-            "p_timeout": item.timeout,
-            "p_unique_slot": slot,
-            "p_limit_key": item.limit_key,
-            "p_weight": item.weight,
-        }
-        for _ in range(_HOLDER_TRIES):
-            inserted = (await conn.execute(self._sql.enqueue, params)).scalar()
-            if inserted:
-                return item  # stored as sent: the front built the record
-            found = await self._holder(conn, item.tenant, item.item_id, slot)
-            if found is not None:
-                return found
-        raise QueueUnavailableError(
-            f"enqueue of item {item.item_id!r}: its id or unique slot was held, and the "
-            f"holder gone when read, {_HOLDER_TRIES} times"
-        )
-
-    async def _holder(
-        self, conn: Conn, tenant: str, item_id: str, slot: str | None
-    ) -> WorkItem | None:
-        """The stored item an insert conflicted with: the item itself (its id is the
-        idempotency key, checked first), else the holder of its unique slot; ``None``
-        when neither is there any more (pruned, or the slot freed: insert again)."""
-        key = self._key(tenant, item_id)
-        row = (await conn.execute(self._sql.get_item, key)).mappings().first()
-        if row is None and slot is not None:
-            holder = {**key, "p_unique_slot": slot}
-            row = (await conn.execute(self._sql.slot_holder, holder)).mappings().first()
-        return None if row is None else item_of(row)
-
     async def _enqueue_many(self, batch: list[tuple[WorkItem, bytes]]) -> list[WorkItem]:
-        slots = [unique_slot(item, item.created_at) for item, _ in batch]  # type: ignore[arg-type]
-        params = {
-            "p_queue": self.name,
-            "p_channel": self._channel,
-            **batch_params(batch, slots),
-        }
-
+        params, slots = batch_params(self.name, self._channel, batch)
         # Only on the driver (autocommit), where a failed statement aborts nothing else;
         # never inside a caller's transaction (bound) or on the caller's AsyncConnection.
         new_first = isinstance(self._executor, DirectExecutor) and len(batch) >= _NEW_FIRST_FROM
 
         async def work(conn: Conn) -> list[WorkItem]:
-            answer = [item for item, _ in batch]
-            if new_first:
-                # A bulk load is usually all new: insert it without ON CONFLICT's probe of
-                # every row. An item stored already fails that statement, which writes
-                # nothing; the batch then goes as enqueue_many.
-                try:
-                    await conn.execute(self._sql.enqueue_new, params)
-                    return answer
-                except Exception as exc:
-                    if not is_unique_violation(exc):
-                        raise
-            # Only the items the insert skipped come back; every other one was stored as sent.
-            rows = (await conn.execute(self._sql.enqueue_many, params)).mappings().all()
-            for row in rows:
-                if row["ord"] is None:  # the notify's own row: nothing skipped
-                    continue
-                place = row["ord"] - 1
-                if row["status"] is not None:
-                    answer[place] = item_of(row)
-                    continue
-                # Inserted after this statement's snapshot (by a concurrent enqueue, or by
-                # this batch: two items of one unique slot), or gone since (then stored
-                # again, alone).
-                item, payload = batch[place]
-                found = await self._holder(conn, item.tenant, item.item_id, slots[place])
-                answer[place] = found or await self._store_one(conn, item, payload)
-            return answer
+            return await store_many(
+                conn,
+                self._sql,
+                self._channel,
+                batch,
+                params=params,
+                slots=slots,
+                new_first=new_first,
+            )
 
         return await self._executor.run(work, idempotent=True)
 
@@ -332,6 +262,13 @@ class PostgresWorkQueue(BaseWorkQueue):
 
         async def work(conn: Conn) -> list[Lease]:
             rows: list[RowMapping] = []
+            if self._limited:
+                # The last claim found limits: claim under them first, without the plain
+                # claims (which yield nothing then) nor the probe (None: limits gone).
+                limited = await claim_limited(conn, self._sql, params, now, limit, probe=False)
+                if limited is not None:
+                    return leases(limited)
+                self._limited = False
             if limit > 1:
                 batch = {**params, "p_limit": limit}
                 rows = list((await conn.execute(self._sql.claim_many, batch)).mappings().all())
@@ -346,7 +283,11 @@ class PostgresWorkQueue(BaseWorkQueue):
                 # Nothing due, or the queue has limits (the plain claims then yield
                 # nothing): only an empty claim pays for asking (docs/backings.md#flow-control).
                 limited = await claim_limited(conn, self._sql, params, now, limit)
+                self._limited = limited is not None
                 rows = rows if limited is None else limited
+            return leases(rows)
+
+        def leases(rows: list[RowMapping]) -> list[Lease]:
             return [
                 stored_lease(item_of(row), worker_id, row["token"], expires_at, seconds)
                 for row in rows
@@ -550,6 +491,45 @@ class PostgresWorkQueue(BaseWorkQueue):
             counted = await self._stats_of(name)
             found.append(counted)
         return found
+
+    async def _unique_holder(self, tenant: str, slot: str) -> WorkItem | None:
+        params = {"p_queue": self.name, "p_tenant": tenant, "p_unique_slot": slot}
+
+        async def work(conn: Conn) -> WorkItem | None:
+            row = (await conn.execute(self._sql.slot_holder, params)).mappings().first()
+            return None if row is None else item_of(row)
+
+        return await self._executor.run(work, idempotent=True)
+
+    async def _oldest_ready(self, now: datetime) -> dict[str, datetime]:
+        params = {"p_queue": self.name, "p_now": now}
+
+        async def work(conn: Conn) -> dict[str, datetime]:
+            rows = await conn.execute(self._sql.oldest_ready, params)
+            return {tenant: at for tenant, at in rows if at is not None}
+
+        return await self._executor.run(work, idempotent=True)
+
+    async def _finished_counts(
+        self, since: datetime, width: timedelta, buckets: int
+    ) -> dict[ItemStatus, list[int]]:
+        seconds = width.total_seconds()
+        params = {
+            "p_queue": self.name,
+            "p_since": since,
+            "p_until": since + buckets * width,
+            "p_width": seconds,
+        }
+
+        async def work(conn: Conn) -> dict[ItemStatus, list[int]]:
+            counts: dict[ItemStatus, list[int]] = {}
+            for status, bucket, count in await conn.execute(self._sql.finished_counts, params):
+                row = counts.setdefault(ItemStatus(status), [0] * buckets)
+                if 0 <= bucket < buckets:
+                    row[bucket] += int(count)
+            return counts
+
+        return await self._executor.run(work, idempotent=True)
 
     # -- cancel, pause, prune ---------------------------------------------
 

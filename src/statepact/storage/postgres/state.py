@@ -33,7 +33,7 @@ from statepact._retry import new_op_id
 from statepact._shared import SharedRoundTrips
 from statepact.clock import Clock
 from statepact.errors import RunNotFoundError, StateConflictError, StatePersistenceError
-from statepact.models import RunRecord, RunStatus, SessionRecord, stored
+from statepact.models import RunRecord, RunStatus, RunTotals, SessionRecord, stored
 from statepact.settings import PostgresStoreSettings
 from statepact.state import (
     BaseStateStore,
@@ -483,6 +483,31 @@ class PostgresStateStore(BaseStateStore):
             return [_run_record(row, decode_json(row["data"])) for row in result.mappings()]
 
         return await self._executor.run(work, idempotent=True, abandonable=True)
+
+    async def _run_totals(self, query: ListQuery, since: datetime) -> RunTotals:
+        statement = self._sql.run_totals[(query.session_id is not None, query.status is not None)]
+        params = {
+            "p_tenant": query.tenant,
+            "p_since": since,
+            "p_session_id": query.session_id,
+            "p_status": None if query.status is None else query.status.value,
+        }
+
+        async def work(conn: Runner) -> list[Any]:
+            return list(await conn.execute(statement, params))
+
+        rows = await self._executor.run(work, idempotent=True, abandonable=True)
+        by_status = {status: int(count) for status, count, *_ in rows}
+        return RunTotals(
+            tenant=query.tenant,
+            since=since,
+            runs=sum(by_status.values()),
+            input_tokens=sum(int(row[2]) for row in rows),
+            output_tokens=sum(int(row[3]) for row in rows),
+            cost=sum((Decimal(row[4]) for row in rows), Decimal(0)),
+            iterations=sum(int(row[5]) for row in rows),
+            by_status=dict(sorted(by_status.items())),
+        )
 
     async def _delete_run(self, tenant: str, run_id: str) -> bool:
         async def work(conn: Runner) -> bool:

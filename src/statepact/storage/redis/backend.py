@@ -22,7 +22,6 @@ from statepact._cancel import finish
 from statepact._retry import RetryPolicy
 from statepact.clock import Clock, from_micros, to_micros
 from statepact.errors import (
-    ConflictError,
     StatepactError,
     StatePersistenceError,
 )
@@ -322,7 +321,7 @@ class RedisBackend:
         except StatepactError:
             return
 
-    async def read(self, resource: str, key: str, at: Snapshot | None) -> StoredValue:
+    async def read(self, resource: str, key: str, at: Snapshot | None) -> StoredValue | Refusal:
         data_key = self._keys.data(resource)
         if at is None:
             raw = await self._call(
@@ -338,11 +337,12 @@ class RedisBackend:
                 abandonable=True,
             )
             if raw == _TOO_OLD:
-                raise ConflictError.snapshot_too_old(
+                return Refusal(
+                    "too_old",
                     resource,
                     key,
-                    at=at.sequence,
-                    gone=f"trimmed from the history (history_limit={self.history_limit})",
+                    taken_at=at.sequence,
+                    reason=f"trimmed from the history (history_limit={self.history_limit})",
                 )
         if raw is None:
             return _ABSENT

@@ -55,6 +55,8 @@ __all__ = ["RedisWorkQueue"]
 # Most delayed items promoted, half-claims finished, leases reaped or dead items
 # purged by one script call: bounds how long one call can hold the server.
 _STEP = 1000
+# oldest_waiting reads at most this many due entries of ``delayed`` (lua/queue/oldest_ready).
+_OLDEST_DUE_READ = 100
 
 # The prune lock's lifetime, started again by every batch: a pruner that dies frees
 # the queue for another this long after its last batch.
@@ -433,6 +435,32 @@ class RedisWorkQueue(BaseWorkQueue):
             if stats.tenants or await other._holds_done():
                 found.append(stats)
         return found
+
+    async def _unique_holder(self, tenant: str, slot: str) -> WorkItem | None:
+        key, field = self._keys.unique.encode("utf-8"), ref(tenant, slot).encode("utf-8")
+        item_id = await self._failover.run(
+            f"find_unique (queue {self.name!r})", lambda: self._redis.hget(key, field)
+        )
+        return None if item_id is None else await self._get_item(tenant, as_text(item_id))
+
+    async def _oldest_ready(self, now: datetime) -> dict[str, datetime]:
+        reply = await self._run("oldest_waiting", "oldest_ready", now, _OLDEST_DUE_READ)
+        return {
+            as_text(tenant): from_micros(int(at))
+            for tenant, at in zip(reply[::2], reply[1::2], strict=True)
+        }
+
+    async def _finished_counts(
+        self, since: datetime, width: timedelta, buckets: int
+    ) -> dict[ItemStatus, list[int]]:
+        span = width // timedelta(microseconds=1)
+        reply = await self._run(
+            "finished_per_minute", "finished_counts", None, to_micros(since), span, buckets
+        )
+        return {
+            status: [int(count) for count in counts]
+            for status, counts in zip(_FINISHED, reply, strict=True)
+        }
 
     async def _holds_done(self) -> bool:
         key = self._keys.finished("done").encode("utf-8")

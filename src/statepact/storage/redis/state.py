@@ -206,6 +206,17 @@ class RedisStateStore(BaseStateStore):
             _run_record(tenant, as_text(reply[i]), reply[i + 1]) for i in range(0, len(reply), 2)
         ]
 
+    async def _first_seq_since(self, tenant: str, since: datetime) -> int | None:
+        reply = await self._run(
+            f"run_totals of tenant {tenant!r}",
+            "first_run_since",
+            [self._keys.runs(tenant)],
+            [self._keys.prefix(tenant), to_micros(since)],
+            read=True,
+        )
+        seq = int(reply)
+        return None if seq < 0 else seq
+
     async def _delete_run(self, tenant: str, run_id: str) -> bool:
         keys = self._keys
         reply = await self._run(

@@ -89,6 +89,7 @@ from statepact.testing.queue_suite.inputs import InputConformance
 from statepact.testing.queue_suite.lifecycle import LifecycleConformance
 from statepact.testing.queue_suite.limits import FlowControlConformance
 from statepact.testing.queue_suite.mappings import MappingConformance
+from statepact.testing.queue_suite.operator import OperatorReadsConformance
 from statepact.testing.queue_suite.retention import RetentionConformance
 from statepact.testing.queue_suite.settle import SettleConformance
 from statepact.testing.queue_suite.unique import UniqueConformance
@@ -106,6 +107,7 @@ class WorkQueueConformance(
     UniqueConformance,
     RetentionConformance,
     FlowControlConformance,
+    OperatorReadsConformance,
 ):
     """One test per promise of ``WorkQueue``; see the module docstring for the fixtures.
 

@@ -422,6 +422,43 @@ def list_runs(runs: Table, *, by_session: bool, by_status: bool) -> Select[Any]:
     )
 
 
+def run_totals(runs: Table, *, by_session: bool, by_status: bool) -> Select[Any]:
+    """``(status, runs, input_tokens, output_tokens, cost, iterations)`` of the tenant's
+    runs created at or after ``p_since``, per status: a range of the ``(tenant,
+    created_at)`` index (its rows fetched for the counters), bounded by the window."""
+    criteria: list[ColumnElement[bool]] = [
+        runs.c.tenant == param("tenant"),
+        runs.c.created_at >= param("since", TZ),
+    ]
+    if by_session:
+        criteria.append(runs.c.session_id == param("session_id"))
+    if by_status:
+        criteria.append(runs.c.status == param("status"))
+    return (
+        select(
+            runs.c.status,
+            func.count(),
+            func.sum(runs.c.input_tokens),
+            func.sum(runs.c.output_tokens),
+            func.sum(runs.c.cost),
+            func.sum(runs.c.iterations),
+        )
+        .where(*criteria)
+        .group_by(runs.c.status)
+    )
+
+
+def _by_filters(
+    runs: Table, build: Callable[..., Select[Any]]
+) -> dict[tuple[bool, bool], Select[Any]]:
+    """One statement per (filters by session, filters by status)."""
+    return {
+        (by_session, by_status): build(runs, by_session=by_session, by_status=by_status)
+        for by_session in (False, True)
+        for by_status in (False, True)
+    }
+
+
 def delete_run(runs: Table, writes: Table) -> ReturningDelete[Any]:
     """Delete the run and every row of its writes, in one statement."""
     forgotten = (
@@ -540,6 +577,8 @@ class StateStatements(Generic[S]):
     patch_runs: S
     # By (whether it filters by session, by status).
     list_runs: Mapping[tuple[bool, bool], S]
+    # By (whether it filters by session, by status), as list_runs.
+    run_totals: Mapping[tuple[bool, bool], S]
     delete_run: S
     # By whether the prune is of one tenant.
     prune_runs: Mapping[bool, S]
@@ -574,11 +613,8 @@ class StateStatements(Generic[S]):
             patch_run=patch_run(runs, writes),
             update_runs=update_runs(runs, writes),
             patch_runs=patch_runs(runs, writes),
-            list_runs={
-                (by_session, by_status): list_runs(runs, by_session=by_session, by_status=by_status)
-                for by_session in (False, True)
-                for by_status in (False, True)
-            },
+            list_runs=_by_filters(runs, list_runs),
+            run_totals=_by_filters(runs, run_totals),
             delete_run=delete_run(runs, writes),
             prune_runs={
                 one_tenant: prune_runs(runs, writes, one_tenant=one_tenant)

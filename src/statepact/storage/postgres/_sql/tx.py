@@ -12,7 +12,10 @@ Lock rows are stamped with the server's ``now()`` (a real-time TTL, as Redis's
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from functools import cache
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import (
     Boolean,
@@ -35,35 +38,19 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
+from sqlalchemy.sql import ClauseElement
 from sqlalchemy.types import JSON, UserDefinedType
 
 from statepact.storage.postgres._sql import prune_step, shared_lock_timeout
 from statepact.storage.postgres.schema import metadata
 
 __all__ = [
-    "ACQUIRE_LEASE",
     "BACKEND_TABLES",
-    "BEGIN",
-    "BEGIN_READ",
-    "BEGIN_READ_MANY",
-    "COMMIT",
-    "COMMIT_MANY",
-    "HISTORY",
     "PING",
-    "PRUNE_HISTORY",
-    "READ_AT",
-    "READ_LATEST",
-    "REGISTER",
-    "RELEASE_LEASE",
-    "RENEW_LEASE",
     "REQUIRED_FUNCTIONS",
-    "RESET_SEQ",
-    "RESOURCE_INFO",
-    "SCHEMA_PRESENT",
-    "TRUNCATE",
-    "TRY_LOCK",
-    "UNLOCK",
     "VERSION_SEQUENCE",
+    "TxStatements",
+    "statements",
 ]
 
 # The functions PostgresBackend calls (revision 0002; statepact_commit rewritten in 0004).
@@ -79,6 +66,9 @@ _history = metadata.tables["statepact_history"]
 _resources = metadata.tables["statepact_resources"]
 _leases = metadata.tables["statepact_leases"]
 _locks = metadata.tables["statepact_locks"]
+
+S = TypeVar("S")
+T = TypeVar("T")
 #: Every table ``clear`` empties (and nothing else).
 BACKEND_TABLES = (
     "statepact_history",
@@ -445,23 +435,70 @@ def _stmt_schema_present() -> Any:
     )
 
 
-BEGIN = _stmt_begin()
-BEGIN_READ = _stmt_begin_read()
-BEGIN_READ_MANY = _stmt_begin_read_many()
-READ_LATEST = _stmt_read_latest()
-READ_AT = _stmt_read_at()
-HISTORY = _stmt_history()
-PRUNE_HISTORY = _stmt_prune_history()
-COMMIT = _stmt_commit()
-COMMIT_MANY = _stmt_commit_many()
-TRY_LOCK = _stmt_try_lock()
-UNLOCK = _stmt_unlock()
-ACQUIRE_LEASE = _stmt_acquire_lease()
-RENEW_LEASE = _stmt_renew_lease()
-RELEASE_LEASE = _stmt_release_lease()
-REGISTER = _stmt_register()
-RESOURCE_INFO = _stmt_resource_info()
-SCHEMA_PRESENT = _stmt_schema_present()
-TRUNCATE = text(f"TRUNCATE {', '.join(BACKEND_TABLES)}")
-RESET_SEQ = text(f"SELECT setval('{VERSION_SEQUENCE}', 1, false)")
+#: Sent as it is, never prepared: the liveness probe of ``ping``.
 PING = text("SELECT 1")
+
+
+@dataclass(frozen=True, slots=True)
+class TxStatements(Generic[S]):
+    """Every statement of the transaction backend, by name, each of type ``S``."""
+
+    begin: S
+    begin_read: S
+    begin_read_many: S
+    read_latest: S
+    read_at: S
+    history: S
+    prune_history: S
+    commit: S
+    commit_many: S
+    try_lock: S
+    unlock: S
+    acquire_lease: S
+    renew_lease: S
+    release_lease: S
+    register: S
+    resource_info: S
+    schema_present: S
+    truncate: S
+    reset_seq: S
+
+    @property
+    def by_name(self) -> dict[str, S]:
+        """Every statement under its name, in declaration order."""
+        return {spec.name: getattr(self, spec.name) for spec in fields(self)}
+
+    def map(self, convert: Callable[[S], T]) -> TxStatements[T]:
+        """The same set with each statement converted (compiled for the driver, say)."""
+        converted = {name: convert(statement) for name, statement in self.by_name.items()}
+        return TxStatements(**converted)
+
+    @staticmethod
+    def build() -> TxStatements[ClauseElement]:
+        return TxStatements(
+            begin=_stmt_begin(),
+            begin_read=_stmt_begin_read(),
+            begin_read_many=_stmt_begin_read_many(),
+            read_latest=_stmt_read_latest(),
+            read_at=_stmt_read_at(),
+            history=_stmt_history(),
+            prune_history=_stmt_prune_history(),
+            commit=_stmt_commit(),
+            commit_many=_stmt_commit_many(),
+            try_lock=_stmt_try_lock(),
+            unlock=_stmt_unlock(),
+            acquire_lease=_stmt_acquire_lease(),
+            renew_lease=_stmt_renew_lease(),
+            release_lease=_stmt_release_lease(),
+            register=_stmt_register(),
+            resource_info=_stmt_resource_info(),
+            schema_present=_stmt_schema_present(),
+            truncate=text(f"TRUNCATE {', '.join(BACKEND_TABLES)}"),
+            reset_seq=text(f"SELECT setval('{VERSION_SEQUENCE}', 1, false)"),
+        )
+
+
+@cache
+def statements() -> TxStatements[ClauseElement]:
+    """The statements over the ``statepact_*`` tables, built on first use."""
+    return TxStatements.build()

@@ -69,14 +69,15 @@ class QueueStatements(Generic[S]):
     count_prunable: S
     dead_letters_all: S
     queue_names: S
-    flow_lock: S
+    oldest_ready: S
+    finished_counts: S
     flow_state: S
+    flow_state_locked: S
+    flow_flush: S
     flow_save: S
     flow_turns: S
-    flow_leased_tenant: S
-    flow_leased_key: S
-    flow_leased_pair: S
-    flow_candidates: S
+    flow_pick_head: S
+    flow_pick_tenant: S
     flow_claim: S
 
     @property
@@ -122,14 +123,15 @@ class QueueStatements(Generic[S]):
             count_prunable=reads.count_prunable(work),
             dead_letters_all=reads.dead_letters_all(work),
             queue_names=reads.queue_names(work),
-            flow_lock=flow.lock(tables),
+            oldest_ready=reads.oldest_ready(tables.queue_turns, work),
+            finished_counts=reads.finished_counts(work),
             flow_state=flow.state(tables.queue_control),
+            flow_state_locked=flow.state_locked(tables.queue_control),
+            flow_flush=flow.flush(),
             flow_save=flow.save(tables.queue_control),
             flow_turns=flow.turns_ahead(tables),
-            flow_leased_tenant=flow.leased_of_tenant(work),
-            flow_leased_key=flow.leased_of_key(work),
-            flow_leased_pair=flow.leased_of_pair(work),
-            flow_candidates=flow.candidates(work),
+            flow_pick_head=flow.pick_head(tables),
+            flow_pick_tenant=flow.pick_tenant(tables),
             flow_claim=flow.claim_item(tables),
         )
 

@@ -11,9 +11,13 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     CompoundSelect,
+    Double,
+    Integer,
     Select,
     Table,
     Text,
+    cast,
+    extract,
     func,
     or_,
     select,
@@ -159,3 +163,48 @@ def queue_names(work: Table) -> Select[Any]:
     )
     walk = first.union_all(select(following).where(first.c.queue.is_not(None)))
     return select(walk.c.queue).where(walk.c.queue.is_not(None)).order_by(walk.c.queue)
+
+
+def oldest_ready(turns: Table, work: Table) -> Select[Any]:
+    """``(tenant, oldest)``: per tenant with queued items (its turn row says so), the
+    earliest ``available_at`` at or before ``p_now`` of its queued items, NULL when none
+    is due. One ``min`` per tenant, each the first entry of the ``due`` index past
+    ``(queue, tenant)``: never more than one index entry read per tenant."""
+    oldest = (
+        select(func.min(work.c.available_at))
+        .where(
+            work.c.queue == turns.c.queue,
+            work.c.tenant == turns.c.tenant,
+            work.c.status == QUEUED,
+            work.c.available_at <= param("now", TZ),
+        )
+        .scalar_subquery()
+    )
+    return (
+        select(turns.c.tenant, oldest.label("oldest"))
+        .where(turns.c.queue == param("queue"), turns.c.queued > ZERO)
+        .order_by(turns.c.tenant)
+    )
+
+
+def finished_counts(work: Table) -> CompoundSelect[Any]:
+    """``(status, bucket, count)``: items finished (``updated_at``) in
+    ``[p_since, p_until)``, by status and by ``p_width``-second bucket from ``p_since``.
+    Each status an arm with the status a literal, a range of the finished index read
+    without the heap: it reads the items finished in the range, no other."""
+    offset = extract("epoch", work.c.updated_at - param("since", TZ))
+    bucket = cast(func.floor(offset / param("width", Double())), Integer).label("bucket")
+
+    def counted(status: Any) -> Select[Any]:
+        return (
+            select(status, bucket, func.count())
+            .where(
+                work.c.queue == param("queue"),
+                work.c.status == status,
+                work.c.updated_at >= param("since", TZ),
+                work.c.updated_at < param("until", TZ),
+            )
+            .group_by(bucket)
+        )
+
+    return union_all(counted(DONE), counted(CANCELLED), counted(DEAD))
