@@ -324,7 +324,9 @@ async def test_stressed_workers_ack_every_item_once_and_leave_nothing_leased(
                 assert elapsed < TIME_LIMIT, f"not drained: {elapsed:.0f} s, {stats} (seed {seed})"
                 action = rng.random()
                 running = fleet.running()
-                if action < 0.35 and kills < MAX_KILLS and running:
+                # The first turn with a process running kills one: a fast drain must not
+                # end before the lane has SIGKILLed anything.
+                if (kills == 0 or action < 0.35) and kills < MAX_KILLS and running:
                     busy = [p for p in running if p.in_flight()]
                     victim = rng.choice(busy or running)
                     cut |= victim.in_flight()
