@@ -25,6 +25,7 @@ from statepact.errors import (
     StatePersistenceError,
 )
 from statepact.models import (
+    AttemptError,
     ItemStatus,
     Lease,
     Page,
@@ -48,6 +49,7 @@ from statepact.tx import CommitResult, Isolation, StorageBackend, Transaction, T
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttemptError",
     "Clock",
     "CommitResult",
     "ConflictError",

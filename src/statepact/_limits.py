@@ -13,6 +13,7 @@ __all__ = [
     "MAX_CAP",
     "MAX_COUNTER",
     "MAX_ENQUEUE_BATCH",
+    "MAX_ERROR_HISTORY",
     "MAX_HISTORY",
     "MAX_LIMIT_KEYS",
     "MAX_PAGE",
@@ -52,6 +53,10 @@ MAX_SHARED_READS = 200
 MAX_SHARED_COMMITS = 100
 #: ``last_error`` of an item whose lease lapsed and was reaped.
 LEASE_EXPIRED = "lease expired"
+#: The most entries an item's error history keeps (``error_history``): the newest, one
+#: per failure, reaped lease or cancel with a reason; an older one is dropped when a new
+#: one would pass this, so an item retried forever never grows without bound.
+MAX_ERROR_HISTORY = 20
 #: The longest a failed item's retry may be put off, in seconds (30 days): ``Retry(delay)``
 #: raised by a worker's handler and ``WorkQueue.fail(retry_in=)`` alike.
 MAX_RETRY_DELAY = 30 * 86_400.0

@@ -283,6 +283,7 @@ class CallSpec:
 
 _STATE = "statepact.state:BaseStateStore"
 _QUEUE = "statepact.queue:BaseWorkQueue"
+_OPERATOR = "statepact._queue.operator:OperatorReads"  # BaseWorkQueue's operator reads
 _TX = "statepact.tx:Transaction"
 _MANAGER = "statepact.tx:TransactionManager"
 
@@ -324,12 +325,13 @@ CALLS: tuple[CallSpec, ...] = (
     CallSpec(_QUEUE, "resume", "queue", "resume"),
     CallSpec(_QUEUE, "paused", "queue", "paused"),
     CallSpec(_QUEUE, "prune", "queue", "prune"),
-    CallSpec(_QUEUE, "prunable", "queue", "prunable"),
-    CallSpec(_QUEUE, "dead_letters_all", "queue", "dead_letters_all"),
-    CallSpec(_QUEUE, "queues", "queue", "queues"),
-    CallSpec(_QUEUE, "find_unique", "queue", "find_unique", _ids("tenant", None, None)),
-    CallSpec(_QUEUE, "oldest_waiting", "queue", "oldest_waiting"),
-    CallSpec(_QUEUE, "finished_per_minute", "queue", "finished_per_minute"),
+    CallSpec(_OPERATOR, "prunable", "queue", "prunable"),
+    CallSpec(_OPERATOR, "dead_letters_all", "queue", "dead_letters_all"),
+    CallSpec(_OPERATOR, "queues", "queue", "queues"),
+    CallSpec(_OPERATOR, "find_unique", "queue", "find_unique", _ids("tenant", None, None)),
+    CallSpec(_OPERATOR, "error_history", "queue", "error_history", _ids("tenant", "item_id", None)),
+    CallSpec(_OPERATOR, "oldest_waiting", "queue", "oldest_waiting"),
+    CallSpec(_OPERATOR, "finished_per_minute", "queue", "finished_per_minute"),
     CallSpec(_QUEUE, "set_limits", "queue", "set_limits"),
     CallSpec(_QUEUE, "limits", "queue", "limits"),
     CallSpec(_QUEUE, "reap", "queue", "reap"),

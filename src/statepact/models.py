@@ -11,11 +11,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "AttemptError",
     "ItemStatus",
     "Lease",
     "Page",
@@ -152,6 +153,25 @@ class WorkItem(BaseModel):
     timeout: float | None = None
     limit_key: str | None = None
     weight: int = Field(default=1, ge=1)
+
+
+class AttemptError(BaseModel):
+    """One entry of an item's error history (``error_history``), oldest first.
+
+    ``attempt`` is the attempt the error ended (the item's ``attempts`` then: for a
+    cancel of a queued item, the attempts made so far, 0 if it never ran); ``at`` is the
+    queue's clock when it was written; ``error`` is the text ``last_error`` got then.
+    ``kind`` says which write it was: ``failed`` (``fail``, a worker's timeouts and
+    handler errors included), ``lease_expired`` (``reap`` moved the lapsed lease on) or
+    ``cancelled`` (``cancel`` with a reason).
+    """
+
+    model_config = _FROZEN
+
+    attempt: int = Field(ge=0)
+    error: str
+    at: datetime
+    kind: Literal["failed", "lease_expired", "cancelled"] = "failed"
 
 
 class Lease(BaseModel):

@@ -147,6 +147,7 @@ async def _dead_item_requeued_and_runs(setup: Setup, chrome: Any) -> None:
     assert await page.text("strong[data-failure-rate]") == "100.0 %"
     await page.open("/items?queue=default&tenant=acme&item_id=flaky-1")
     assert await page.text('td[data-field="last_error"]') == "upstream 503"
+    assert await page.text('td[data-error="1"]') == "upstream 503"  # the error history
     if setup.kind == "postgres":
         await page.screenshot("items")
     await page.click("#requeue")

@@ -5,7 +5,8 @@ and the slowest statement's time per page).
 The runs were created one every 26 s over the last 30 days (a tenant creating 3,300 runs a
 day), so the totals' windows hold about 140 (1 h), 3,300 (24 h) and 23,000 (7 d) of them:
 the totals read the window's runs and no other. The done items finished one a second, so
-the queues page's throughput counts 300 of them."""
+the queues page's throughput counts 300 of them. Each dead item has a full error history
+(20 entries), which only its item page reads."""
 
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ DONE_ITEMS = 1_000_000
 DEAD_ITEMS = 2_000
 RUNS = 100_000
 #: The most statements one page may issue (the queues page: stats, paused, the oldest wait
-#: and the finished counts per queue; the runs page: a listing, one totals aggregate, the
-#: queues' stats for the tenant list).
+#: and the finished counts per queue; the items page: the item, its error history and the
+#: tenant's dead letter; the runs page: a listing, one totals aggregate, the queues' stats
+#: for the tenant list).
 MAX_STATEMENTS = 12
 #: The slowest statement a page may issue, in seconds.
 MAX_STATEMENT_SECONDS = 0.050
@@ -38,6 +40,7 @@ PAGES = [
     "/queues",
     "/fragments/queues",
     "/items?queue=default&tenant=t1&item_id=done-500000",
+    "/items?queue=default&tenant=t1&item_id=dead-21",
     "/items?queue=default&tenant=t1&unique_key=key-21",
     "/runs?tenant=big&window=1h",
     "/runs?tenant=big&window=7d",
@@ -65,9 +68,12 @@ async def _fill(engine: Any) -> float:
         await conn.execute(
             text(
                 "INSERT INTO adk_work (queue, tenant, item_id, payload, status, attempts, "
-                "available_at, last_error, created_at, updated_at) "
+                "available_at, last_error, error_history, created_at, updated_at) "
                 "SELECT 'default', 't' || (g % 20), 'dead-' || g, '{}'::json, 'dead', 5, "
-                "now(), 'boom', now(), now() FROM generate_series(1, :n) AS g"
+                "now(), 'boom', (SELECT jsonb_agg(jsonb_build_object('attempt', a, "
+                "'error', repeat('boom ', 40), 'at', now(), 'kind', 'failed')) "
+                "FROM generate_series(1, 20) AS a), now(), now() "
+                "FROM generate_series(1, :n) AS g"
             ),
             {"n": DEAD_ITEMS},
         )

@@ -133,6 +133,8 @@ def test_a_script_payload_is_rendered_inert(backing: Any) -> None:
         assert "<script>alert" not in response.text, path
     item_page = client.get("/items?tenant=acme&item_id=i1")
     assert "&lt;script&gt;alert" in item_page.text
+    history = client.get("/items?tenant=acme&item_id=d1").text
+    assert '<td data-error="1">&lt;script&gt;alert' in history  # the error history's row
     assert "script-src 'self'" in item_page.headers["content-security-policy"]
     assert "&lt;script&gt;alert" in client.get("/run?tenant=acme&run_id=r1").text
     # A unique key typed into the search comes back as text, found (the payload escaped)

@@ -167,7 +167,7 @@ async def test_a_settle_retried_after_a_lost_reply_is_not_a_lost_lease(
     lease = await queue.claim("w", lease_for=LEASE)
     assert lease is not None
     op = new_op_id()
-    args = (ref("t", "job"), lease.token, "queued", to_micros(clock.now()), "1", "boom", 0)
+    args = (ref("t", "job"), lease.token, "queued", to_micros(clock.now()), "1", "boom", 0, 20)
     first = await queue._run("fail", "settle", clock.now(), *args, op=op)
     assert int(first[0]) == 1
     # Meanwhile the item is claimed again by someone else.
@@ -275,7 +275,8 @@ async def test_claim_cost_does_not_grow_with_backlog_or_idle_tenants(
 async def test_each_queue_call_is_one_round_trip(
     observed_redis: ObservedRedis,
 ) -> None:
-    """Every queue call is one EVALSHA (get_item one HGETALL), a claim included."""
+    """Every queue call is one EVALSHA (get_item one HMGET of the record's fields, never
+    its error history), a claim included."""
     clock = ManualClock()
     queue = RedisWorkQueue(
         observed_redis.client,
@@ -312,7 +313,8 @@ async def test_each_queue_call_is_one_round_trip(
     lease = await queue.heartbeat(lease)
     assert await observed_redis.round_trips() == ["EVALSHA"]
     assert await trips(queue.release(lease)) == ["EVALSHA"]
-    assert await trips(queue.get_item("t", "b")) == ["HGETALL"]
+    assert await trips(queue.get_item("t", "b")) == ["HMGET"]
+    assert await trips(queue.error_history("t", "b")) == ["HMGET"]
     assert await trips(queue.reap()) == ["EVALSHA"]
     assert await trips(queue.dead_letters("t")) == ["EVALSHA"]
     assert await trips(queue.stats()) == ["EVALSHA"]

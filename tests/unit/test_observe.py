@@ -30,6 +30,7 @@ from opentelemetry.trace import SpanKind
 import statepact
 from statepact import _observe, otel
 from statepact._observe import CALLS, LOGGERS, Call, Target
+from statepact._queue.operator import OperatorReads
 from statepact._retry import RetryPolicy, call_with_failover
 from statepact.clock import ManualClock
 from statepact.errors import ConflictError, FencingError, StatePersistenceError
@@ -169,7 +170,7 @@ _NOT_OBSERVED = {
 
 @pytest.mark.parametrize(
     "owner",
-    [BaseStateStore, BaseWorkQueue, Transaction, TransactionManager],
+    [BaseStateStore, BaseWorkQueue, OperatorReads, Transaction, TransactionManager],
     ids=lambda c: c.__name__,
 )
 def test_every_public_call_of_a_front_is_in_the_table(owner: type) -> None:

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 from statepact._queue_limits import QueueLimits
 from statepact._queue_policy import FailOutcome, LapseOutcome, OnCancel, WorkWatch
-from statepact.models import ItemStatus, Lease, QueueStats, WorkItem
+from statepact.models import AttemptError, ItemStatus, Lease, QueueStats, WorkItem
 
 __all__ = ["BackingHooks"]
 
@@ -165,6 +165,13 @@ class BackingHooks(ABC):
     async def _queues(self) -> list[QueueStats]:
         """The stats of every queue with items on this storage, by queue name."""
         raise self._missing("queues")
+
+    async def _error_history(self, tenant: str, item_id: str) -> list[AttemptError] | None:
+        """The item's error history, oldest first (``[]``: none), or ``None`` when there is
+        no such item. Every write of ``last_error`` (fail, reap, cancel with a reason)
+        appends one entry in the same atomic write, dropping the oldest past
+        ``MAX_ERROR_HISTORY``; a stale settle appends nothing. Only this hook reads it."""
+        raise self._missing("error_history")
 
     def _missing(self, call: str) -> NotImplementedError:
         return NotImplementedError(f"{type(self).__name__} does not implement {call} yet")

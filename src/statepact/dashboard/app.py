@@ -33,6 +33,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from statepact._limits import MAX_ERROR_HISTORY
 from statepact.clock import Clock, SystemClock
 from statepact.dashboard import _data
 from statepact.dashboard._security import (
@@ -44,7 +45,7 @@ from statepact.dashboard._security import (
 )
 from statepact.dashboard.metrics import metrics_endpoint
 from statepact.dashboard.workers import WorkerRegistry, registry_for
-from statepact.models import ItemStatus, RunStatus, WorkItem
+from statepact.models import AttemptError, ItemStatus, RunStatus, WorkItem
 from statepact.queue import BaseWorkQueue, WorkQueue
 from statepact.settings import redact_dsn
 from statepact.state import StateStore
@@ -203,6 +204,9 @@ class Dashboard:
             if not isinstance(queue, BaseWorkQueue):
                 raise _Refused(400, "unique_key: this queue cannot be searched by unique key")
             item = await queue.find_unique(tenant, unique_key)
+        history: list[AttemptError] | None = None
+        if item is not None and isinstance(queue, BaseWorkQueue):
+            history = await queue.error_history(item.tenant, item.item_id)
         if tenant:
             dead = await queue.dead_letters(tenant, limit=20)
         context = {
@@ -214,6 +218,8 @@ class Dashboard:
             "unique_key": unique_key,
             "item": item,
             "fields": _data.item_fields(item) if item else [],
+            "history": history,
+            "history_cap": MAX_ERROR_HISTORY,
             "looked": looked,
             "dead": dead,
             "notice": _notice(request),

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Literal
 
 from statepact._codec import decode_json
-from statepact.models import ItemStatus, WorkItem, stored
+from statepact._limits import MAX_ERROR_HISTORY
+from statepact.models import AttemptError, ItemStatus, WorkItem, stored
 from statepact.queue import OnCancel
 
 __all__ = ["Entry", "MemoryWatch"]
@@ -36,6 +38,23 @@ class Entry:
     slot: str | None = None  # the unique slot it holds now (see queue.unique_slot)
     limit_key: str | None = None
     weight: int = 1
+    # The error history (error_history), oldest first; never part of the record.
+    errors: list[AttemptError] = field(default_factory=list)
+
+    def set_error(
+        self,
+        error: str | None,
+        kind: Literal["failed", "lease_expired", "cancelled"],
+        at: datetime,
+    ) -> None:
+        """Write ``last_error`` and, for an error (not ``None``), append it to the history,
+        keeping the newest ``MAX_ERROR_HISTORY``."""
+        self.last_error = error
+        if error is not None:
+            entry = stored(
+                AttemptError, {"attempt": self.attempts, "error": error, "at": at, "kind": kind}
+            )
+            self.errors = [*self.errors, entry][-MAX_ERROR_HISTORY:]
 
     def record(self, queue: str) -> WorkItem:
         """The item as ``WorkItem`` of queue ``queue``."""

@@ -32,7 +32,6 @@ from statepact.models import (
     stored_lease,
 )
 from statepact.queue import (
-    BaseWorkQueue,
     FailOutcome,
     LapseOutcome,
     OnCancel,
@@ -44,13 +43,12 @@ from statepact.queue import (
 from statepact.settings import MemoryStoreSettings
 from statepact.storage.memory._entries import Entry, MemoryWatch
 from statepact.storage.memory._flow import FlowLedger
+from statepact.storage.memory._queue_reads import MemoryReads
 
 __all__ = ["MemoryWorkQueue"]
 
-_ONE = timedelta(microseconds=1)
 
-
-class MemoryWorkQueue(BaseWorkQueue):
+class MemoryWorkQueue(MemoryReads):
     """Heaps all the way down: claim, promote and reap cost O(log n) per item moved.
 
     - ``_ready[tenant]``: due queued items, ``(-priority, order, item_id)``.
@@ -280,7 +278,7 @@ class MemoryWorkQueue(BaseWorkQueue):
         entry = self._held(lease)
         if entry is None:
             return None
-        entry.last_error = error
+        entry.set_error(error, "failed", now)
         entry.available_at = outcome.available_at
         if outcome.dead:
             self._end_lease(entry, ItemStatus.DEAD, now)
@@ -313,7 +311,7 @@ class MemoryWorkQueue(BaseWorkQueue):
                 continue
             if entry.status is ItemStatus.QUEUED or entry.status is ItemStatus.LEASED:
                 voided = entry.token if entry.status is ItemStatus.LEASED else None
-                entry.last_error = reason
+                entry.set_error(reason, "cancelled", now)
                 self._end_lease(entry, ItemStatus.CANCELLED, now)
                 if voided is not None:
                     for watch in self._watches:
@@ -377,7 +375,7 @@ class MemoryWorkQueue(BaseWorkQueue):
             entry = self._items.get((tenant, item_id))
             if entry is None or entry.status is not ItemStatus.LEASED or entry.token != token:
                 continue  # settled, or heartbeat/claimed since: this expiry is stale
-            entry.last_error = outcome.error
+            entry.set_error(outcome.error, "lease_expired", now)
             entry.available_at = now
             if outcome.is_dead(entry.attempts):
                 self._end_lease(entry, ItemStatus.DEAD, now)
@@ -417,69 +415,6 @@ class MemoryWorkQueue(BaseWorkQueue):
             self._delete(self._items[(tenant, item_id)])
         return len(ids)
 
-    async def _count_prunable(
-        self, cutoffs: Mapping[ItemStatus, datetime]
-    ) -> dict[ItemStatus, int]:
-        counts: dict[ItemStatus, int] = {}
-        for status, cutoff in cutoffs.items():
-            counts[status] = sum(
-                1
-                for updated_at, order, tenant, item_id in self._finished.get(status, ())
-                if updated_at < cutoff
-                and self._finished_entry(status, updated_at, order, tenant, item_id)
-            )
-        return counts
-
-    async def _dead_letters_all(self, after: tuple[str, str] | None, limit: int) -> list[WorkItem]:
-        keys = sorted((tenant, item_id) for tenant, ids in self._dead.items() for item_id in ids)
-        chosen = [key for key in keys if after is None or key > after][:limit]
-        return [self._record(self._items[key]) for key in chosen]
-
-    async def _unique_holder(self, tenant: str, slot: str) -> WorkItem | None:
-        item_id = self._slots.get((tenant, slot))
-        return None if item_id is None else await self._get_item(tenant, item_id)
-
-    async def _oldest_ready(self, now: datetime) -> dict[str, datetime]:
-        # Memory is the reference, not a server: one pass over the items is its cost.
-        oldest: dict[str, datetime] = {}
-        for entry in self._items.values():
-            due = entry.status is ItemStatus.QUEUED and entry.available_at <= now
-            # Every due time is before now + 1 µs: the default loses to any of them.
-            if due and entry.available_at < oldest.get(entry.tenant, now + _ONE):
-                oldest[entry.tenant] = entry.available_at
-        return oldest
-
-    async def _finished_counts(
-        self, since: datetime, width: timedelta, buckets: int
-    ) -> dict[ItemStatus, list[int]]:
-        counts: dict[ItemStatus, list[int]] = {}
-        for status, entries in self._finished.items():
-            row = counts.setdefault(status, [0] * buckets)
-            for updated_at, order, tenant, item_id in entries:
-                at = (updated_at - since) // width
-                if 0 <= at < buckets and self._finished_entry(
-                    status, updated_at, order, tenant, item_id
-                ):
-                    row[at] += 1
-        return counts
-
-    async def _queues(self) -> list[QueueStats]:
-        return [await self._stats()] if self._items else []
-
-    def _finished_entry(
-        self, status: ItemStatus, updated_at: datetime, order: int, tenant: str, item_id: str
-    ) -> Entry | None:
-        """The item a ``_finished`` entry stands for, or ``None`` when it is stale."""
-        entry = self._items.get((tenant, item_id))
-        if (
-            entry is None
-            or entry.order != order
-            or entry.status is not status
-            or entry.updated_at != updated_at
-        ):
-            return None
-        return entry
-
     async def _get_item(self, tenant: str, item_id: str) -> WorkItem | None:
         entry = self._items.get((tenant, item_id))
         return None if entry is None else self._record(entry)
@@ -508,9 +443,6 @@ class MemoryWorkQueue(BaseWorkQueue):
         return due
 
     # -- helpers ------------------------------------------------------------
-
-    def _record(self, entry: Entry) -> WorkItem:
-        return entry.record(self.name)
 
     def _count(self, tenant: str, status: ItemStatus, change: int) -> None:
         counts = self._counts.setdefault(tenant, {})

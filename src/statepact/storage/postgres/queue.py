@@ -32,13 +32,10 @@ from statepact.errors import QueueUnavailableError
 from statepact.models import (
     ItemStatus,
     Lease,
-    QueueStats,
-    TenantQueueStats,
     WorkItem,
     stored_lease,
 )
 from statepact.queue import (
-    BaseWorkQueue,
     FailOutcome,
     LapseOutcome,
     OnCancel,
@@ -57,10 +54,10 @@ from statepact.storage.postgres._direct import DirectExecutor, Prepared
 from statepact.storage.postgres._enqueue import batch_params, store_many, store_one
 from statepact.storage.postgres._flow import claim_limited
 from statepact.storage.postgres._listen import ListenWatch, control_channel
+from statepact.storage.postgres._queue_reads import PostgresReads
 from statepact.storage.postgres._queue_support import (
     Conn,
     Statements,
-    cutoff_params,
     item_of,
     item_or_none,
     prune,
@@ -98,7 +95,7 @@ def _channel(tables: Tables, queue: str) -> str:
 _NEW_FIRST_FROM = 1_000
 
 
-class PostgresWorkQueue(BaseWorkQueue):
+class PostgresWorkQueue(PostgresReads):
     """The ``WorkQueue`` on PostgreSQL, through SQLAlchemy Core (asyncpg).
 
     ``PostgresWorkQueue(engine, clock=, settings=, policy=, tables=)`` skips the
@@ -445,92 +442,6 @@ class PostgresWorkQueue(BaseWorkQueue):
 
         return await self._executor.run(work, idempotent=True)
 
-    async def _stats(self) -> QueueStats:
-        return await self._stats_of(self.name)
-
-    async def _stats_of(self, queue: str) -> QueueStats:
-        params = {"p_queue": queue}
-
-        async def work(conn: Conn) -> list[Any]:
-            return list(await conn.execute(self._sql.stats, params))
-
-        counts: dict[str, dict[str, int]] = {}
-        for tenant, status, count in await self._executor.run(work, idempotent=True):
-            counts.setdefault(tenant, {})[status] = int(count)
-        tenants = {
-            tenant: TenantQueueStats(
-                queued=found.get("queued", 0),
-                leased=found.get("leased", 0),
-                dead=found.get("dead", 0),
-                cancelled=found.get("cancelled", 0),
-            )
-            for tenant, found in sorted(counts.items())
-        }
-        return QueueStats(queue=self.name, tenants=tenants)
-
-    async def _dead_letters_all(self, after: tuple[str, str] | None, limit: int) -> list[WorkItem]:
-        params = {
-            "p_queue": self.name,
-            "p_after_tenant": None if after is None else after[0],
-            "p_after_item_id": None if after is None else after[1],
-            "p_limit": limit,
-        }
-
-        async def work(conn: Conn) -> list[WorkItem]:
-            result = await conn.execute(self._sql.dead_letters_all, params)
-            return [item_of(row) for row in result.mappings()]
-
-        return await self._executor.run(work, idempotent=True)
-
-    async def _queues(self) -> list[QueueStats]:
-        async def names(conn: Conn) -> list[str]:
-            return [row[0] for row in await conn.execute(self._sql.queue_names, {})]
-
-        found = []
-        for name in await self._executor.run(names, idempotent=True):
-            counted = await self._stats_of(name)
-            found.append(counted)
-        return found
-
-    async def _unique_holder(self, tenant: str, slot: str) -> WorkItem | None:
-        params = {"p_queue": self.name, "p_tenant": tenant, "p_unique_slot": slot}
-
-        async def work(conn: Conn) -> WorkItem | None:
-            row = (await conn.execute(self._sql.slot_holder, params)).mappings().first()
-            return None if row is None else item_of(row)
-
-        return await self._executor.run(work, idempotent=True)
-
-    async def _oldest_ready(self, now: datetime) -> dict[str, datetime]:
-        params = {"p_queue": self.name, "p_now": now}
-
-        async def work(conn: Conn) -> dict[str, datetime]:
-            rows = await conn.execute(self._sql.oldest_ready, params)
-            return {tenant: at for tenant, at in rows if at is not None}
-
-        return await self._executor.run(work, idempotent=True)
-
-    async def _finished_counts(
-        self, since: datetime, width: timedelta, buckets: int
-    ) -> dict[ItemStatus, list[int]]:
-        seconds = width.total_seconds()
-        params = {
-            "p_queue": self.name,
-            "p_since": since,
-            "p_until": since + buckets * width,
-            "p_width": seconds,
-        }
-
-        async def work(conn: Conn) -> dict[ItemStatus, list[int]]:
-            counts: dict[ItemStatus, list[int]] = {}
-            for status, bucket, count in await conn.execute(self._sql.finished_counts, params):
-                row = counts.setdefault(ItemStatus(status), [0] * buckets)
-                if 0 <= bucket < buckets:
-                    row[bucket] += int(count)
-            return counts
-
-        return await self._executor.run(work, idempotent=True)
-
     # -- cancel, pause, prune ---------------------------------------------
 
     async def _cancel_many(
@@ -561,17 +472,6 @@ class PostgresWorkQueue(BaseWorkQueue):
 
         # Not resent: a cancel whose reply was lost answers, when called again, with the
         # items as the first attempt left them (cancelled), which is the same answer.
-        return await self._executor.run(work, idempotent=True)
-
-    async def _count_prunable(
-        self, cutoffs: Mapping[ItemStatus, datetime]
-    ) -> dict[ItemStatus, int]:
-        params = {"p_queue": self.name, **cutoff_params(cutoffs)}
-
-        async def work(conn: Conn) -> dict[ItemStatus, int]:
-            row = (await conn.execute(self._sql.count_prunable, params)).mappings().one()
-            return {status: int(row[status.value]) for status in cutoffs}
-
         return await self._executor.run(work, idempotent=True)
 
     async def _set_paused(self, paused: bool) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Self
 
 from statepact._cancel import finish
 from statepact._codec import decode_json
-from statepact._limits import PRUNE_PAUSE
+from statepact._limits import MAX_ERROR_HISTORY, PRUNE_PAUSE
 from statepact._retry import new_op_id
 from statepact.clock import Clock, from_micros, to_micros
 from statepact.errors import QueueUnavailableError
@@ -34,7 +34,6 @@ from statepact.models import (
     stored_lease,
 )
 from statepact.queue import (
-    BaseWorkQueue,
     FailOutcome,
     LapseOutcome,
     OnCancel,
@@ -46,6 +45,8 @@ from statepact.queue import (
 from statepact.settings import RedisStoreSettings
 from statepact.storage.redis._client import Failover, as_text, gate_of
 from statepact.storage.redis._keys import QueueKeys, ref
+from statepact.storage.redis._queue_reads import RedisReads
+from statepact.storage.redis._queue_reads import cutoff_args as _cutoff_args
 from statepact.storage.redis._queue_watch import ControlListener, RedisWatch
 from statepact.storage.redis._scripts import QUEUE_SCRIPTS, ScriptRunner
 from statepact.storage.redis.preflight import check
@@ -55,23 +56,36 @@ __all__ = ["RedisWorkQueue"]
 # Most delayed items promoted, half-claims finished, leases reaped or dead items
 # purged by one script call: bounds how long one call can hold the server.
 _STEP = 1000
-# oldest_waiting reads at most this many due entries of ``delayed`` (lua/queue/oldest_ready).
-_OLDEST_DUE_READ = 100
+
+# The item hash's fields a WorkItem is built from (_item): its error history is not one.
+_RECORD_FIELDS = (
+    "tenant",
+    "id",
+    "payload",
+    "priority",
+    "available",
+    "attempts",
+    "status",
+    "error",
+    "created",
+    "updated",
+    "ukey",
+    "ufor",
+    "timeout",
+    "lkey",
+    "weight",
+)
 
 # The prune lock's lifetime, started again by every batch: a pruner that dies frees
 # the queue for another this long after its last batch.
 _PRUNE_LOCK_MS = 30_000
 
 
-# What a finished status is indexed and cut off under in prune.lua's ARGV order.
-_FINISHED = (ItemStatus.DONE, ItemStatus.CANCELLED, ItemStatus.DEAD)
-
-
 def _unavailable(message: str) -> QueueUnavailableError:
     return QueueUnavailableError(message)
 
 
-class RedisWorkQueue(BaseWorkQueue):
+class RedisWorkQueue(RedisReads):
     """A work queue in Redis named ``settings.queue_name``; see the module docstring.
 
     ``redis`` is a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster``
@@ -126,28 +140,17 @@ class RedisWorkQueue(BaseWorkQueue):
         """The client the calls go through (observability reads where it points)."""
         return self._redis
 
+    def _sibling(self, name: str) -> RedisWorkQueue:
+        """This queue's twin for queue ``name``: same client, namespace, clock, policy."""
+        return RedisWorkQueue(
+            self._redis,
+            clock=self._clock,
+            settings=self._settings.model_copy(update={"queue_name": name}),
+            policy=self._policy,
+        )
+
     def __repr__(self) -> str:
         return f"RedisWorkQueue(namespace={self._settings.namespace!r}, name={self.name!r})"
-
-    async def _run(
-        self,
-        what: str,
-        script: str,
-        now: datetime | None,
-        *args: str | int | bytes,
-        op: str | None = None,
-        key: str | None = None,
-    ) -> Any:
-        """Run a queue script; a write passes ``op``, the call id naming its replay key
-        (or ``key``, the one key after the fixed ones a script names otherwise)."""
-        # Scripts that only read take no time: this backing never reads a clock itself.
-        argv = (self._keys.prefix, 0 if now is None else to_micros(now), *args)
-        if op is not None:
-            key = self._keys.op(op)
-        keys = self._fixed if key is None else (*self._fixed, key)
-        return await self._failover.run(
-            f"{what} (queue {self.name!r})", lambda: self._scripts(script, keys, argv)
-        )
 
     # -- enqueue and claim --------------------------------------------------
 
@@ -305,6 +308,7 @@ class RedisWorkQueue(BaseWorkQueue):
             "0" if error is None else "1",
             error or "",
             attempts_change,
+            MAX_ERROR_HISTORY,
             op=new_op_id(),
         )
         if int(reply[0]) == 0:
@@ -314,7 +318,9 @@ class RedisWorkQueue(BaseWorkQueue):
     async def _reap(self, now: datetime, outcome: LapseOutcome) -> list[WorkItem]:
         moved: list[WorkItem] = []
         while True:
-            reply = await self._run("reap", "reap", now, outcome.dead_at, _STEP, outcome.error)
+            reply = await self._run(
+                "reap", "reap", now, outcome.dead_at, _STEP, outcome.error, MAX_ERROR_HISTORY
+            )
             moved.extend(self._item(fields) for fields in reply[1:])
             if int(reply[0]) == 0:
                 return moved
@@ -330,6 +336,7 @@ class RedisWorkQueue(BaseWorkQueue):
             now,
             "0" if reason is None else "1",
             reason or "",
+            MAX_ERROR_HISTORY,
             *(ref(tenant, item_id) for item_id in item_ids),
         )
         return [
@@ -395,80 +402,6 @@ class RedisWorkQueue(BaseWorkQueue):
         finally:
             await self._run("prune unlock", "prune_unlock", None, token, key=lock)
 
-    async def _count_prunable(
-        self, cutoffs: Mapping[ItemStatus, datetime]
-    ) -> dict[ItemStatus, int]:
-        reply = await self._run("prunable", "prunable", None, *_cutoff_args(cutoffs))
-        return {
-            status: int(counted)
-            for status, counted in zip(_FINISHED, reply, strict=True)
-            if int(counted) >= 0
-        }
-
-    async def _dead_letters_all(self, after: tuple[str, str] | None, limit: int) -> list[WorkItem]:
-        start = "" if after is None else f"{after[0]}\x00{after[1]}"
-        reply = await self._run("dead_letters_all", "dead_letters_all", None, start, limit)
-        return [self._item(fields) for fields in reply]
-
-    async def _queues(self) -> list[QueueStats]:
-        # Each queue that ever held an item has its enqueue-order key: found by SCAN (an
-        # operator's call; its cost follows the keys of the namespace, once).
-        pattern = self._keys.match_queues().encode("utf-8")
-        names: set[str] = set()
-
-        async def scan() -> None:
-            async for key in self._redis.scan_iter(match=pattern, count=1000):
-                name = self._keys.queue_of(key)
-                if name is not None:
-                    names.add(name)
-
-        await self._failover.run(f"queues (namespace {self._settings.namespace!r})", scan)
-        found: list[QueueStats] = []
-        for name in sorted(names):
-            other = RedisWorkQueue(
-                self._redis,
-                clock=self._clock,
-                settings=self._settings.model_copy(update={"queue_name": name}),
-                policy=self._policy,
-            )
-            stats = await other._stats()
-            if stats.tenants or await other._holds_done():
-                found.append(stats)
-        return found
-
-    async def _unique_holder(self, tenant: str, slot: str) -> WorkItem | None:
-        key, field = self._keys.unique.encode("utf-8"), ref(tenant, slot).encode("utf-8")
-        item_id = await self._failover.run(
-            f"find_unique (queue {self.name!r})", lambda: self._redis.hget(key, field)
-        )
-        return None if item_id is None else await self._get_item(tenant, as_text(item_id))
-
-    async def _oldest_ready(self, now: datetime) -> dict[str, datetime]:
-        reply = await self._run("oldest_waiting", "oldest_ready", now, _OLDEST_DUE_READ)
-        return {
-            as_text(tenant): from_micros(int(at))
-            for tenant, at in zip(reply[::2], reply[1::2], strict=True)
-        }
-
-    async def _finished_counts(
-        self, since: datetime, width: timedelta, buckets: int
-    ) -> dict[ItemStatus, list[int]]:
-        span = width // timedelta(microseconds=1)
-        reply = await self._run(
-            "finished_per_minute", "finished_counts", None, to_micros(since), span, buckets
-        )
-        return {
-            status: [int(count) for count in counts]
-            for status, counts in zip(_FINISHED, reply, strict=True)
-        }
-
-    async def _holds_done(self) -> bool:
-        key = self._keys.finished("done").encode("utf-8")
-        held = await self._failover.run(
-            f"done items (queue {self.name!r})", lambda: self._redis.exists(key)
-        )
-        return bool(held)
-
     # -- inspect and recover ------------------------------------------------
 
     async def _dead_letters(self, tenant: str, limit: int) -> list[WorkItem]:
@@ -514,11 +447,20 @@ class RedisWorkQueue(BaseWorkQueue):
 
     async def _get_item(self, tenant: str, item_id: str) -> WorkItem | None:
         key = self._keys.item(tenant, item_id).encode("utf-8")
-        fields = await self._failover.run(
+        # The record's fields by name: never the error history beside them (HGETALL would).
+        values = await self._failover.run(
             f"get_item of item {item_id!r} (tenant {tenant!r}) (queue {self.name!r})",
-            lambda: self._redis.hgetall(key),
+            lambda: self._redis.hmget(key, _RECORD_FIELDS),
         )
-        return self._item(fields) if fields else None
+        if values[0] is None:
+            return None
+        return self._item(
+            {
+                name: value
+                for name, value in zip(_RECORD_FIELDS, values, strict=True)
+                if value is not None
+            }
+        )
 
     async def _stats(self) -> QueueStats:
         reply = await self._run("stats", "stats", None)
@@ -585,13 +527,6 @@ class RedisWorkQueue(BaseWorkQueue):
                 "weight": int(record.get("weight", 1)),
             },
         )
-
-
-def _cutoff_args(cutoffs: Mapping[ItemStatus, datetime]) -> list[str | int]:
-    """The cutoffs of done, cancelled and dead items in µs, '' for a status kept forever."""
-    return [
-        "" if cutoffs.get(status) is None else to_micros(cutoffs[status]) for status in _FINISHED
-    ]
 
 
 def _put_args(item: WorkItem, payload: bytes) -> tuple[str | int | bytes, ...]:

@@ -51,6 +51,8 @@ docstring has the full list):
   A lapsed lease still settles and heartbeats until then.
 - ``reap`` writes ``last_error = "lease expired"`` on every item it moves.
 - ``heartbeat`` leaves the item's record (``updated_at`` too) as it was.
+- Every write of ``last_error`` (fail, reap, cancel with a reason) appends an entry
+  to ``error_history`` (the newest ``MAX_ERROR_HISTORY`` kept); ``requeue`` keeps it.
 - ``requeue`` keeps ``last_error``; ``dead_letters`` are ordered by the time
   each item died, then ``item_id``; ``purge_dead`` deletes dead items outright,
   freeing their ids.
@@ -85,6 +87,7 @@ from __future__ import annotations
 from statepact.testing.queue_suite._common import SUITE_POLICY
 from statepact.testing.queue_suite.claim import ClaimConformance
 from statepact.testing.queue_suite.enqueue import EnqueueConformance
+from statepact.testing.queue_suite.history import ErrorHistoryConformance
 from statepact.testing.queue_suite.inputs import InputConformance
 from statepact.testing.queue_suite.lifecycle import LifecycleConformance
 from statepact.testing.queue_suite.limits import FlowControlConformance
@@ -108,6 +111,7 @@ class WorkQueueConformance(
     RetentionConformance,
     FlowControlConformance,
     OperatorReadsConformance,
+    ErrorHistoryConformance,
 ):
     """One test per promise of ``WorkQueue``; see the module docstring for the fixtures.
 

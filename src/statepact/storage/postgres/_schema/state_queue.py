@@ -28,6 +28,7 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 
 from statepact._limits import MAX_PRIORITY
 from statepact.models import ItemStatus, RunStatus
@@ -190,6 +191,9 @@ def define_state_tables(meta: MetaData, names: StateTables, db_schema: str | Non
         # Flow control (QueueLimits): what the item spends, and how much of it.
         Column("limit_key", ident(), nullable=True),
         Column("weight", Integer, nullable=False, server_default=text("1")),
+        # The error history (error_history): a JSON array of the newest entries, NULL
+        # until the first failure. Only the history read selects it; no index.
+        Column("error_history", JSONB, nullable=True),
         PrimaryKeyConstraint("id"),
         UniqueConstraint("queue", "tenant", "item_id"),
         CheckConstraint(check_in("status", [s.value for s in ItemStatus]), name="status"),

@@ -46,6 +46,7 @@ class QueueStatements(Generic[S]):
     claim: S
     claim_many: S
     get_item: S
+    error_history: S
     heartbeat: S
     ack: S
     ack_many: S
@@ -100,6 +101,7 @@ class QueueStatements(Generic[S]):
             claim=claim.claim(tables),
             claim_many=claim.claim_many(tables),
             get_item=reads.get_item(work),
+            error_history=reads.error_history(work),
             heartbeat=settle.heartbeat(tables),
             ack=settle.ack(work),
             ack_many=settle.ack_many(work),

@@ -1,5 +1,6 @@
 """What the queue's statements share: status literals, the item's columns, its key and
-fence, the end of a lease, and the turns upsert of items put (back) in the queue.
+fence, the end of a lease, the error history's append, and the turns upsert of items
+put (back) in the queue.
 
 Nothing here is a whole statement; every statement lives in the module of its seam.
 """
@@ -13,6 +14,7 @@ from sqlalchemy import (
     Integer,
     Table,
     Text,
+    case,
     cast,
     func,
     literal_column,
@@ -25,6 +27,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import CTE
 from sqlalchemy.types import UserDefinedType
 
+from statepact._limits import MAX_ERROR_HISTORY
 from statepact.storage.postgres._sql import TZ, param, unseen_param
 
 # Status constants are rendered as SQL literals, not bound: the planner matches
@@ -140,6 +143,31 @@ def lease_ended() -> dict[str, Any]:
         "expires_at": null(),
         "updated_at": param("now", TZ),
     }
+
+
+def history_appended(work: Table, error: str, kind: str, *, maybe_null: bool = False) -> Any:
+    """``error_history`` with ``{"attempt", "error", "at", "kind"}`` appended (the item's
+    ``attempts``, the text parameter ``p_<error>``, ``p_now``, ``kind``), keeping the
+    newest ``MAX_ERROR_HISTORY`` entries; ``maybe_null``: left as it is when the
+    parameter is NULL (a cancel without a reason). Only in the UPDATE that writes
+    ``last_error``, so the two move together."""
+    text = cast(param(error, Text()), Text)
+    entry = func.jsonb_build_object(
+        literal_column("'attempt'"),
+        work.c.attempts,
+        literal_column("'error'"),
+        text,
+        literal_column("'at'"),
+        param("now", TZ),
+        literal_column("'kind'"),
+        literal_column(f"'{kind}'"),
+    )
+    history = func.coalesce(work.c.error_history, literal_column("'[]'::jsonb"))
+    newest: ColumnElement[Any] = literal_column(
+        f"'$[last - {MAX_ERROR_HISTORY - 1} to last]'::jsonpath"
+    )
+    kept = func.jsonb_path_query_array(history.op("||")(func.jsonb_build_array(entry)), newest)
+    return case((text.is_(None), work.c.error_history), else_=kept) if maybe_null else kept
 
 
 def turn_added(turns: Table, source: CTE, *, grouped: bool) -> Any:

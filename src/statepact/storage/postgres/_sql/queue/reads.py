@@ -1,4 +1,5 @@
-"""Reads: one item, a unique slot's holder, dead letters, stats, the next due time.
+"""Reads: one item, its error history, a unique slot's holder, dead letters, stats, the
+next due time.
 
 ``stats`` must never read done rows: its cost is the open and exceptional items,
 whatever the number of finished items (docs/backings.md#stats-without-done-items).
@@ -40,6 +41,12 @@ from statepact.storage.postgres._sql.queue._parts import (
 
 def get_item(work: Table) -> Select[Any]:
     return select(*item_columns(work)).where(*item_key(work))
+
+
+def error_history(work: Table) -> Select[Any]:
+    """The item's ``error_history`` as JSON text (NULL: none), one row when the item exists:
+    the only statement that reads the column (the item's others never select it)."""
+    return select(cast(work.c.error_history, Text).label("history")).where(*item_key(work))
 
 
 def slot_holder(work: Table) -> Select[Any]:

@@ -40,6 +40,7 @@ from statepact.storage.postgres._sql.queue._parts import (
     QUEUED,
     ZERO,
     fenced,
+    history_appended,
     item_columns,
     item_key,
     lease_ended,
@@ -141,6 +142,7 @@ def fail(tables: Tables) -> Select[Any]:
         .values(
             status=param("status"),
             last_error=param("error", Text()),
+            error_history=history_appended(work, "error", "failed"),
             available_at=param("available_at", TZ),
             unique_slot=_slot_kept_unless_dead(work, param("status", Text()) == DEAD),
             **lease_ended(),
@@ -181,7 +183,8 @@ def requeue(tables: Tables) -> Select[Any]:
 
 def reap(tables: Tables) -> Select[Any]:
     """Up to ``p_batch`` lapsed leases back to the queue, or dead from ``p_dead_at`` attempts
-    on, each with ``last_error = p_error``: the front's decision (``LapseOutcome``)."""
+    on, each with ``last_error = p_error`` (appended to its error history): the front's
+    decision (``LapseOutcome``)."""
     work = tables.work
     expired = (
         select(work.c.id, work.c.expires_at, work.c.token)
@@ -208,6 +211,7 @@ def reap(tables: Tables) -> Select[Any]:
                 work, work.c.attempts >= param("dead_at", Integer())
             ),
             last_error=param("error", Text()),
+            error_history=history_appended(work, "error", "lease_expired"),
             available_at=param("now", TZ),
             **lease_ended(),
         )
@@ -225,7 +229,8 @@ def reap(tables: Tables) -> Select[Any]:
 
 def cancel_many(tables: Tables) -> CompoundSelect[Any]:
     """Cancel the tenant's queued, delayed and leased items named in ``p_item_ids``, in one
-    statement: each becomes ``cancelled`` with ``last_error = p_reason``, its lease void
+    statement: each becomes ``cancelled`` with ``last_error = p_reason`` (appended to its
+    error history unless NULL), its lease void
     and its unique slot free; the tenant's turns row stops counting the queued ones; and
     each leased one is announced on the control channel ``p_ctl_channel`` as JSON
     ``{"tenant", "item_id", "token"}`` (the voided token), delivered at commit (the
@@ -257,6 +262,7 @@ def cancel_many(tables: Tables) -> CompoundSelect[Any]:
         .values(
             status=CANCELLED,
             last_error=param("reason", Text()),
+            error_history=history_appended(work, "reason", "cancelled", maybe_null=True),
             unique_slot=null(),
             **lease_ended(),
         )

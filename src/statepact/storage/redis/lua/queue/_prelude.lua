@@ -41,7 +41,10 @@
 --
 -- Item hash fields besides the above: ukey (unique_key), ufor (unique_for, µs),
 -- timeout (seconds, as the front wrote it), slot (the unique slot it was stored
--- under), lkey (limit_key), weight (absent: 1); each absent when not set.
+-- under), lkey (limit_key), weight (absent: 1); each absent when not set. And
+-- errors: the error history, a JSON array of {attempt, error, at (µs, a string),
+-- kind}, oldest first (absent: none), written by add_error only; no reply of a
+-- script carries it (item_reply), only RedisWorkQueue.error_history reads it.
 --
 -- Every queue script gets the same KEYS (QueueKeys.fixed() in _keys.py), a
 -- write its replay key after them as KEYS[20], and ARGV[1] = Q, ARGV[2] = now
@@ -64,6 +67,40 @@ local PRIORITY_SPAN = 4398046511104
 
 local function item_key(r)
   return Q .. 'item:' .. r
+end
+
+-- The item hash as a reply (HGETALL), without its error history: a claim, a settle or
+-- a listing never carries the history, whatever its size.
+local function item_reply(ikey)
+  local all = redis.call('HGETALL', ikey)
+  for i = 1, #all, 2 do
+    if all[i] == 'errors' then
+      table.remove(all, i)
+      table.remove(all, i)
+      break
+    end
+  end
+  return all
+end
+
+-- Append {attempt (the item's attempts now), error, at = now, kind} to the item's error
+-- history, keeping the newest `cap` (the front's MAX_ERROR_HISTORY, from ARGV). Called
+-- by every write of the item's error (settle's fail, reap, cancel with a reason).
+local function add_error(ikey, error, kind, cap)
+  local found = redis.call('HGET', ikey, 'errors')
+  local history = found and cjson.decode(found) or {}
+  history[#history + 1] = {
+    attempt = tonumber(redis.call('HGET', ikey, 'attempts')), error = error, at = NOW, kind = kind
+  }
+  local keep = tonumber(cap)
+  if #history > keep then
+    local newest = {}
+    for i = #history - keep + 1, #history do
+      newest[#newest + 1] = history[i]
+    end
+    history = newest
+  end
+  redis.call('HSET', ikey, 'errors', cjson.encode(history))
 end
 
 local function ready_key(tenant)
@@ -207,12 +244,12 @@ local function put_item(r, tenant, id, payload, priority, available, created, uk
                         slot, lkey, weight)
   local ikey = item_key(r)
   if redis.call('EXISTS', ikey) == 1 then
-    return { 0, redis.call('HGETALL', ikey) }
+    return { 0, item_reply(ikey) }
   end
   if slot ~= '' then
     local held = slot_holder(tenant, slot)
     if held then
-      return { 0, redis.call('HGETALL', held) }
+      return { 0, item_reply(held) }
     end
     redis.call('HSET', UNIQUE, ref(tenant, slot), id)
     redis.call('HSET', ikey, 'slot', slot)
@@ -243,10 +280,11 @@ end
 
 -- End the lease of item r held under token as ack, fail or release decided:
 -- status done | dead | queued; available '' keeps it; set_error '1' writes error;
--- attempts_change '0' or '-1' (release). Returns true, or false when token is not
+-- attempts_change '0' or '-1' (release); the error, when written, is appended to
+-- the history (kind failed, at most cap entries kept). Returns true, or false when token is not
 -- the item's lease any more (nothing written). A queued item goes to ready when
 -- due, else delayed; a dead one to dead:T scored by now (oldest death first).
-local function settle_item(r, token, status, available_at, set_error, error, attempts_change)
+local function settle_item(r, token, status, available_at, set_error, error, attempts_change, cap)
   if redis.call('HGET', LEASE_TOKENS, r) ~= token then
     return false
   end
@@ -262,6 +300,7 @@ local function settle_item(r, token, status, available_at, set_error, error, att
   end
   if set_error == '1' then
     redis.call('HSET', ikey, 'error', error)
+    add_error(ikey, error, 'failed', cap)
   end
   if attempts_change ~= '0' then
     redis.call('HINCRBY', ikey, 'attempts', attempts_change)

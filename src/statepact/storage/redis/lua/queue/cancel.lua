@@ -3,11 +3,12 @@
 KEYS     QueueKeys.fixed()
 ARGV[1]  Q                 ARGV[2]  now, µs
 ARGV[3]  '1' to set the error to ARGV[4], '0' to clear it (no reason given)
-ARGV[4]  the reason
+ARGV[4]  the reason, appended to each cancelled item's error history (kind cancelled)
+ARGV[5]  the most error history entries kept (MAX_ERROR_HISTORY)
 then R per item, in the order asked.
 
 Returns  per item, flat: {0, {}} no such item, {1, item} the item after the call
-         (HGETALL): cancelled now, or done / dead / cancelled already and
+         (item_reply): cancelled now, or done / dead / cancelled already and
          untouched.
 A queued item leaves its ready set (its tenant leaves the rotation when that
 empties) or the delayed set; a leased one loses its lease (lease-tokens is the
@@ -19,7 +20,7 @@ and frees its unique slot. Cancelling twice answers the cancelled item: a retry
 after a lost reply answers as the first run did, so no replay key is needed.
 ]]
 local out = {}
-for i = 5, #ARGV do
+for i = 6, #ARGV do
   local r = ARGV[i]
   local ikey = item_key(r)
   local f = redis.call('HMGET', ikey, 'status', 'tenant', 'id')
@@ -49,13 +50,14 @@ for i = 5, #ARGV do
       redis.call('HSET', ikey, 'status', 'cancelled', 'updated', NOW)
       if ARGV[3] == '1' then
         redis.call('HSET', ikey, 'error', ARGV[4])
+        add_error(ikey, ARGV[4], 'cancelled', ARGV[5])
       else
         redis.call('HDEL', ikey, 'error')
       end
       finish(r, tenant, id, ikey, 'cancelled')
     end
     out[#out + 1] = 1
-    out[#out + 1] = redis.call('HGETALL', ikey)
+    out[#out + 1] = item_reply(ikey)
   end
 end
 return out

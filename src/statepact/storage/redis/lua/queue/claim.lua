@@ -13,7 +13,7 @@ Returns  {1} when more than ARGV[5] delayed items came due: they were promoted,
          nothing was claimed, call again (a claim must see every due item to
          honour priorities, and one script must not block the server for long);
          otherwise {0, R, token, item, R, token, item, ...} in the order claimed,
-         item the record (HGETALL) after the claim. A retry of a call that
+         item the record (item_reply) after the claim. A retry of a call that
          claimed gets the same leases again (those still holding their item) and
          claims nothing more.
 
@@ -34,7 +34,7 @@ if #done > 0 then
     if redis.call('HGET', LEASE_TOKENS, r) == token then
       out[#out + 1] = r
       out[#out + 1] = token
-      out[#out + 1] = redis.call('HGETALL', item_key(r))
+      out[#out + 1] = item_reply(item_key(r))
     end
   end
   return out
@@ -86,7 +86,7 @@ local function lease(tenant, id, rkey)
   pairs_claimed[#pairs_claimed + 1] = token
   out[#out + 1] = r
   out[#out + 1] = token
-  out[#out + 1] = redis.call('HGETALL', ikey)
+  out[#out + 1] = item_reply(ikey)
   claimed = claimed + 1
 end
 

@@ -4,11 +4,11 @@ KEYS     QueueKeys.fixed()
 ARGV[1]  Q                 ARGV[2]  now, µs (unused)
 ARGV[3]  tenant            ARGV[4]  limit
 
-Returns  {item, item, ...} (HGETALL each). Writes nothing.
+Returns  {item, item, ...} (item_reply each). Writes nothing.
 ]]
 local tenant = ARGV[3]
 local out = {}
 for _, id in ipairs(redis.call('ZRANGE', dead_key(tenant), 0, tonumber(ARGV[4]) - 1)) do
-  out[#out + 1] = redis.call('HGETALL', item_key(ref(tenant, id)))
+  out[#out + 1] = item_reply(item_key(ref(tenant, id)))
 end
 return out

@@ -13,7 +13,7 @@ ARGV[13] the unique slot (statepact.queue.unique_slot) or ''
 ARGV[14] limit_key or ''    ARGV[15] weight
 
 Returns  {1, {}} stored now (as sent: the caller has its record), {0, item} already
-         there (untouched) or the item holding the slot; item is HGETALL.
+         there (untouched) or the item holding the slot; item is item_reply.
 A due item goes straight to its tenant's ready set, a later one to delayed. The
 id is checked first, then the slot: one script, so concurrent enqueues of one
 slot store one item.

@@ -6,7 +6,7 @@ then, per item, thirteen values as enqueue's ARGV[3..15]: R, tenant, item_id,
 payload (already size-checked), priority, available_at µs, created_at µs,
 unique_key, unique_for µs, timeout, slot, limit_key ('' when not set), weight.
 
-Returns  per item, in order, its flag and (flag 0 only: the item was there) its HGETALL,
+Returns  per item, in order, its flag and (flag 0 only: the item was there) its item_reply,
          flat; the caller has the records of the items stored now. An item whose slot
          an earlier item of the batch took answers that item.
 The front checked every argument, so no call below can fail half-way.

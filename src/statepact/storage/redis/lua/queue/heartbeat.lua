@@ -14,7 +14,7 @@ local r, token = ARGV[3], ARGV[4]
 local ikey = item_key(r)
 local given = op_done(OP)
 if given then
-  return { 1, given, redis.call('HGETALL', ikey) }
+  return { 1, given, item_reply(ikey) }
 end
 if redis.call('HGET', LEASE_TOKENS, r) ~= token then
   return { 0 }
@@ -23,4 +23,4 @@ local fresh = str(next_token(TOKEN))
 redis.call('HSET', LEASE_TOKENS, r, fresh)
 redis.call('ZADD', LEASES, ARGV[5], r)
 op_record(OP, fresh)
-return { 1, fresh, redis.call('HGETALL', ikey) }
+return { 1, fresh, item_reply(ikey) }

@@ -5,9 +5,11 @@ ARGV[1]  Q                 ARGV[2]  now, µs
 ARGV[3]  dead_at, the front's decision (QueuePolicy.after_lapse): an expired
          item with attempts >= this goes dead, any other back to ready, due now
 ARGV[4]  most entries to handle per step in one call
-ARGV[5]  the error recorded on every item moved (the decision's error)
+ARGV[5]  the error recorded on every item moved (the decision's error), appended to
+         its error history (kind lease_expired)
+ARGV[6]  the most error history entries kept (MAX_ERROR_HISTORY)
 
-Returns  {more, item, item, ...}: the moved items (HGETALL) and more = 1 when
+Returns  {more, item, item, ...}: the moved items (item_reply) and more = 1 when
          a cap was reached and another call may find more.
 First every pending claim (an earlier version's two-script claim whose second
 script never came) gets its record written (status leased, attempts + 1,
@@ -40,6 +42,7 @@ for _, r in ipairs(expired) do
   local tenant, id = f[1], f[2]
   end_lease(r, tenant)
   redis.call('HSET', ikey, 'error', ARGV[5], 'available', NOW, 'updated', NOW)
+  add_error(ikey, ARGV[5], 'lease_expired', ARGV[6])
   if tonumber(f[3]) >= dead_at then
     redis.call('HSET', ikey, 'status', 'dead')
     redis.call('ZADD', dead_key(tenant), NOW, id)
@@ -50,7 +53,7 @@ for _, r in ipairs(expired) do
     count(N_QUEUED, tenant, 1)
     make_ready(tenant, id, ikey)
   end
-  out[#out + 1] = redis.call('HGETALL', ikey)
+  out[#out + 1] = item_reply(ikey)
 end
 if #expired >= cap then
   more = 1

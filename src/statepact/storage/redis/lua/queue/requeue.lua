@@ -10,7 +10,7 @@ Returns  {1, item} requeued (a retry of a call that requeued gets the item as
 ]]
 local ikey = item_key(ARGV[3])
 if op_done(OP) then
-  return { 1, redis.call('HGETALL', ikey) }
+  return { 1, item_reply(ikey) }
 end
 local f = redis.call('HMGET', ikey, 'status', 'tenant', 'id')
 if not f[1] then
@@ -30,4 +30,4 @@ count(N_QUEUED, tenant, 1)
 redis.call('HSET', ikey, 'status', 'queued', 'attempts', 0, 'available', NOW, 'updated', NOW)
 make_ready(tenant, id, ikey)
 op_record(OP, '1')
-return { 1, redis.call('HGETALL', ikey) }
+return { 1, item_reply(ikey) }
