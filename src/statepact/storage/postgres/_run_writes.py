@@ -19,7 +19,7 @@ from sqlalchemy.engine import RowMapping
 from statepact._codec import decimal_to_nanos, decode_json, nanos_to_decimal
 from statepact._limits import MAX_COUNTER
 from statepact._retry import new_op_id
-from statepact.errors import RunNotFoundError, StateConflictError
+from statepact.errors import RunNotFoundError
 from statepact.models import RunRecord
 from statepact.state import CounterDelta, CounterOverflow, RunWrite
 from statepact.storage.postgres._client import (
@@ -37,7 +37,7 @@ from statepact.storage.postgres._sql.state import (
     CoreStatement,
     StateStatements,
 )
-from statepact.storage.postgres._state_support import run_record, written_or_found
+from statepact.storage.postgres._state_support import run_record, written_or_refused
 from statepact.storage.postgres.schema import WRITE_RETENTION
 
 __all__ = [
@@ -215,15 +215,13 @@ async def put_once(conn: Runner, sql: Sql, call: Put, statement: Any, writes_key
             return run_record(row, decode_json(row["data"]))
         return None if row is None else int(row["version"])
 
-    outcome = await written_or_found(written, found, creating=write.expected_version == 0)
-    if isinstance(outcome, RunRecord):
-        return outcome
-    raise StateConflictError(
+    return await written_or_refused(
+        written,
+        found,
+        kind="run",
         tenant=write.tenant,
         record_id=write.run_id,
         expected=write.expected_version,
-        actual=0 if outcome is None else outcome,
-        kind="run",
     )
 
 

@@ -14,9 +14,10 @@ from typing import Any, TypeVar
 from sqlalchemy.engine import RowMapping
 
 from statepact._codec import decimal_to_nanos, nanos_to_decimal
+from statepact.errors import StateConflictError
 from statepact.models import RunRecord, RunStatus, SessionRecord, stored
 
-__all__ = ["run_record", "session_record", "written_or_found"]
+__all__ = ["run_record", "session_record", "written_or_refused"]
 
 R = TypeVar("R")
 
@@ -61,24 +62,37 @@ def _cost(value: Decimal) -> Decimal:
     return nanos_to_decimal(decimal_to_nanos(value))
 
 
-async def written_or_found(
+async def written_or_refused(
     write: Callable[[], Awaitable[R | None]],
     found: Callable[[], Awaitable[R | int | None]],
     *,
-    creating: bool,
-) -> R | int | None:
-    """A versioned write (a run's, a session's): its record, else what ``found`` reads
-    after it (a record to answer, or the stored version that refused the write; None:
-    no record).
+    kind: str,
+    tenant: str,
+    record_id: str,
+    expected: int,
+) -> R:
+    """A versioned write of a ``kind`` record (a run, a session) holding version
+    ``expected``: its record, else what ``found`` reads after it, a record to answer or
+    the stored version (None: no record) that refused the write, raised as the conflict.
 
     A create can find the record there, then gone before the follow-up read: it
     writes again rather than report "expected 0, found 0", three times at most.
     """
+    actual = None
     for _ in range(3):
         record = await write()
         if record is not None:
             return record
         answer = await found()
-        if answer is not None or not creating:
+        if answer is not None and not isinstance(answer, int):
             return answer
-    return None
+        actual = answer
+        if actual is not None or expected != 0:
+            break
+    raise StateConflictError(
+        tenant=tenant,
+        record_id=record_id,
+        expected=expected,
+        actual=0 if actual is None else actual,
+        kind=kind,
+    )

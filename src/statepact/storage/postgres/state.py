@@ -30,7 +30,7 @@ from statepact._codec import decode_json
 from statepact._limits import MAX_BATCH_BYTES, MAX_SHARED_WRITES
 from statepact._shared import SharedRoundTrips
 from statepact.clock import Clock
-from statepact.errors import StateConflictError, StatePersistenceError
+from statepact.errors import StatePersistenceError
 from statepact.models import RunRecord, RunTotals, SessionRecord
 from statepact.settings import PostgresStoreSettings
 from statepact.state import (
@@ -65,7 +65,7 @@ from statepact.storage.postgres._sql.state import statements as _statements
 from statepact.storage.postgres._state_support import (
     run_record,
     session_record,
-    written_or_found,
+    written_or_refused,
 )
 from statepact.storage.postgres.schema import StateTables, Tables, tables_for
 from statepact.storage.postgres.sync import SyncBoundStateStore, SyncSession
@@ -373,15 +373,13 @@ class PostgresStateStore(BaseStateStore):
                 stored = (await conn.execute(self._sql.session_version, params)).scalar()
                 return None if stored is None else int(stored)
 
-            outcome = await written_or_found(written, found, creating=creating)
-            if isinstance(outcome, SessionRecord):
-                return outcome
-            raise StateConflictError(
+            return await written_or_refused(
+                written,
+                found,
+                kind="session",
                 tenant=write.tenant,
                 record_id=write.session_id,
                 expected=write.expected_version,
-                actual=0 if outcome is None else outcome,
-                kind="session",
             )
 
         return await self._executor.run(work, idempotent=False)
