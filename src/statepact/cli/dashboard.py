@@ -20,14 +20,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, TextIO
 
-from statepact._cancel import finish
 from statepact.cli._common import (
     CommandError,
     add_debug_argument,
     add_queue_arguments,
+    queue_client,
     queue_settings,
     queue_where,
-    redis_client,
     resolve_queue_server,
     run_command,
 )
@@ -110,32 +109,20 @@ async def open_dashboard_backing(args: argparse.Namespace) -> AsyncIterator[Any]
     resolve_queue_server(args)
     clock = SystemClock()
     settings = queue_settings(args, pool_size=5)
-    if isinstance(settings, RedisStoreSettings):
-        from statepact.storage.redis import open_backing as open_redis
+    async with queue_client(args, settings, max_connections=20) as client:
+        backing: Any
+        if isinstance(settings, RedisStoreSettings):
+            from statepact.storage.redis import open_backing as open_redis
 
-        client = redis_client(args.redis, max_connections=20)
-        try:
             backing = await open_redis(settings, clock=clock, client=client)
-            try:
-                yield backing
-            finally:
-                await backing.close()
-        finally:
-            await finish(client.aclose())
-        return
-    from statepact.storage.postgres import create_engine
-    from statepact.storage.postgres import open_backing as open_postgres
+        else:
+            from statepact.storage.postgres import open_backing as open_postgres
 
-    pg = settings
-    engine = create_engine(pg)
-    try:
-        pg_backing = await open_postgres(pg, clock=clock, client=engine)
+            backing = await open_postgres(settings, clock=clock, client=client)
         try:
-            yield pg_backing
+            yield backing
         finally:
-            await pg_backing.close()
-    finally:
-        await finish(engine.dispose())
+            await backing.close()
 
 
 async def _more_queues(backing: Any, names: list[str]) -> list[Any]:

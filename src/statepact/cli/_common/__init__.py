@@ -49,6 +49,7 @@ __all__ = [
     "open_queue",
     "option_url",
     "postgres_engine_url",
+    "queue_client",
     "queue_settings",
     "queue_where",
     "redis_client",
@@ -236,6 +237,32 @@ def queue_settings(
         raise _settings_error(exc) from None
 
 
+@asynccontextmanager
+async def queue_client(
+    args: argparse.Namespace,
+    settings: RedisStoreSettings | PostgresStoreSettings,
+    *,
+    max_connections: int,
+) -> AsyncIterator[Any]:
+    """The client of the server ``queue_settings`` chose: a Redis client for ``--redis``
+    (at most ``max_connections``), else an engine; closed on exit, whatever ended the
+    command."""
+    if isinstance(settings, RedisStoreSettings):
+        client = redis_client(args.redis, max_connections=max_connections)
+        try:
+            yield client
+        finally:
+            await finish(client.aclose())
+        return
+    from statepact.storage.postgres import create_engine
+
+    engine = create_engine(settings)
+    try:
+        yield engine
+    finally:
+        await finish(engine.dispose())
+
+
 def queue_where(args: argparse.Namespace) -> str:
     """Where the queue the arguments name lives, its URL's password masked."""
     resolve_queue_server(args)
@@ -259,23 +286,17 @@ async def open_queue(
     tables must be migrated."""
     resolve_queue_server(args)
     settings = queue_settings(args, pool_size=pool_size)
-    if isinstance(settings, RedisStoreSettings):
-        from statepact.storage.redis import RedisWorkQueue
+    async with queue_client(args, settings, max_connections=max(pool_size, 10)) as client:
+        if isinstance(settings, RedisStoreSettings):
+            from statepact.storage.redis import RedisWorkQueue
 
-        client: Any = redis_client(args.redis, max_connections=max(pool_size, 10))
-        try:
             yield await RedisWorkQueue.open(client, clock=clock, settings=settings, policy=policy)
-        finally:
-            await finish(client.aclose())
-        return
-    from statepact.storage.postgres import PostgresWorkQueue, create_engine
+        else:
+            from statepact.storage.postgres import PostgresWorkQueue
 
-    pg = settings
-    engine = create_engine(pg)
-    try:
-        yield await PostgresWorkQueue.open(engine, clock=clock, settings=pg, policy=policy)
-    finally:
-        await finish(engine.dispose())
+            yield await PostgresWorkQueue.open(
+                client, clock=clock, settings=settings, policy=policy
+            )
 
 
 @dataclass
