@@ -20,18 +20,18 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, TextIO
 
-from statepact._cancel import finish
 from statepact.cli._common import (
     CommandError,
     add_debug_argument,
     add_queue_arguments,
-    postgres_engine_url,
+    queue_client,
+    queue_settings,
     queue_where,
-    redis_client,
     resolve_queue_server,
     run_command,
 )
 from statepact.clock import SystemClock
+from statepact.settings import RedisStoreSettings
 
 __all__ = ["DEFAULT_PORT", "DESCRIPTION", "TOKEN_ENV", "add_arguments", "command", "is_loopback"]
 
@@ -108,47 +108,21 @@ async def open_dashboard_backing(args: argparse.Namespace) -> AsyncIterator[Any]
     """The backing (state store, queue) the queue options name, closed on exit."""
     resolve_queue_server(args)
     clock = SystemClock()
-    if args.redis:
-        from statepact.settings import RedisStoreSettings
-        from statepact.storage.redis import open_backing as open_redis
+    settings = queue_settings(args, pool_size=5)
+    async with queue_client(args, settings, max_connections=20) as client:
+        backing: Any
+        if isinstance(settings, RedisStoreSettings):
+            from statepact.storage.redis import open_backing as open_redis
 
-        options: dict[str, Any] = {"queue_name": args.queue, "durable": not args.no_durable}
-        if args.namespace:
-            options["namespace"] = args.namespace
-        try:
-            settings = RedisStoreSettings(**options)
-        except ValueError as exc:
-            raise CommandError(str(exc).splitlines()[0]) from None
-        client = redis_client(args.redis, max_connections=20)
-        try:
             backing = await open_redis(settings, clock=clock, client=client)
-            try:
-                yield backing
-            finally:
-                await backing.close()
-        finally:
-            await finish(client.aclose())
-        return
-    from statepact.settings import PostgresStoreSettings
-    from statepact.storage.postgres import create_engine
-    from statepact.storage.postgres import open_backing as open_postgres
+        else:
+            from statepact.storage.postgres import open_backing as open_postgres
 
-    postgres_engine_url(args.postgres)
-    try:
-        pg = PostgresStoreSettings(
-            dsn=args.postgres, queue_name=args.queue, pool_size=5, db_schema=args.schema
-        )
-    except ValueError as exc:
-        raise CommandError(str(exc).splitlines()[0]) from None
-    engine = create_engine(pg)
-    try:
-        pg_backing = await open_postgres(pg, clock=clock, client=engine)
+            backing = await open_postgres(settings, clock=clock, client=client)
         try:
-            yield pg_backing
+            yield backing
         finally:
-            await pg_backing.close()
-    finally:
-        await finish(engine.dispose())
+            await backing.close()
 
 
 async def _more_queues(backing: Any, names: list[str]) -> list[Any]:

@@ -333,6 +333,15 @@ class FaultProxy:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), remaining)
 
+    async def _passes(self, link: _Link, data: bytes) -> bool:
+        """Whether ``data`` goes on, once any stall is over (:meth:`_hold`); bytes a
+        blackhole drops are counted, and their connection is lossy from then on."""
+        if await self._hold():
+            return True
+        link.lossy = True
+        self.stats.bytes_dropped += len(data)
+        return False
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         handler = asyncio.current_task()
         if handler is not None:
@@ -412,9 +421,7 @@ class FaultProxy:
                 data = await reader.read(_READ_SIZE)
                 if not data:
                     break
-                if not await self._hold():
-                    link.lossy = True
-                    self.stats.bytes_dropped += len(data)
+                if not await self._passes(link, data):
                     continue
                 if link.closed:
                     break
@@ -452,9 +459,7 @@ class FaultProxy:
                         self._set_mode(armed.then)
                     armed.fired.set()
                     return
-                if not await self._hold():
-                    link.lossy = True
-                    self.stats.bytes_dropped += len(data)
+                if not await self._passes(link, data):
                     continue
                 if link.closed:
                     break

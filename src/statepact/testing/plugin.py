@@ -50,7 +50,7 @@ import os
 from collections.abc import Collection, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import pytest
 
@@ -134,6 +134,9 @@ class _ServerLog:
         return out
 
 
+#: A local server a factory starts.
+L = TypeVar("L", RedisServer, PostgresServer)
+
 _LOG_KEY = pytest.StashKey[_ServerLog]()
 # The test being run (setup, call and teardown), for the guard in _refuse_unmarked.
 _RUNNING_KEY = pytest.StashKey["pytest.Item | None"]()
@@ -141,6 +144,15 @@ _RUNNING_KEY = pytest.StashKey["pytest.Item | None"]()
 
 def _log(config: pytest.Config) -> _ServerLog:
     return config.stash.setdefault(_LOG_KEY, _ServerLog())
+
+
+def _start_for_test(server: L, started: list[L], log: _ServerLog) -> L:
+    """Start ``server`` for a factory: in ``started`` first, so the test's teardown closes
+    it even when the start fails; its version in the run's log."""
+    started.append(server)
+    server.start()
+    log.extra.setdefault(server.kind, []).append(server.version or "unknown")
+    return server
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -316,11 +328,7 @@ def statepact_redis_server_factory(request: pytest.FixtureRequest) -> Iterator[R
     def factory(args: Sequence[str] = (), *, port: int | None = None) -> RedisServer:
         _refuse_unmarked(request.config, "a local redis server")
         _need_local(request, "redis")
-        server = RedisServer(args, port=port)
-        started.append(server)
-        server.start()
-        log.extra.setdefault("redis", []).append(server.version or "unknown")
-        return server
+        return _start_for_test(RedisServer(args, port=port), started, log)
 
     yield factory
     for server in reversed(started):
@@ -344,11 +352,7 @@ def statepact_postgres_server_factory(
     ) -> PostgresServer:
         _refuse_unmarked(request.config, "a local postgres server")
         _need_local(request, "postgres")
-        server = PostgresServer(durable=durable, settings=settings)
-        started.append(server)
-        server.start()
-        log.extra.setdefault("postgres", []).append(server.version or "unknown")
-        return server
+        return _start_for_test(PostgresServer(durable=durable, settings=settings), started, log)
 
     yield factory
     for server in reversed(started):

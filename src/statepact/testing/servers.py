@@ -23,7 +23,7 @@ import socket
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn, TypeVar
 
 from statepact.settings import redact_dsn
 from statepact.testing.local_servers import (
@@ -72,6 +72,9 @@ __all__ = [
 ]
 
 Provider = Literal["env", "testcontainers", "local", "missing"]
+
+#: A local server this module starts.
+L = TypeVar("L", RedisServer, PostgresServer)
 
 ENV_REDIS_URL = "STATEPACT_TEST_REDIS_URL"
 ENV_POSTGRES_URL = "STATEPACT_TEST_POSTGRES_URL"
@@ -276,13 +279,18 @@ def _container_postgres() -> ProvidedServer:
     )
 
 
-def _local_redis() -> ProvidedServer:
-    server = RedisServer(["--appendonly", "yes"])
+def _started(server: L) -> L:
+    """``server`` started, or closed again (its directory removed) when the start fails."""
     try:
         server.start()
     except BaseException:
         server.close()
         raise
+    return server
+
+
+def _local_redis() -> ProvidedServer:
+    server = _started(RedisServer(["--appendonly", "yes"]))
     return ProvidedServer(
         "redis",
         server.url,
@@ -294,12 +302,7 @@ def _local_redis() -> ProvidedServer:
 
 
 def _local_postgres() -> ProvidedServer:
-    server = PostgresServer()
-    try:
-        server.start()
-    except BaseException:
-        server.close()
-        raise
+    server = _started(PostgresServer())
     return ProvidedServer(
         "postgres",
         server.url,

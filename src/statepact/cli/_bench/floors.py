@@ -18,7 +18,7 @@ from typing import Any
 
 from statepact._cancel import finish
 from statepact.cli._bench.measure import RoundTrips, repeated
-from statepact.cli._common import CommandError
+from statepact.cli._common import CommandError, delete_keys
 
 #: The rows of the PostgreSQL update floors, one per caller, in the bench's scratch schema.
 FLOOR_TABLE = "bench_floor"
@@ -144,14 +144,7 @@ async def delete_matching(redis: Any, prefix: str) -> None:
     (floors, seed designs), which the backing's namespace cleanup does not know of."""
     from statepact.storage.redis import glob_escape
 
-    batch: list[Any] = []
-    async for key in redis.scan_iter(match=f"{glob_escape(prefix)}*", count=1000):
-        batch.append(key)
-        if len(batch) >= 500:
-            await redis.unlink(*batch)
-            batch.clear()
-    if batch:
-        await redis.unlink(*batch)
+    await delete_keys(redis, [f"{glob_escape(prefix)}*"])
 
 
 class RedisFloor(Floor):

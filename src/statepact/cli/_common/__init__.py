@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -26,7 +26,7 @@ from statepact.cli._common.logs import add_logging_arguments
 from statepact.clock import Clock
 from statepact.errors import PreflightError
 from statepact.queue import QueuePolicy, WorkQueue
-from statepact.settings import redact_dsn
+from statepact.settings import PostgresStoreSettings, RedisStoreSettings, redact_dsn
 from statepact.state import StateStore
 from statepact.storage import Backing
 from statepact.tx import TransactionManager
@@ -41,6 +41,7 @@ __all__ = [
     "add_debug_argument",
     "add_queue_arguments",
     "add_server_arguments",
+    "delete_keys",
     "describe_error",
     "environment_url",
     "first_line",
@@ -48,6 +49,8 @@ __all__ = [
     "open_queue",
     "option_url",
     "postgres_engine_url",
+    "queue_client",
+    "queue_settings",
     "queue_where",
     "redis_client",
     "resolve_queue_server",
@@ -210,6 +213,56 @@ def _settings_error(exc: Exception) -> CommandError:
     return CommandError(redact_dsn(str(exc)).splitlines()[0])
 
 
+def queue_settings(
+    args: argparse.Namespace, *, pool_size: int
+) -> RedisStoreSettings | PostgresStoreSettings:
+    """The settings of the queue the ``add_queue_arguments`` options name (the server
+    resolved first: ``resolve_queue_server``): Redis's when ``--redis`` is given, else
+    PostgreSQL's with a pool of ``pool_size`` (its URL checked first); an option they
+    refuse is a ``CommandError`` naming it."""
+    if args.redis:
+        options: dict[str, Any] = {"queue_name": args.queue, "durable": not args.no_durable}
+        if args.namespace:
+            options["namespace"] = args.namespace
+        try:
+            return RedisStoreSettings(**options)
+        except ValueError as exc:
+            raise _settings_error(exc) from None
+    postgres_engine_url(args.postgres, getattr(args, "url_source", "--postgres"))
+    try:
+        return PostgresStoreSettings(
+            dsn=args.postgres, queue_name=args.queue, pool_size=pool_size, db_schema=args.schema
+        )
+    except ValueError as exc:
+        raise _settings_error(exc) from None
+
+
+@asynccontextmanager
+async def queue_client(
+    args: argparse.Namespace,
+    settings: RedisStoreSettings | PostgresStoreSettings,
+    *,
+    max_connections: int,
+) -> AsyncIterator[Any]:
+    """The client of the server ``queue_settings`` chose: a Redis client for ``--redis``
+    (at most ``max_connections``), else an engine; closed on exit, whatever ended the
+    command."""
+    if isinstance(settings, RedisStoreSettings):
+        client = redis_client(args.redis, max_connections=max_connections)
+        try:
+            yield client
+        finally:
+            await finish(client.aclose())
+        return
+    from statepact.storage.postgres import create_engine
+
+    engine = create_engine(settings)
+    try:
+        yield engine
+    finally:
+        await finish(engine.dispose())
+
+
 def queue_where(args: argparse.Namespace) -> str:
     """Where the queue the arguments name lives, its URL's password masked."""
     resolve_queue_server(args)
@@ -232,38 +285,18 @@ async def open_queue(
     is closed on exit, whatever ended the command. Nothing is created: on PostgreSQL the
     tables must be migrated."""
     resolve_queue_server(args)
-    if args.redis:
-        from statepact.settings import RedisStoreSettings
-        from statepact.storage.redis import RedisWorkQueue
+    settings = queue_settings(args, pool_size=pool_size)
+    async with queue_client(args, settings, max_connections=max(pool_size, 10)) as client:
+        if isinstance(settings, RedisStoreSettings):
+            from statepact.storage.redis import RedisWorkQueue
 
-        options: dict[str, Any] = {"queue_name": args.queue, "durable": not args.no_durable}
-        if args.namespace:
-            options["namespace"] = args.namespace
-        try:
-            settings = RedisStoreSettings(**options)
-        except ValueError as exc:
-            raise _settings_error(exc) from None
-        client: Any = redis_client(args.redis, max_connections=max(pool_size, 10))
-        try:
             yield await RedisWorkQueue.open(client, clock=clock, settings=settings, policy=policy)
-        finally:
-            await finish(client.aclose())
-        return
-    from statepact.settings import PostgresStoreSettings
-    from statepact.storage.postgres import PostgresWorkQueue, create_engine
+        else:
+            from statepact.storage.postgres import PostgresWorkQueue
 
-    postgres_engine_url(args.postgres, getattr(args, "url_source", "--postgres"))
-    try:
-        pg = PostgresStoreSettings(
-            dsn=args.postgres, queue_name=args.queue, pool_size=pool_size, db_schema=args.schema
-        )
-    except ValueError as exc:
-        raise _settings_error(exc) from None
-    engine = create_engine(pg)
-    try:
-        yield await PostgresWorkQueue.open(engine, clock=clock, settings=pg, policy=policy)
-    finally:
-        await finish(engine.dispose())
+            yield await PostgresWorkQueue.open(
+                client, clock=clock, settings=settings, policy=policy
+            )
 
 
 @dataclass
@@ -542,8 +575,13 @@ async def _delete_redis_namespace(client: Any, tag: str) -> None:
     """
     from statepact.storage.redis import namespace_patterns
 
+    await delete_keys(client, namespace_patterns(tag))
+
+
+async def delete_keys(client: Any, patterns: Iterable[str]) -> None:
+    """Delete every key matching one of the SCAN ``MATCH`` ``patterns``, 500 at a time."""
     batch: list[bytes] = []
-    for pattern in namespace_patterns(tag):
+    for pattern in patterns:
         async for key in client.scan_iter(match=pattern, count=1000):
             batch.append(key)
             if len(batch) >= 500:

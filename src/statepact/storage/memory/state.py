@@ -135,16 +135,7 @@ class MemoryStateStore(BaseStateStore):
     async def _put_run(self, write: RunWrite) -> RunRecord:
         key = (write.tenant, write.run_id)
         row = self._runs.get(key)
-        stored = 0 if row is None else row.version
-        # A stored run has version >= 1, so this also refuses creating one that exists.
-        if write.expected_version != stored:
-            raise StateConflictError(
-                tenant=write.tenant,
-                record_id=write.run_id,
-                expected=write.expected_version,
-                actual=stored,
-                kind="run",
-            )
+        _refuse_stale("run", write.tenant, write.run_id, write.expected_version, row)
         if row is None:
             row = _Run(
                 session_id=write.session_id,
@@ -261,15 +252,7 @@ class MemoryStateStore(BaseStateStore):
     async def _put_session(self, write: SessionWrite) -> SessionRecord:
         key = (write.tenant, write.session_id)
         row = self._sessions.get(key)
-        stored = 0 if row is None else row.version
-        if write.expected_version != stored:
-            raise StateConflictError(
-                tenant=write.tenant,
-                record_id=write.session_id,
-                expected=write.expected_version,
-                actual=stored,
-                kind="session",
-            )
+        _refuse_stale("session", write.tenant, write.session_id, write.expected_version, row)
         if row is None:
             row = _Session(
                 data=write.data,
@@ -327,6 +310,19 @@ class MemoryStateStore(BaseStateStore):
         if row.session_id is not None:
             _drop(self._by_session, (tenant, row.session_id), row.seq)
         _drop(self._by_status, (tenant, row.status), row.seq)
+
+
+def _refuse_stale(
+    kind: str, tenant: str, record_id: str, expected: int, row: _Run | _Session | None
+) -> None:
+    """A put holds the version it read: anything but the stored one (0: none stored) is a
+    conflict. A stored record has version >= 1, so this also refuses creating one that
+    exists."""
+    stored = 0 if row is None else row.version
+    if expected != stored:
+        raise StateConflictError(
+            tenant=tenant, record_id=record_id, expected=expected, actual=stored, kind=kind
+        )
 
 
 def _drop(indexes: dict[K, _SeqIndex], key: K, seq: int) -> None:

@@ -2,8 +2,9 @@
 
 It implements the ``_``-methods of :class:`~statepact.state.BaseStateStore`
 (the front has validated, encoded and size-checked everything and read the
-clock) by running the statements of ``_sql/state.py``, one per call; a run
-write carries a call id so the failover may send it again. On an engine,
+clock) by running the statements of ``_sql/state/``, one per call; a run
+write carries a call id so the failover may send it again (its parts in
+``_run_writes.py``, what its methods share in ``_state_support.py``). On an engine,
 concurrent ``patch_run`` calls, and concurrent ``put_run`` calls of existing
 runs, share round trips (``statepact._shared``): while one is on its way, the
 next ones go together in one statement. Round trips and resends:
@@ -16,8 +17,6 @@ and never retry inside a caller's transaction (``bound``).
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from functools import cache
@@ -27,13 +26,12 @@ from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session, scoped_session
 
-from statepact._codec import decimal_to_nanos, decode_json, nanos_to_decimal
-from statepact._limits import MAX_BATCH_BYTES, MAX_COUNTER, MAX_SHARED_WRITES
-from statepact._retry import new_op_id
+from statepact._codec import decode_json
+from statepact._limits import MAX_BATCH_BYTES, MAX_SHARED_WRITES
 from statepact._shared import SharedRoundTrips
 from statepact.clock import Clock
-from statepact.errors import RunNotFoundError, StateConflictError, StatePersistenceError
-from statepact.models import RunRecord, RunStatus, RunTotals, SessionRecord, stored
+from statepact.errors import StatePersistenceError
+from statepact.models import RunRecord, RunTotals, SessionRecord
 from statepact.settings import PostgresStoreSettings
 from statepact.state import (
     BaseStateStore,
@@ -44,113 +42,39 @@ from statepact.state import (
     RunWrite,
     SessionWrite,
 )
-from statepact.storage.postgres._client import (
-    BoundExecutor,
-    EngineExecutor,
-    Executor,
-    FirstAttemptCommitted,
-    Runner,
-    constraint_of,
-    sqlstate_of,
-)
+from statepact.storage.postgres._client import BoundExecutor, EngineExecutor, Executor, Runner
 from statepact.storage.postgres._direct import DirectExecutor, Prepared
-from statepact.storage.postgres._sql import LOCK_NOT_AVAILABLE
-from statepact.storage.postgres._sql.state import COUNTERS, CoreStatement, StateStatements
+from statepact.storage.postgres._run_writes import (
+    EACH_PATCH,
+    EACH_UPDATE,
+    Patch,
+    Put,
+    Sql,
+    batch_rows,
+    each,
+    patch_answers,
+    patch_call,
+    patch_once,
+    put_answers,
+    put_call,
+    put_once,
+    send_write,
+)
+from statepact.storage.postgres._sql.state import StateStatements
 from statepact.storage.postgres._sql.state import statements as _statements
-from statepact.storage.postgres.schema import WRITE_RETENTION, StateTables, Tables, tables_for
+from statepact.storage.postgres._state_support import (
+    run_record,
+    session_record,
+    written_or_refused,
+)
+from statepact.storage.postgres.schema import StateTables, Tables, tables_for
 from statepact.storage.postgres.sync import SyncBoundStateStore, SyncSession
 
 __all__ = ["PostgresStateStore"]
 
-# A batch's arrays (``p_each_<name>``), each from the same parameter of every call.
-_EACH = {
-    "tenant": "p_tenant",
-    "run_id": "p_record_id",
-    "op_id": "p_op_id",
-    "at": "p_now",
-    "cutoff": "p_cutoff",
-}
-_EACH_PATCH = {
-    **_EACH,
-    **{name: f"p_{name}" for name in COUNTERS},
-    **{f"max_{name}": f"p_max_{name}" for name in COUNTERS},
-}
-_EACH_UPDATE = {
-    **_EACH,
-    "session_id": "p_session_id",
-    "status": "p_status",
-    "data": "p_data",
-    "expected": "p_expected",
-}
-
-
-@dataclass(frozen=True, slots=True)
-class _Patch:
-    """One ``patch_run`` call: its statement's parameters and the deltas it adds."""
-
-    params: dict[str, Any]
-    deltas: dict[str, int]
-
-
-@dataclass(frozen=True, slots=True)
-class _Put:
-    """One ``put_run`` call: the front's write and its statement's parameters."""
-
-    write: RunWrite
-    params: dict[str, Any]
-
-
-def _each(calls: list[dict[str, Any]], names: Mapping[str, str]) -> dict[str, list[Any]]:
-    """The parameters of a batch statement: one array per name, a call's value each."""
-    return {f"p_each_{name}": [call[key] for call in calls] for name, key in names.items()}
-
-
-def _run_record(row: RowMapping, data: Any) -> RunRecord:
-    # Read from this store's own table: every field is of its type already, no validation.
-    return stored(
-        RunRecord,
-        {
-            "tenant": row["tenant"],
-            "run_id": row["run_id"],
-            "session_id": row["session_id"],
-            "status": RunStatus(row["status"]),
-            "data": data,
-            "version": row["version"],
-            "input_tokens": row["input_tokens"],
-            "output_tokens": row["output_tokens"],
-            "cost": _cost(row["cost"]),
-            "iterations": row["iterations"],
-            "cursor": row["cursor"],
-            "created_at": row["created_at"],
-            "updated_at": row["updated_at"],
-            "seq": row["seq"],
-        },
-    )
-
-
-def _session_record(row: RowMapping, data: Any) -> SessionRecord:
-    return SessionRecord.model_construct(
-        tenant=row["tenant"],
-        session_id=row["session_id"],
-        data=data,
-        version=row["version"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        seq=row["seq"],
-    )
-
-
-def _cost(value: Decimal) -> Decimal:
-    # NUMERIC(38,9) already has nine places; normalise the exponent like memory does.
-    return nanos_to_decimal(decimal_to_nanos(value))
-
 
 def _unavailable(message: str) -> StatePersistenceError:
     return StatePersistenceError(message, reason="unavailable")
-
-
-#: The store's statements: compiled for the driver on an engine, Core otherwise.
-_Sql = StateStatements[Prepared] | StateStatements[CoreStatement]
 
 
 @cache
@@ -186,11 +110,11 @@ class PostgresStateStore(BaseStateStore):
         self._writes_key = str(self._tables.run_writes.primary_key.name)
         # On an engine, the statements compiled once and run on the driver (a fraction of
         # SQLAlchemy's cost per statement); Core on one AsyncConnection and when bound.
-        self._sql: _Sql
+        self._sql: Sql
         self._executor: Executor
         # Concurrent run writes sharing round trips: on an engine only (see the module).
-        self._patches: SharedRoundTrips[_Patch, RunRecord | CounterOverflow | None] | None = None
-        self._puts: SharedRoundTrips[_Put, RunRecord | None] | None = None
+        self._patches: SharedRoundTrips[Patch, RunRecord | CounterOverflow | None] | None = None
+        self._puts: SharedRoundTrips[Put, RunRecord | None] | None = None
         if isinstance(engine, AsyncEngine):
             self._sql = _prepared(self._tables)
             self._executor = DirectExecutor(
@@ -279,51 +203,15 @@ class PostgresStateStore(BaseStateStore):
 
     # -- runs -------------------------------------------------------------
 
-    @staticmethod
-    def _call_params(now: datetime) -> dict[str, Any]:
-        """A run write's call id (the same in every resend) and its sweep cutoff."""
-        return {"p_op_id": new_op_id(), "p_cutoff": now - WRITE_RETENTION}
-
-    async def _written(self, conn: Runner, statement: Any, params: Mapping[str, Any]) -> Any:
-        """Run one write statement; its result."""
-        try:
-            return await conn.execute(statement, params)
-        except Exception as exc:
-            if sqlstate_of(exc) == "23505" and constraint_of(exc) == self._writes_key:
-                raise FirstAttemptCommitted(
-                    "a call's first attempt committed while its resend waited"
-                ) from exc
-            raise
-
-    async def _write(self, conn: Runner, statement: Any, params: Mapping[str, Any]) -> Any:
-        """Run one write statement; its row, or None when it applied nothing."""
-        return (await self._written(conn, statement, params)).mappings().first()
-
     async def _many(
         self, statement: Any, params: dict[str, list[Any]], count: int
     ) -> list[RowMapping | None]:
-        """Run one batch statement of ``count`` calls' writes (``patch_runs``,
-        ``update_runs``); each call's row, or None where its write applied nothing.
-
-        Each write carries its call id and the statement skips those already applied,
-        so the failover may send the batch again, as it does one write. A run row another
-        session holds fails the statement at once (``shared_lock_timeout``): then no
-        write applied, and each is sent again alone, where it may wait for its row.
-        """
-
-        async def work(conn: Runner) -> list[RowMapping | None]:
-            rows: list[RowMapping | None] = [None] * count
-            try:
-                result = await self._written(conn, statement, params)
-            except Exception as exc:
-                if sqlstate_of(exc) == LOCK_NOT_AVAILABLE:
-                    return rows  # a run another session holds: each write alone, to wait
-                raise
-            for row in result.mappings().all():
-                rows[row["ord"] - 1] = row
-            return rows
-
-        return await self._executor.run(work, idempotent=False, resend_safe=True)
+        """Run one batch statement of ``count`` calls' writes (``_run_writes.batch_rows``)."""
+        return await self._executor.run(
+            lambda conn: batch_rows(conn, statement, params, count, self._writes_key),
+            idempotent=False,
+            resend_safe=True,
+        )
 
     async def _get_run(self, tenant: str, run_id: str) -> RunRecord | None:
         async def work(conn: Runner) -> RunRecord | None:
@@ -331,22 +219,12 @@ class PostgresStateStore(BaseStateStore):
                 self._sql.get_run, {"p_tenant": tenant, "p_record_id": run_id}
             )
             row = result.mappings().first()
-            return None if row is None else _run_record(row, decode_json(row["data"]))
+            return None if row is None else run_record(row, decode_json(row["data"]))
 
         return await self._executor.run(work, idempotent=True, abandonable=True)
 
     async def _put_run(self, write: RunWrite) -> RunRecord:
-        params = {
-            "p_tenant": write.tenant,
-            "p_record_id": write.run_id,
-            "p_session_id": write.session_id,
-            "p_status": write.status.value,
-            "p_data": write.data.decode("utf-8"),
-            "p_now": write.now,
-            "p_expected": write.expected_version,
-            **self._call_params(write.now),
-        }
-        call = _Put(write, params)
+        call = put_call(write)
         if write.expected_version == 0 or self._puts is None:
             return await self._put_alone(call, resent=False)
         answer = await self._puts.send(call)
@@ -354,78 +232,24 @@ class PostgresStateStore(BaseStateStore):
         # as a resend, since an earlier attempt of the batch may have applied it.
         return answer if answer is not None else await self._put_alone(call, resent=True)
 
-    async def _put_many(self, calls: list[_Put]) -> list[RunRecord | None]:
-        params = _each([call.params for call in calls], _EACH_UPDATE)
-        rows = await self._many(self._sql.update_runs, params, len(calls))
-        # A write's row leaves the blob out: it is the one the call sent.
-        return [
-            None if row is None else _run_record(row, call.write.value)
-            for call, row in zip(calls, rows, strict=True)
-        ]
+    async def _put_many(self, calls: list[Put]) -> list[RunRecord | None]:
+        params = each([call.params for call in calls], EACH_UPDATE)
+        return put_answers(calls, await self._many(self._sql.update_runs, params, len(calls)))
 
-    async def _put_alone(self, call: _Put, *, resent: bool) -> RunRecord:
-        write, params = call.write, call.params
-        creating = write.expected_version == 0
-        attempt_of = self._sql.create_run if creating else self._sql.update_run
-        first, again = attempt_of.first, attempt_of.again
-        attempts = 1 if resent else 0
-
-        async def work(conn: Runner) -> RunRecord:
-            nonlocal attempts
-            attempts += 1
-            # Only an attempt after the first can meet an earlier one applied.
-            statement = first if attempts == 1 else again
-            # A create can find the run there, then gone before the follow-up
-            # read: try again rather than report "expected 0, found 0".
-            for _ in range(3):
-                row = await self._write(conn, statement, params)
-                if row is not None:
-                    # A write's row leaves the blob out: it is the one this call sent.
-                    data = write.value if row["data"] is None else decode_json(row["data"])
-                    return _run_record(row, data)
-                found = (await conn.execute(self._sql.run_after_write, params)).mappings().first()
-                if found is not None and found["replayed"]:
-                    # The first attempt applied, then the resend lost a race to it.
-                    return _run_record(found, decode_json(found["data"]))
-                version = None if found is None else found["version"]
-                if version is not None or not creating:
-                    break
-            raise StateConflictError(
-                tenant=write.tenant,
-                record_id=write.run_id,
-                expected=write.expected_version,
-                actual=0 if version is None else int(version),
-                kind="run",
-            )
-
-        return await self._executor.run(work, idempotent=False, resend_safe=True)
+    async def _put_alone(self, call: Put, *, resent: bool) -> RunRecord:
+        creating = call.write.expected_version == 0
+        sql = self._sql
+        return await send_write(
+            self._executor,
+            sql.create_run if creating else sql.update_run,
+            resent=resent,
+            once=lambda conn, statement: put_once(conn, sql, call, statement, self._writes_key),
+        )
 
     async def _patch_run(
         self, tenant: str, run_id: str, delta: CounterDelta, now: datetime
     ) -> RunRecord | CounterOverflow:
-        deltas = {
-            "input_tokens": delta.input_tokens,
-            "output_tokens": delta.output_tokens,
-            "cost": delta.cost_nanos,
-            "iterations": delta.iterations,
-            "cursor": delta.cursor,
-        }
-        params: dict[str, Any] = {
-            "p_tenant": tenant,
-            "p_record_id": run_id,
-            "p_now": now,
-            **self._call_params(now),
-        }
-        for name, amount in deltas.items():
-            room = MAX_COUNTER - amount
-            if name == "cost":
-                params["p_cost"] = nanos_to_decimal(amount)
-                params["p_max_cost"] = nanos_to_decimal(room)
-            else:
-                params[f"p_{name}"] = amount
-                params[f"p_max_{name}"] = room
-
-        call = _Patch(params, deltas)
+        call = patch_call(tenant, run_id, delta, now)
         if self._patches is None:
             return await self._patch_alone(call, resent=False)
         answer = await self._patches.send(call)
@@ -433,40 +257,18 @@ class PostgresStateStore(BaseStateStore):
         # as a resend, since an earlier attempt of the batch may have applied it.
         return answer if answer is not None else await self._patch_alone(call, resent=True)
 
-    async def _patch_many(self, calls: list[_Patch]) -> list[RunRecord | CounterOverflow | None]:
-        params = _each([call.params for call in calls], _EACH_PATCH)
-        rows = await self._many(self._sql.patch_runs, params, len(calls))
-        return [None if row is None else _run_record(row, decode_json(row["data"])) for row in rows]
+    async def _patch_many(self, calls: list[Patch]) -> list[RunRecord | CounterOverflow | None]:
+        params = each([call.params for call in calls], EACH_PATCH)
+        return patch_answers(await self._many(self._sql.patch_runs, params, len(calls)))
 
-    async def _patch_alone(self, call: _Patch, *, resent: bool) -> RunRecord | CounterOverflow:
-        params, deltas = call.params, call.deltas
-        tenant, run_id = params["p_tenant"], params["p_record_id"]
-        attempts = 1 if resent else 0
-
-        async def work(conn: Runner) -> RunRecord | CounterOverflow:
-            nonlocal attempts
-            attempts += 1
-            # Only an attempt after the first can meet an earlier one applied.
-            statement = self._sql.patch_run.first if attempts == 1 else self._sql.patch_run.again
-            while True:
-                row = await self._write(conn, statement, params)
-                if row is not None:
-                    return _run_record(row, decode_json(row["data"]))
-                # No row: the run is missing, or a counter would pass its limit,
-                # or this call's first attempt applied while the resend waited.
-                found = (await conn.execute(self._sql.run_after_write, params)).mappings().first()
-                if found is None:
-                    raise RunNotFoundError(tenant=tenant, run_id=run_id)
-                if found["replayed"]:
-                    return _run_record(found, decode_json(found["data"]))
-                for name in COUNTERS:
-                    count = found[name]
-                    stored_units = decimal_to_nanos(count) if name == "cost" else count
-                    if stored_units + deltas[name] > MAX_COUNTER:
-                        return CounterOverflow(name)
-                # Neither: the run changed between the two statements; apply again.
-
-        return await self._executor.run(work, idempotent=False, resend_safe=True)
+    async def _patch_alone(self, call: Patch, *, resent: bool) -> RunRecord | CounterOverflow:
+        sql = self._sql
+        return await send_write(
+            self._executor,
+            sql.patch_run,
+            resent=resent,
+            once=lambda conn, statement: patch_once(conn, sql, call, statement, self._writes_key),
+        )
 
     async def _list_runs(self, query: ListQuery) -> list[RunRecord]:
         statement = self._sql.list_runs[(query.session_id is not None, query.status is not None)]
@@ -480,7 +282,7 @@ class PostgresStateStore(BaseStateStore):
 
         async def work(conn: Runner) -> list[RunRecord]:
             result = await conn.execute(statement, params)
-            return [_run_record(row, decode_json(row["data"])) for row in result.mappings()]
+            return [run_record(row, decode_json(row["data"])) for row in result.mappings()]
 
         return await self._executor.run(work, idempotent=True, abandonable=True)
 
@@ -563,19 +365,21 @@ class PostgresStateStore(BaseStateStore):
         statement = self._sql.create_session if creating else self._sql.update_session
 
         async def work(conn: Runner) -> SessionRecord:
-            for _ in range(3):
+            async def written() -> SessionRecord | None:
                 row = (await conn.execute(statement, params)).mappings().first()
-                if row is not None:
-                    return _session_record(row, decode_json(write.data))
+                return None if row is None else session_record(row, decode_json(write.data))
+
+            async def found() -> int | None:
                 stored = (await conn.execute(self._sql.session_version, params)).scalar()
-                if stored is not None or not creating:
-                    break
-            raise StateConflictError(
+                return None if stored is None else int(stored)
+
+            return await written_or_refused(
+                written,
+                found,
+                kind="session",
                 tenant=write.tenant,
                 record_id=write.session_id,
                 expected=write.expected_version,
-                actual=0 if stored is None else int(stored),
-                kind="session",
             )
 
         return await self._executor.run(work, idempotent=False)
@@ -586,7 +390,7 @@ class PostgresStateStore(BaseStateStore):
                 self._sql.get_session, {"p_tenant": tenant, "p_record_id": session_id}
             )
             row = result.mappings().first()
-            return None if row is None else _session_record(row, decode_json(row["data"]))
+            return None if row is None else session_record(row, decode_json(row["data"]))
 
         return await self._executor.run(work, idempotent=True, abandonable=True)
 
@@ -595,7 +399,7 @@ class PostgresStateStore(BaseStateStore):
 
         async def work(conn: Runner) -> list[SessionRecord]:
             result = await conn.execute(self._sql.list_sessions, params)
-            return [_session_record(row, decode_json(row["data"])) for row in result.mappings()]
+            return [session_record(row, decode_json(row["data"])) for row in result.mappings()]
 
         return await self._executor.run(work, idempotent=True, abandonable=True)
 
