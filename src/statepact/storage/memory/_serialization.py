@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from statepact.storage.memory._locks import Slot
-from statepact.tx import ReadRecord
+from statepact.tx import CommitRequest
 
 __all__ = ["Footprint", "SerializationGraph", "depends", "find_serialization_cycle"]
 
@@ -27,6 +27,16 @@ class Footprint:
     seq: int
     reads: dict[Slot, int]
     writes: frozenset[Slot]
+
+    @classmethod
+    def of(cls, request: CommitRequest, seq: int) -> Footprint:
+        """The footprint of ``request`` committed (or to commit) at ``seq``."""
+        return cls(
+            txn_id=request.txn_id,
+            seq=seq,
+            reads={(r.resource, r.key): r.version for r in request.reads},
+            writes=frozenset((w.resource, w.key) for w in request.writes),
+        )
 
 
 def depends(before: Footprint, after: Footprint) -> bool:
@@ -47,9 +57,9 @@ def depends(before: Footprint, after: Footprint) -> bool:
     return False
 
 
-#: A commit retained but not indexed yet: ``(txn_id, seq, reads, writes)`` as the commit
-#: had them (its ``Footprint`` is made when the graph is next searched or listed).
-_Commit = tuple[str, int, tuple[ReadRecord, ...], list[Slot]]
+#: A commit retained but not indexed yet: ``(seq, request)`` (its ``Footprint`` is made
+#: when the graph is next searched or listed).
+_Commit = tuple[int, CommitRequest]
 
 
 class SerializationGraph:
@@ -73,7 +83,9 @@ class SerializationGraph:
         self.audits = 0
         self.examined = 0
         self._footprints: deque[Footprint] = deque()  # indexed, oldest first
-        self._pending: deque[_Commit] = deque()  # after them in commit order, not indexed
+        # After them in commit order, not indexed. Bounded by the window: a commit never
+        # indexed falls off the front as a newer one comes (nothing else refers to it).
+        self._pending: deque[_Commit] = deque(maxlen=window)
         self._newest = 0  # the highest seq retained
         self._writers: dict[Slot, deque[Footprint]] = {}
         self._readers: dict[tuple[Slot, int], list[Footprint]] = {}
@@ -96,20 +108,15 @@ class SerializationGraph:
         self._index(footprint)
         self._trim()
 
-    def add_commit(
-        self, txn_id: str, seq: int, reads: tuple[ReadRecord, ...], writes: list[Slot]
-    ) -> None:
+    def add_commit(self, request: CommitRequest, seq: int) -> None:
         """Retain a commit as :meth:`add` retains its footprint, indexed when first needed."""
         if seq < self._newest:
-            self._check_order(txn_id, seq)
+            self._check_order(request.txn_id, seq)
         self._newest = seq
         pending = self._pending
-        pending.append((txn_id, seq, reads, writes))
-        if len(self._footprints) + len(pending) > self.window:
-            if self._footprints:
-                self._trim()
-            else:
-                pending.popleft()  # never indexed: nothing else refers to it
+        pending.append((seq, request))  # a full queue drops its oldest itself
+        if self._footprints and len(self._footprints) + len(pending) > self.window:
+            self._trim()
 
     def _check_order(self, txn_id: str, seq: int) -> None:
         if seq < self._newest:
@@ -128,15 +135,8 @@ class SerializationGraph:
     def _index_pending(self) -> None:
         pending = self._pending
         while pending:
-            txn_id, seq, reads, writes = pending.popleft()
-            self._index(
-                Footprint(
-                    txn_id=txn_id,
-                    seq=seq,
-                    reads={(r.resource, r.key): r.version for r in reads},
-                    writes=frozenset(writes),
-                )
-            )
+            seq, request = pending.popleft()
+            self._index(Footprint.of(request, seq))
 
     def _index(self, footprint: Footprint) -> None:
         self._footprints.append(footprint)

@@ -313,7 +313,7 @@ class MemoryBackend:
         # The audit: a second, independent check. Backward validation above already
         # leaves the candidate no edge to a retained commit, so this is not expected to
         # refuse; it re-derives serializability from the footprints instead of trusting it.
-        candidate = self._footprint(request, self._seq + 1)
+        candidate = Footprint.of(request, self._seq + 1)
         cycle = self._graph.cycle_through(candidate)
         if cycle is not None:
             return Refusal(
@@ -322,15 +322,6 @@ class MemoryBackend:
                 "cycle " + " -> ".join([*cycle, cycle[0]]) + "; retry the transaction",
             )
         return None
-
-    @staticmethod
-    def _footprint(request: CommitRequest, seq: int) -> Footprint:
-        return Footprint(
-            txn_id=request.txn_id,
-            seq=seq,
-            reads={(r.resource, r.key): r.version for r in request.reads},
-            writes=frozenset((w.resource, w.key) for w in request.writes),
-        )
 
     def _apply(self, request: CommitRequest, taken_at: int) -> CommitResult:
         writes = request.writes
@@ -342,7 +333,6 @@ class MemoryBackend:
         last_commit = self._last_commit
         mark = (seq, now)
         floor = self.retain_versions or 1
-        written: list[Slot] = []
         for write in writes:
             slot = (write.resource, write.key)
             value = StoredValue(write.data, seq)
@@ -358,11 +348,10 @@ class MemoryBackend:
                     self._prunable.add(slot)
                 elif length > floor + _GC_SLACK:
                     self._collect((slot,))
-            written.append(slot)
             last_commit[write.resource] = mark
         # Every writing commit is retained for the audit, whatever its isolation: a
         # serializable commit's cycle may run through any of them.
-        self._graph.add_commit(request.txn_id, seq, request.reads, written)
+        self._graph.add_commit(request, seq)
         return CommitResult(seq)
 
     # -- garbage collection ---------------------------------------------------------------
