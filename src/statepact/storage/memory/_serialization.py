@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from statepact.storage.memory._locks import Slot
-from statepact.tx import CommitRequest
+from statepact.tx import ReadRecord
 
 __all__ = ["Footprint", "SerializationGraph", "depends", "find_serialization_cycle"]
 
@@ -29,13 +29,16 @@ class Footprint:
     writes: frozenset[Slot]
 
     @classmethod
-    def of(cls, request: CommitRequest, seq: int) -> Footprint:
-        """The footprint of ``request`` committed (or to commit) at ``seq``."""
+    def of(
+        cls, txn_id: str, seq: int, reads: Iterable[ReadRecord], writes: Iterable[Slot]
+    ) -> Footprint:
+        """The footprint of a commit (made, or to make, at ``seq``) from its read records and
+        the keys it writes."""
         return cls(
-            txn_id=request.txn_id,
+            txn_id=txn_id,
             seq=seq,
-            reads={(r.resource, r.key): r.version for r in request.reads},
-            writes=frozenset((w.resource, w.key) for w in request.writes),
+            reads={(r.resource, r.key): r.version for r in reads},
+            writes=frozenset(writes),
         )
 
 
@@ -57,9 +60,11 @@ def depends(before: Footprint, after: Footprint) -> bool:
     return False
 
 
-#: A commit retained but not indexed yet: ``(seq, request)`` (its ``Footprint`` is made
-#: when the graph is next searched or listed).
-_Commit = tuple[int, CommitRequest]
+#: A commit retained but not indexed yet: ``(txn_id, seq, reads, writes)`` as the commit
+#: had them (its ``Footprint`` is made when the graph is next searched or listed). The
+#: written keys, not the request: a request holds the values, which a window of commits
+#: must not keep alive after the versions are collected.
+_Commit = tuple[str, int, tuple[ReadRecord, ...], list[Slot]]
 
 
 class SerializationGraph:
@@ -108,13 +113,15 @@ class SerializationGraph:
         self._index(footprint)
         self._trim()
 
-    def add_commit(self, request: CommitRequest, seq: int) -> None:
+    def add_commit(
+        self, txn_id: str, seq: int, reads: tuple[ReadRecord, ...], writes: list[Slot]
+    ) -> None:
         """Retain a commit as :meth:`add` retains its footprint, indexed when first needed."""
         if seq < self._newest:
-            self._check_order(request.txn_id, seq)
+            self._check_order(txn_id, seq)
         self._newest = seq
         pending = self._pending
-        pending.append((seq, request))  # a full queue drops its oldest itself
+        pending.append((txn_id, seq, reads, writes))  # a full queue drops its oldest itself
         if self._footprints and len(self._footprints) + len(pending) > self.window:
             self._trim()
 
@@ -135,8 +142,7 @@ class SerializationGraph:
     def _index_pending(self) -> None:
         pending = self._pending
         while pending:
-            seq, request = pending.popleft()
-            self._index(Footprint.of(request, seq))
+            self._index(Footprint.of(*pending.popleft()))
 
     def _index(self, footprint: Footprint) -> None:
         self._footprints.append(footprint)

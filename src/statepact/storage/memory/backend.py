@@ -313,7 +313,12 @@ class MemoryBackend:
         # The audit: a second, independent check. Backward validation above already
         # leaves the candidate no edge to a retained commit, so this is not expected to
         # refuse; it re-derives serializability from the footprints instead of trusting it.
-        candidate = Footprint.of(request, self._seq + 1)
+        candidate = Footprint.of(
+            request.txn_id,
+            self._seq + 1,
+            request.reads,
+            [(write.resource, write.key) for write in request.writes],
+        )
         cycle = self._graph.cycle_through(candidate)
         if cycle is not None:
             return Refusal(
@@ -333,6 +338,7 @@ class MemoryBackend:
         last_commit = self._last_commit
         mark = (seq, now)
         floor = self.retain_versions or 1
+        written: list[Slot] = []
         for write in writes:
             slot = (write.resource, write.key)
             value = StoredValue(write.data, seq)
@@ -348,10 +354,11 @@ class MemoryBackend:
                     self._prunable.add(slot)
                 elif length > floor + _GC_SLACK:
                     self._collect((slot,))
+            written.append(slot)
             last_commit[write.resource] = mark
         # Every writing commit is retained for the audit, whatever its isolation: a
         # serializable commit's cycle may run through any of them.
-        self._graph.add_commit(request, seq)
+        self._graph.add_commit(request.txn_id, seq, request.reads, written)
         return CommitResult(seq)
 
     # -- garbage collection ---------------------------------------------------------------
