@@ -274,13 +274,16 @@ class Transaction:
     async def _end(self) -> None:
         """Release what the backing holds for this transaction, if anything; runs to its end
         even if the caller is cancelled meanwhile (which then gets its ``CancelledError``)."""
-        if not self._holds:
-            return
+        if self._holds:
+            await self._release()
+
+    def _release(self) -> Awaitable[None]:
+        """The backing's ``end`` of this transaction, to await (``_holds`` was checked): an
+        in-process backing's own call, which never suspends; a server's, run to its end."""
         self._holds = False
         if self._manager._in_process:
-            await self._backend.end(self.txn_id)
-        else:
-            await finish(self._backend.end(self.txn_id))
+            return self._backend.end(self.txn_id)
+        return finish(self._backend.end(self.txn_id))
 
     @property
     def taken_at(self) -> int:
@@ -324,32 +327,36 @@ class Transaction:
             slot = _checked_slot(resource, key)
         if self._state != "active":
             self._require_active()
-        written = self._writes.get(slot)
-        if written is not None:
-            return _decode(written.data)
-        read_committed = self.isolation is _READ_COMMITTED
+        writes = self._writes
+        if writes:
+            written = writes.get(slot)
+            if written is not None:
+                return _decode(written.data)
         reads = self._reads
-        if not read_committed:
-            cached = reads.get(slot)
-            if cached is not None:
-                return _decode(cached.data)
         snapshot = self._snapshot
         if snapshot is None:
+            # The first read from the backing (nothing cached: each one took the snapshot).
             turns = self._manager._turns
             if turns is not None and turns.lines:  # a key is hot: this read may wait its turn
                 self._turn = await turns.take(slot)
             self._holds = self._holds or self._manager._pins_snapshots
             self._snapshot, found = await self._backend.begin_read(self.txn_id, slot[0], slot[1])
+            reads[slot] = found
         else:
+            read_committed = self.isolation is _READ_COMMITTED
+            if not read_committed:
+                cached = reads.get(slot)
+                if cached is not None:
+                    return _decode(cached.data)
             answer = await self._backend.read(
                 slot[0], slot[1], None if read_committed else snapshot
             )
             if isinstance(answer, Refusal):  # the version the snapshot needs is gone
                 raise answer.error()
             found = answer
-        # The first observation is what serializable validation compares against.
-        if slot not in reads:
-            reads[slot] = found
+            # The first observation is what serializable validation compares against.
+            if slot not in reads:
+                reads[slot] = found
         data = found.data
         return None if data is None else decode_json(data)
 
@@ -487,7 +494,7 @@ class Transaction:
             if self._turn is not None:
                 self._give_back_turn()
             if self._holds:
-                await self._end()
+                await self._release()
         return result
 
     async def _commit(self, request: CommitRequest) -> CommitResult | Refusal:

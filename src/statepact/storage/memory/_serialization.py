@@ -28,6 +28,19 @@ class Footprint:
     reads: dict[Slot, int]
     writes: frozenset[Slot]
 
+    @classmethod
+    def of(
+        cls, txn_id: str, seq: int, reads: Iterable[ReadRecord], writes: Iterable[Slot]
+    ) -> Footprint:
+        """The footprint of a commit (made, or to make, at ``seq``) from its read records and
+        the keys it writes."""
+        return cls(
+            txn_id=txn_id,
+            seq=seq,
+            reads={(r.resource, r.key): r.version for r in reads},
+            writes=frozenset(writes),
+        )
+
 
 def depends(before: Footprint, after: Footprint) -> bool:
     """Whether the serialization graph has an edge ``before -> after`` (ww, wr or rw).
@@ -48,7 +61,9 @@ def depends(before: Footprint, after: Footprint) -> bool:
 
 
 #: A commit retained but not indexed yet: ``(txn_id, seq, reads, writes)`` as the commit
-#: had them (its ``Footprint`` is made when the graph is next searched or listed).
+#: had them (its ``Footprint`` is made when the graph is next searched or listed). The
+#: written keys, not the request: a request holds the values, which a window of commits
+#: must not keep alive after the versions are collected.
 _Commit = tuple[str, int, tuple[ReadRecord, ...], list[Slot]]
 
 
@@ -73,7 +88,9 @@ class SerializationGraph:
         self.audits = 0
         self.examined = 0
         self._footprints: deque[Footprint] = deque()  # indexed, oldest first
-        self._pending: deque[_Commit] = deque()  # after them in commit order, not indexed
+        # After them in commit order, not indexed. Bounded by the window: a commit never
+        # indexed falls off the front as a newer one comes (nothing else refers to it).
+        self._pending: deque[_Commit] = deque(maxlen=window)
         self._newest = 0  # the highest seq retained
         self._writers: dict[Slot, deque[Footprint]] = {}
         self._readers: dict[tuple[Slot, int], list[Footprint]] = {}
@@ -104,12 +121,9 @@ class SerializationGraph:
             self._check_order(txn_id, seq)
         self._newest = seq
         pending = self._pending
-        pending.append((txn_id, seq, reads, writes))
-        if len(self._footprints) + len(pending) > self.window:
-            if self._footprints:
-                self._trim()
-            else:
-                pending.popleft()  # never indexed: nothing else refers to it
+        pending.append((txn_id, seq, reads, writes))  # a full queue drops its oldest itself
+        if self._footprints and len(self._footprints) + len(pending) > self.window:
+            self._trim()
 
     def _check_order(self, txn_id: str, seq: int) -> None:
         if seq < self._newest:
@@ -128,15 +142,7 @@ class SerializationGraph:
     def _index_pending(self) -> None:
         pending = self._pending
         while pending:
-            txn_id, seq, reads, writes = pending.popleft()
-            self._index(
-                Footprint(
-                    txn_id=txn_id,
-                    seq=seq,
-                    reads={(r.resource, r.key): r.version for r in reads},
-                    writes=frozenset(writes),
-                )
-            )
+            self._index(Footprint.of(*pending.popleft()))
 
     def _index(self, footprint: Footprint) -> None:
         self._footprints.append(footprint)

@@ -313,7 +313,12 @@ class MemoryBackend:
         # The audit: a second, independent check. Backward validation above already
         # leaves the candidate no edge to a retained commit, so this is not expected to
         # refuse; it re-derives serializability from the footprints instead of trusting it.
-        candidate = self._footprint(request, self._seq + 1)
+        candidate = Footprint.of(
+            request.txn_id,
+            self._seq + 1,
+            request.reads,
+            [(write.resource, write.key) for write in request.writes],
+        )
         cycle = self._graph.cycle_through(candidate)
         if cycle is not None:
             return Refusal(
@@ -322,15 +327,6 @@ class MemoryBackend:
                 "cycle " + " -> ".join([*cycle, cycle[0]]) + "; retry the transaction",
             )
         return None
-
-    @staticmethod
-    def _footprint(request: CommitRequest, seq: int) -> Footprint:
-        return Footprint(
-            txn_id=request.txn_id,
-            seq=seq,
-            reads={(r.resource, r.key): r.version for r in request.reads},
-            writes=frozenset((w.resource, w.key) for w in request.writes),
-        )
 
     def _apply(self, request: CommitRequest, taken_at: int) -> CommitResult:
         writes = request.writes
