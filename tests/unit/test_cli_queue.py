@@ -167,14 +167,25 @@ def test_prune_refuses_a_bad_keep(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 async def test_show_prints_every_field(queue: MemoryWorkQueue) -> None:
-    """show: one line per field of the item; --json the record; a missing item is refused."""
+    """show: one line per field of the item, then its error history; --json the record
+    with the history; a missing item is refused."""
     lines = (await _run(queue, "show", "acme", "a1")).splitlines()
-    fields = [line.split()[0] for line in lines]
+    fields = [line.split()[0] for line in lines[: len(WorkItem.model_fields)]]
     assert fields == list(WorkItem.model_fields)
     assert lines[fields.index("status")].split() == ["status", "dead"]
     assert lines[fields.index("unique_key")].split() == ["unique_key", "-"]
+    history = lines[len(WorkItem.model_fields) :]
+    assert history[0] == "error history, oldest first (1):"
+    assert history[1].split()[:2] == ["attempt", "1"]
+    assert history[1].split()[3] == "failed"
+    assert history[1].endswith("...") and len(history) == 2  # the 300-x error, clipped
     document = json.loads(await _run(queue, "show", "acme", "a1", "--json"))
+    entries = await queue.error_history("acme", "a1")
+    assert entries is not None and len(entries) == 1
+    assert document.pop("error_history") == [entries[0].model_dump(mode="json")]
     assert document == (await queue.get_item("acme", "a1")).model_dump(mode="json")  # type: ignore[union-attr]
+    fresh = json.loads(await _run(queue, "show", "acme", "a3", "--json"))
+    assert fresh["error_history"] == []
     with pytest.raises(CommandError, match="no item 'zz' of tenant 'acme'"):
         await run_action(queue, _args("show", "acme", "zz"), io.StringIO())
 

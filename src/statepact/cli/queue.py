@@ -60,7 +60,7 @@ letter:
   pause | resume              stop every worker claiming from the queue, or let them
   prune [--dry-run]           delete finished items past retention (--keep-done,
                               --keep-cancelled, --keep-dead: seconds or 'forever')
-  show TENANT ITEM            one item, every field
+  show TENANT ITEM            one item, every field, and its error history
   queues                      every queue holding items, with its counts
 
 Output is lines for a person; --json prints one JSON document instead. requeue

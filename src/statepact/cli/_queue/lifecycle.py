@@ -150,14 +150,27 @@ async def _show(queue: WorkQueue, args: argparse.Namespace, out: TextIO) -> int:
         raise CommandError(
             f"no item {args.item_id!r} of tenant {args.tenant!r} in queue {queue.name!r}"
         )
+    # Only statepact's own queues keep a history; another WorkQueue's item shows without.
+    history = (
+        await queue.error_history(args.tenant, args.item_id)
+        if isinstance(queue, BaseWorkQueue)
+        else None
+    )
     document = item_json(item)
     if args.json:
+        if history is not None:
+            document["error_history"] = [entry.model_dump(mode="json") for entry in history]
         print(json.dumps(document), file=out)
         return 0
     width = max(len(field) for field in document)
     for field, value in document.items():
         shown = json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
         print(f"{field:<{width}}  {'-' if shown is None else shown}", file=out)
+    if history:
+        print(f"error history, oldest first ({len(history)}):", file=out)
+        for entry in history:
+            at = entry.at.isoformat(timespec="seconds")
+            print(f"  attempt {entry.attempt}  {at}  {entry.kind}  {clip(entry.error)}", file=out)
     return 0
 
 
