@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from statepact.clock import read_clock
 from statepact.models import ItemStatus, WorkItem
 from statepact.storage.postgres import PostgresWorkQueue, _direct, migrate
+from statepact.storage.postgres._queue_support import PRUNE_MAX_BATCH
 from statepact.storage.postgres.queue import _prepared
 
 pytestmark = pytest.mark.integration
@@ -146,7 +147,7 @@ async def test_prune_of_200k_finished_items_sends_only_short_statements(
     )
     assert pruned == FINISHED
     assert max(ms) < 100, ms[-5:]
-    assert len(ms) >= FINISHED // 500
+    assert len(ms) >= FINISHED // PRUNE_MAX_BATCH
     assert await _count(pg_engine, "SELECT count(*) FROM adk_work") == 20
     assert await queue.get_item("t1", lease.item.item_id) is not None
     assert await queue.prune() == 0
