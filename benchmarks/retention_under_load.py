@@ -11,13 +11,17 @@ items slow the workers draining new work, and does any prune step hold the serve
 
 Printed: claim+ack throughput during the prune and without it (both phases, before and
 after, together: the shared machine's load drifting weighs on both sides alike) and their
-ratio (target: within 20%). Then the slowest prune step on the server: on
-PostgreSQL each ``DELETE`` statement timed on the client (asyncpg's query logger, the
-round trip included); on Redis the scripts' own execution time from ``SLOWLOG`` (the
-script sets it to log every call over 1 ms; use a Redis of your own). Target: under 100 ms.
+ratio (target: within 20%). Then the slowest prune step: on PostgreSQL each prune
+statement timed on the client (asyncpg's query logger: the round trip and the wait for
+this process's busy event loop included), and with ``--log-slow MS --server-log PATH``
+the server's own time of those over MS, from its log (a superuser, a server on this
+machine); on Redis the scripts' own execution time from ``SLOWLOG`` (the script sets it
+to log every call over 1 ms; use a Redis of your own). Target: under 100 ms.
+``--insert`` (PostgreSQL) fills with one ``INSERT`` instead, in seconds, to try a change.
 
     python benchmarks/retention_under_load.py --backend postgres \\
-        --url postgresql://postgres@127.0.0.1:5432/bench33 --finished 1000000
+        --url postgresql://postgres@127.0.0.1:5432/bench33 --finished 1000000 \\
+        --log-slow 50 --server-log /var/log/postgresql/postgresql-15-main.log
     python benchmarks/retention_under_load.py --backend redis --url redis://127.0.0.1:6433/0
 
 Everything lives in a namespace/schema of its own, removed at the end. Figures:

@@ -44,12 +44,13 @@ __all__ = [
 #: only a pruner that died leaves it to lapse.
 PRUNE_LEASE = timedelta(seconds=60)
 #: What one prune statement should take, in seconds (the round trip included): the step
-#: is resized after each toward it, so the slowest stays far under 100 ms even when
-#: the server is busy, and a quiet server is not sent a statement per 500 rows.
+#: shrinks after a slow one toward it, so a busy server gets smaller steps and the
+#: slowest stays far under 100 ms; never past ``PRUNE_BATCH`` rows, whose work a
+#: stall of the whole server multiplies (docs/benchmarks.md#retention-under-load).
 PRUNE_STEP = 0.01
 #: The bounds of a prune step, in rows.
 PRUNE_MIN_BATCH = 50
-PRUNE_MAX_BATCH = 2 * PRUNE_BATCH
+PRUNE_MAX_BATCH = PRUNE_BATCH
 #: Where a status's first step starts: before every ``updated_at``.
 _EARLIEST = datetime(1, 1, 2, tzinfo=UTC)
 
