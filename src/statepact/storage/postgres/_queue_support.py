@@ -160,6 +160,9 @@ async def prune(
                     "p_batch": size,
                     "p_after": after,
                     "p_until": read_clock(clock) + PRUNE_LEASE,
+                    # Each step its own transaction: it need not wait for its WAL flush.
+                    # Inside a caller's transaction the commit is the caller's.
+                    "p_commit": None if executor.bound else "off",
                 }
 
                 async def one(conn: Conn, step: dict[str, Any] = step) -> Any:

@@ -99,7 +99,8 @@ def prune(tables: Tables) -> Select[Any]:
     """Delete up to ``p_batch`` finished items past their status's cutoff
     (``p_done_before``, ``p_cancelled_before``, ``p_dead_before``; NULL keeps that status)
     that finished at ``p_after`` or later, oldest first, ``FOR UPDATE SKIP LOCKED``, while
-    ``p_pruner`` holds the lease (extended to ``p_until``). Answers ``(deleted, held,
+    ``p_pruner`` holds the lease (extended to ``p_until``), committing with
+    ``synchronous_commit`` set to ``p_commit`` (NULL: unchanged). Answers ``(deleted, held,
     reached)``: held 0 means the lease was lost and nothing was deleted; ``reached`` is
     the latest ``updated_at`` of the rows found (NULL: none), the next step's ``p_after``.
 
@@ -156,11 +157,17 @@ def prune(tables: Tables) -> Select[Any]:
         .returning(work.c.id)
         .cte("deleted")
     )
-    # The step's commit does not wait for its WAL to reach the disk: lost in a crash, it
-    # leaves rows still past their keep, which the next prune deletes. So the step holds
-    # no flush of its own, and its time is the work it does.
+    # The step's commit does not wait for its WAL to reach the disk (``p_commit`` 'off'):
+    # lost in a crash, it leaves rows still past their keep, which the next prune deletes.
+    # So the step holds no flush of its own. NULL (inside a caller's transaction, whose
+    # commit it would be) keeps the setting as it is.
+    setting = literal("synchronous_commit")
     unflushed = select(
-        func.set_config(literal("synchronous_commit"), literal("off"), true()).label("unflushed")
+        func.set_config(
+            setting,
+            func.coalesce(param("commit", Text()), func.current_setting(setting)),
+            true(),
+        ).label("unflushed")
     ).subquery("unflushed")
     return select(
         select(func.count()).select_from(deleted).scalar_subquery().label("deleted"),
