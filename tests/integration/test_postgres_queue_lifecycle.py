@@ -4,6 +4,8 @@
   downgrades again, the schema version following;
 - prune of 200,000 finished items: every statement it sends is timed (printed)
   and under 100 ms, and it deletes exactly what is past its keep;
+- a prune's own steps commit with ``synchronous_commit`` off, one inside a caller's
+  transaction leaves the caller's setting alone;
 - ``stats()`` with 200,000 done items costs what it costs without them (medians
   printed; within 2x plus a millisecond of loopback noise) and its plan scans no
   done row;
@@ -29,6 +31,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from statepact.clock import read_clock
 from statepact.models import ItemStatus, WorkItem
 from statepact.storage.postgres import PostgresWorkQueue, _direct, migrate
+from statepact.storage.postgres._queue_support import PRUNE_MAX_BATCH
+from statepact.storage.postgres._sql.queue import statements as _statements
 from statepact.storage.postgres.queue import _prepared
 
 pytestmark = pytest.mark.integration
@@ -146,10 +150,38 @@ async def test_prune_of_200k_finished_items_sends_only_short_statements(
     )
     assert pruned == FINISHED
     assert max(ms) < 100, ms[-5:]
-    assert len(ms) >= FINISHED // 500
+    assert len(ms) >= FINISHED // PRUNE_MAX_BATCH
     assert await _count(pg_engine, "SELECT count(*) FROM adk_work") == 20
     assert await queue.get_item("t1", lease.item.item_id) is not None
     assert await queue.prune() == 0
+
+
+async def test_prune_commits_unflushed_only_in_its_own_transactions(
+    postgres_work_queue: PostgresWorkQueue, pg_engine: AsyncEngine
+) -> None:
+    """A prune step of its own commits with synchronous_commit off; one inside a caller's
+    transaction (bound) leaves the caller's setting as it was, since the commit is theirs."""
+    queue = postgres_work_queue
+    await _old_done_rows(pg_engine, queue, 10)
+    async with pg_engine.connect() as conn, conn.begin():
+        setting = text("SHOW synchronous_commit")
+        await conn.execute(text("SET LOCAL synchronous_commit = local"))
+        assert await queue.bound(conn).prune() == 10
+        assert (await conn.execute(setting)).scalar() == "local"
+        step = {
+            "p_queue": queue.name,
+            "p_pruner": "nobody",
+            "p_until": read_clock(queue.clock),
+            "p_batch": 1,
+            "p_after": read_clock(queue.clock),
+            "p_done_before": None,
+            "p_cancelled_before": None,
+            "p_dead_before": None,
+            "p_commit": "off",
+        }
+        row = (await conn.execute(_statements(queue.tables).prune, step)).one()
+        assert tuple(row) == (0, 0, None)  # no lease held: nothing deleted
+        assert (await conn.execute(setting)).scalar() == "off"
 
 
 async def _median_stats_ms(queue: PostgresWorkQueue, calls: int = 40) -> float:

@@ -11,14 +11,14 @@ import asyncio
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.engine import RowMapping
 
 from statepact._cancel import finish
 from statepact._codec import decode_json
-from statepact._limits import PRUNE_PAUSE
+from statepact._limits import PRUNE_BATCH, PRUNE_PAUSE
 from statepact.clock import Clock, read_clock
 from statepact.models import ItemStatus, WorkItem, stored
 from statepact.storage.postgres._client import Executor
@@ -27,11 +27,15 @@ from statepact.storage.postgres._sql.queue import CoreStatement, QueueStatements
 
 __all__ = [
     "PRUNE_LEASE",
+    "PRUNE_MAX_BATCH",
+    "PRUNE_MIN_BATCH",
+    "PRUNE_STEP",
     "Conn",
     "Statements",
     "cutoff_params",
     "item_of",
     "item_or_none",
+    "next_batch",
     "optional_json",
     "prune",
 ]
@@ -39,6 +43,16 @@ __all__ = [
 #: How long a pruner's lease on a queue lasts past each batch: far above one batch, so
 #: only a pruner that died leaves it to lapse.
 PRUNE_LEASE = timedelta(seconds=60)
+#: What one prune statement should take, in seconds (the round trip included): the step
+#: shrinks after a slow one toward it, so a busy server gets smaller steps and the
+#: slowest stays far under 100 ms; never past ``PRUNE_BATCH`` rows, whose work a
+#: stall of the whole server multiplies (docs/benchmarks.md#retention-under-load).
+PRUNE_STEP = 0.01
+#: The bounds of a prune step, in rows.
+PRUNE_MIN_BATCH = 50
+PRUNE_MAX_BATCH = PRUNE_BATCH
+#: Where a status's first step starts: before every ``updated_at``.
+_EARLIEST = datetime(1, 1, 2, tzinfo=UTC)
 
 #: The statements a queue runs: Core expressions, or compiled once for the driver.
 Statements = QueueStatements[CoreStatement] | QueueStatements[Prepared]
@@ -112,9 +126,15 @@ async def prune(
     batch: int,
 ) -> int:
     """``PostgresWorkQueue._prune``: take the queue's pruner lease (0 at once when another
-    pruner holds it), delete finished items past ``cutoffs`` a batch per statement until
-    a batch comes back short or the lease is lost, and give the lease back, even when
-    cancelled (if it cannot be, it lapses)."""
+    pruner holds it), delete each status's finished items past its cutoff, oldest first,
+    a step per statement, each from where the one before reached, until a step comes
+    back short or the lease is lost, and give the lease back, even when cancelled (if it
+    cannot be, it lapses).
+
+    The first step takes ``batch`` rows; each next one is sized so that a step takes
+    about ``PRUNE_STEP`` seconds (within ``PRUNE_MIN_BATCH``..``PRUNE_MAX_BATCH``, at most
+    doubling or halving at once), and after each the pruner waits ``PRUNE_PAUSE`` times
+    as long as it took."""
     pruner = uuid.uuid4().hex
     lease = {"p_queue": queue, "p_pruner": pruner}
 
@@ -126,23 +146,40 @@ async def prune(
         return 0  # another process is pruning this queue
     pruned = 0
     try:
-        params = {**lease, "p_batch": batch, **cutoff_params(cutoffs)}
         loop = asyncio.get_running_loop()
-        while True:
-            started = loop.time()
-            # Each batch is its own statement (and transaction, outside a caller's):
-            # the lease is extended from the clock's reading as it goes.
-            step = {**params, "p_until": read_clock(clock) + PRUNE_LEASE}
+        size, pause = batch, 0.0
+        for status, cutoff in cutoffs.items():
+            after = _EARLIEST
+            while True:
+                await asyncio.sleep(pause)
+                # Each step is its own statement (and transaction, outside a caller's):
+                # the lease is extended from the clock's reading as it goes.
+                step = {
+                    **lease,
+                    **cutoff_params({status: cutoff}),
+                    "p_batch": size,
+                    "p_after": after,
+                    "p_until": read_clock(clock) + PRUNE_LEASE,
+                    # Each step its own transaction: it need not wait for its WAL flush.
+                    # Inside a caller's transaction the commit is the caller's.
+                    "p_commit": None if executor.bound else "off",
+                }
 
-            async def one(conn: Conn, step: dict[str, Any] = step) -> tuple[int, int]:
-                row = (await conn.execute(sql.prune, step)).first()
-                return int(row[0]), int(row[1])
+                async def one(conn: Conn, step: dict[str, Any] = step) -> Any:
+                    return (await conn.execute(sql.prune, step)).first()
 
-            deleted, held = await executor.run(one, idempotent=True)
-            pruned += deleted
-            if not held or deleted < batch:
-                return pruned
-            await asyncio.sleep(PRUNE_PAUSE * (loop.time() - started))
+                started = loop.time()
+                deleted, held, reached = await executor.run(one, idempotent=True)
+                took = loop.time() - started
+                pruned += int(deleted)
+                if not held:
+                    return pruned
+                pause = PRUNE_PAUSE * took
+                if deleted < size or reached is None:
+                    break
+                after = reached
+                size = next_batch(size, took)
+        return pruned
     finally:
 
         async def give_back(conn: Conn) -> None:
@@ -150,3 +187,10 @@ async def prune(
 
         # Given back even when cancelled; if it cannot be, it lapses.
         await finish(executor.run(give_back, idempotent=True))
+
+
+def next_batch(size: int, took: float) -> int:
+    """The size of the prune step after one of ``size`` rows that took ``took`` seconds:
+    what would take ``PRUNE_STEP``, at most twice or half ``size``, within the bounds."""
+    scaled = size * min(2.0, max(0.5, PRUNE_STEP / max(took, 1e-6)))
+    return max(PRUNE_MIN_BATCH, min(PRUNE_MAX_BATCH, round(scaled)))
