@@ -518,12 +518,13 @@ def require_count(field: str, value: object) -> int:
     return plain_int(value)
 
 
-def require_limit(value: object, most: int) -> int:
-    """A ``limit`` (a page or batch size): an int from 1 to ``most``, bool refused."""
+def require_limit(value: object, most: int, *, field: str = "limit") -> int:
+    """A ``limit`` (a page or batch size, a queue's cap): an int from 1 to ``most``, bool
+    refused; ``field`` names it in the refusal."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"limit: must be an int, got {type(value).__name__}")
+        raise TypeError(f"{field}: must be an int, got {type(value).__name__}")
     if not 1 <= value <= most:
-        raise ValueError(f"limit: must be between 1 and {most}, got {value}")
+        raise ValueError(f"{field}: must be between 1 and {most}, got {value}")
     return plain_int(value)
 
 
