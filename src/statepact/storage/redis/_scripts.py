@@ -147,8 +147,8 @@ class ScriptRunner:
 
 
 class ScriptCalls:
-    """A family's scripts called by name through one ``Failover``: how a Redis store
-    (the state store's, an integration's) runs its scripts.
+    """A family's scripts called by name through one ``Failover``: how every Redis store
+    (state, queue, transaction backend, an integration's) runs its scripts.
 
     ``unavailable(message)`` builds the store's public error for a server that
     cannot serve the call; ``label`` starts each call's name in messages
