@@ -57,6 +57,7 @@ __all__ = [
     "require_id",
     "require_limit",
     "require_seconds",
+    "require_token",
     "to_nanos",
     "utf8_size",
 ]
@@ -518,13 +519,25 @@ def require_count(field: str, value: object) -> int:
     return plain_int(value)
 
 
-def require_limit(value: object, most: int) -> int:
-    """A ``limit`` (a page or batch size): an int from 1 to ``most``, bool refused."""
+def require_limit(value: object, most: int, *, field: str = "limit") -> int:
+    """A ``limit`` (a page or batch size, a queue's cap): an int from 1 to ``most``, bool
+    refused; ``field`` names it in the refusal."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"limit: must be an int, got {type(value).__name__}")
+        raise TypeError(f"{field}: must be an int, got {type(value).__name__}")
     if not 1 <= value <= most:
-        raise ValueError(f"limit: must be between 1 and {most}, got {value}")
+        raise ValueError(f"{field}: must be between 1 and {most}, got {value}")
     return plain_int(value)
+
+
+def require_token(field: str, value: object, issuer: str) -> int:
+    """A fencing token read back from a lease the caller built: an int from 0 to 2**63 - 1
+    (what every backing issues), bool refused; ``issuer`` ("queue") names who issues it
+    in the refusal."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{field}: must be an int, got {type(value).__name__}")
+    if not 0 <= value < 2**63:
+        raise ValueError(f"{field}: {value} is not a token any {issuer} issues")
+    return value
 
 
 def require_seconds(

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
-from statepact._codec import require_id, require_seconds
+from statepact._codec import require_id, require_limit, require_seconds
 from statepact._limits import MAX_CAP, MAX_LIMIT_KEYS, MAX_RATE_PERIOD, MAX_RATE_WEIGHT
 
 __all__ = ["RATE_BUCKETS", "QueueLimits", "Rate", "admissible_at", "bucket_of", "window_start"]
@@ -78,17 +78,9 @@ def _caps(field: str, value: object) -> dict[str, int]:
     if len(value) > MAX_LIMIT_KEYS:
         raise ValueError(f"{field}: names {len(value)} keys; at most {MAX_LIMIT_KEYS}")
     return {
-        require_id(f"{field}[{key!r}]", key): _cap(f"{field}[{key!r}]", cap)
+        require_id(f"{field}[{key!r}]", key): require_limit(cap, MAX_CAP, field=f"{field}[{key!r}]")
         for key, cap in value.items()
     }
-
-
-def _cap(field: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{field}: must be an int, got {type(value).__name__}")
-    if not 1 <= value <= MAX_CAP:
-        raise ValueError(f"{field}: must be between 1 and {MAX_CAP}, got {value}")
-    return int(value)
 
 
 class QueueLimits(BaseModel):
@@ -118,7 +110,7 @@ class QueueLimits(BaseModel):
     @field_validator("per_tenant", "per_key", "per_tenant_key", mode="before")
     @classmethod
     def _one_cap(cls, value: object, info: Any) -> int | None:
-        return None if value is None else _cap(str(info.field_name), value)
+        return None if value is None else require_limit(value, MAX_CAP, field=info.field_name)
 
     @field_validator("tenant_caps", "key_caps", mode="before")
     @classmethod

@@ -14,6 +14,7 @@ from statepact._codec import (
     require_count,
     require_id,
     require_seconds,
+    require_token,
 )
 from statepact._queue_policy import WorkWatch
 from statepact.models import Lease, WorkItem
@@ -63,11 +64,7 @@ def require_lease(lease: object, field: str = "lease") -> Lease:
     require_id(f"{field}.item.tenant", lease.item.tenant)
     require_id(f"{field}.item.item_id", lease.item.item_id)
     require_count(f"{field}.item.attempts", lease.item.attempts)
-    token = lease.token
-    if isinstance(token, bool) or not isinstance(token, int):
-        raise TypeError(f"{field}.token: must be an int, got {type(token).__name__}")
-    if not 0 <= token < 2**63:
-        raise ValueError(f"{field}.token: {token} is not a token any queue issues")
+    require_token(f"{field}.token", lease.token, "queue")
     return lease
 
 

@@ -28,6 +28,7 @@ from statepact._codec import (
     encode_json_value,
     require_id,
     require_seconds,
+    require_token,
     utf8_size,
 )
 from statepact._retry import UniqueIds
@@ -103,11 +104,7 @@ def require_tx_lease(field: str, value: object) -> Lease:
         raise TypeError(f"{field}: must be a statepact.tx.Lease, got {type(value).__name__}")
     require_id(f"{field}.resource", value.resource)
     require_id(f"{field}.owner", value.owner)
-    token = value.token
-    if isinstance(token, bool) or not isinstance(token, int):
-        raise TypeError(f"{field}.token: must be an int, got {type(token).__name__}")
-    if not 0 <= token < 2**63:
-        raise ValueError(f"{field}.token: {token} is not a token any backing issues")
+    require_token(f"{field}.token", value.token, "backing")
     return value
 
 

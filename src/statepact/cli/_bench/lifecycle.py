@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from statepact._limits import MAX_ENQUEUE_BATCH
 from statepact.cli._common import CommandError
@@ -22,7 +23,14 @@ from statepact.queue import MAX_BATCH, QueuePolicy, WorkQueue
 if TYPE_CHECKING:
     from statepact.cli._bench.scenarios import Runner
 
-__all__ = ["CANCEL_SAMPLES", "STATS_SAMPLES", "cancel_latency", "fill_finished", "stats_cost"]
+__all__ = [
+    "CANCEL_SAMPLES",
+    "STATS_SAMPLES",
+    "Latencies",
+    "cancel_latency",
+    "fill_finished",
+    "stats_cost",
+]
 
 #: ``stats()`` calls timed at each size (after a few untimed ones).
 STATS_SAMPLES = 100
@@ -40,6 +48,35 @@ def percentile(sorted_seconds: list[float], pct: int) -> float:
     """The ``pct``-th percentile of ``sorted_seconds`` (nearest rank below), in ms."""
     at = min(len(sorted_seconds) - 1, len(sorted_seconds) * pct // 100)
     return sorted_seconds[at] * 1000
+
+
+@dataclass(frozen=True)
+class Latencies:
+    """Sorted latency samples as a record reports them (ms unrounded here)."""
+
+    ops: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+
+    @classmethod
+    def of(cls, sorted_seconds: list[float]) -> Latencies:
+        return cls(
+            ops=len(sorted_seconds),
+            seconds=sum(sorted_seconds),
+            p50_ms=percentile(sorted_seconds, 50),
+            p99_ms=percentile(sorted_seconds, 99),
+            max_ms=sorted_seconds[-1] * 1000,
+        )
+
+    def fields(self, digits: int | None = None) -> dict[str, Any]:
+        """A record's ``ops``, ``seconds``, ``p50_ms`` and ``p99_ms``; the two ms figures
+        rounded to ``digits`` when given (each record keeps the form it always had)."""
+        p50, p99 = self.p50_ms, self.p99_ms
+        if digits is not None:
+            p50, p99 = round(p50, digits), round(p99, digits)
+        return {"ops": self.ops, "seconds": self.seconds, "p50_ms": p50, "p99_ms": p99}
 
 
 async def fill_finished(
@@ -106,16 +143,12 @@ async def stats_cost(r: Runner) -> None:
     # keep_done=0: prune() deletes every done item at once (the cleanup).
     queue = await r.b.new_queue(f"bench-{r.tag}-stats", QueuePolicy(keep_done=timedelta(0)))
     r.progress.start(f"{r.b.kind}: queue stats(), 0 finished items")
-    empty = await _time_stats(queue)
-    empty_p50 = percentile(empty, 50)
+    empty = Latencies.of(await _time_stats(queue))
     await r.record(
         "queue.stats.empty",
-        f"queue: stats(), 0 finished, p50 {empty_p50:.3f} ms, p99 {percentile(empty, 99):.3f} ms",
+        f"queue: stats(), 0 finished, p50 {empty.p50_ms:.3f} ms, p99 {empty.p99_ms:.3f} ms",
         concurrency=1,
-        ops=len(empty),
-        seconds=sum(empty),
-        p50_ms=empty_p50,
-        p99_ms=percentile(empty, 99),
+        **empty.fields(),
         finished=0,
     )
 
@@ -126,25 +159,21 @@ async def stats_cost(r: Runner) -> None:
     if acked != finished:
         raise CommandError(f"bench: filled {acked} of {finished} finished items")
     r.progress.start(f"{r.b.kind}: queue stats(), {finished:,} finished items")
-    full = await _time_stats(queue)
+    full = Latencies.of(await _time_stats(queue))
     r.progress.start(f"{r.b.kind}: prune {finished:,} finished items (untimed)")
     started = time.perf_counter()
     pruned = await queue.prune()
     prune_seconds = time.perf_counter() - started
     if pruned != finished:
         raise CommandError(f"bench: prune deleted {pruned} of {finished} finished items")
-    full_p50 = percentile(full, 50)
-    ratio = full_p50 / empty_p50 if empty_p50 > 0 else float("inf")
+    ratio = full.p50_ms / empty.p50_ms if empty.p50_ms > 0 else float("inf")
     r.progress.start(f"{r.b.kind}: queue stats(), {finished:,} finished items")
     await r.record(
         "queue.stats.finished",
-        f"queue: stats(), {finished:,} finished, p50 {full_p50:.3f} ms, "
-        f"p99 {percentile(full, 99):.3f} ms ({ratio:.2f}x empty)",
+        f"queue: stats(), {finished:,} finished, p50 {full.p50_ms:.3f} ms, "
+        f"p99 {full.p99_ms:.3f} ms ({ratio:.2f}x empty)",
         concurrency=1,
-        ops=len(full),
-        seconds=sum(full),
-        p50_ms=full_p50,
-        p99_ms=percentile(full, 99),
+        **full.fields(),
         finished=finished,
         x_empty_p50=ratio,
         fill_items_per_s=round(finished / fill_seconds) if fill_seconds > 0 else None,
@@ -185,16 +214,13 @@ async def cancel_latency(r: Runner) -> None:
             latencies.append(await asyncio.wait_for(stopped.get(), CANCEL_POLL * 2) - sent_at)
             r.progress.update((n + 1) / CANCEL_SAMPLES)
     latencies.sort()
-    p50, p99, worst = percentile(latencies, 50), percentile(latencies, 99), latencies[-1] * 1000
+    cancel = Latencies.of(latencies)
     await r.record(
         "queue.worker.cancel",
-        f"queue: cancel to handler stop p50 {p50:.1f} ms, p99 {p99:.1f} ms, "
-        f"max {worst:.1f} ms (poll {CANCEL_POLL:g} s)",
+        f"queue: cancel to handler stop p50 {cancel.p50_ms:.1f} ms, p99 {cancel.p99_ms:.1f} ms, "
+        f"max {cancel.max_ms:.1f} ms (poll {CANCEL_POLL:g} s)",
         concurrency=1,
-        ops=len(latencies),
-        seconds=sum(latencies),
-        p50_ms=round(p50, 2),
-        p99_ms=round(p99, 2),
-        max_ms=round(worst, 2),
+        **cancel.fields(2),
+        max_ms=round(cancel.max_ms, 2),
         fallback_poll_s=CANCEL_POLL,
     )

@@ -16,7 +16,7 @@ from typing import Any
 
 from statepact._limits import MAX_ENQUEUE_BATCH
 from statepact._retry import RetryPolicy
-from statepact.cli._bench.lifecycle import cancel_latency, percentile, stats_cost
+from statepact.cli._bench.lifecycle import Latencies, cancel_latency, stats_cost
 from statepact.cli._bench.measure import (
     RoundTrips,
     commit_marked,
@@ -442,16 +442,13 @@ class Runner:
                 await queue.enqueue(WorkItem(tenant="wake", item_id=f"wake-{n}"))
                 latencies.append(await asyncio.wait_for(starts.get(), poll * 2) - sent_at)
         latencies.sort()
-        p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
+        wake = Latencies.of(latencies)
         await self.record(
             "queue.worker.wake",
-            f"queue: idle Worker, enqueue to start p50 {p50:.1f} ms, p99 {p99:.1f} ms "
-            f"(poll {poll:g} s)",
+            f"queue: idle Worker, enqueue to start p50 {wake.p50_ms:.1f} ms, "
+            f"p99 {wake.p99_ms:.1f} ms (poll {poll:g} s)",
             concurrency=1,
-            ops=len(latencies),
-            seconds=sum(latencies),
-            p50_ms=round(p50, 2),
-            p99_ms=round(p99, 2),
+            **wake.fields(2),
             fallback_poll_s=poll,
         )
 

@@ -43,11 +43,9 @@ from statepact.settings import RedisStoreSettings
 from statepact.storage.redis import (
     ADK_SCRIPTS,
     AdkKeys,
-    Failover,
-    ScriptRunner,
+    ScriptCalls,
     StateKeys,
     as_text,
-    gate_of,
     parse_ref,
     ref,
 )
@@ -92,24 +90,10 @@ class RedisSessions:
         self._redis = redis
         self._keys = AdkKeys(settings.namespace)
         self._runs = StateKeys(settings.namespace)
-        self._scripts = ScriptRunner(redis, ADK_SCRIPTS)
-        self._failover = Failover(settings.retry_policy, unavailable, gate_of(redis))
+        self._run = ScriptCalls(redis, ADK_SCRIPTS, settings.retry_policy, unavailable)
 
     async def check(self) -> None:
         return None  # the backing's open() ran the preflight; nothing of ours to check
-
-    async def _run(
-        self,
-        what: str,
-        script: str,
-        keys: Sequence[str],
-        args: Sequence[str | int | bytes],
-        *,
-        read: bool = False,
-    ) -> Any:
-        return await self._failover.run(
-            what, lambda: self._scripts(script, keys, args), abandonable=read
-        )
 
     def _session_keys(self, key: SessionKey) -> list[str]:
         k = self._keys
@@ -285,7 +269,7 @@ class RedisSessions:
 
     async def user_state(self, app: str, user: str) -> Encoded:
         key = self._keys.user_state(app, user)
-        reply = await self._failover.run(
+        reply = await self._run.failover.run(
             f"get_user_state of user {user!r} (app {app!r})",
             lambda: self._redis.hgetall(key),
             abandonable=True,

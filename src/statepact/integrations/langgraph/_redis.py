@@ -31,10 +31,8 @@ from statepact.integrations.langgraph._store import (
 from statepact.settings import RedisStoreSettings
 from statepact.storage.redis import (
     LANGGRAPH_SCRIPTS,
-    Failover,
     LangGraphKeys,
-    ScriptRunner,
-    gate_of,
+    ScriptCalls,
     parse_ref,
     ref,
     seg,
@@ -86,24 +84,12 @@ class RedisCheckpointStore:
     def __init__(self, redis: Any, *, settings: RedisStoreSettings) -> None:
         self._redis = redis
         self._keys = LangGraphKeys(settings.namespace)
-        self._scripts = ScriptRunner(redis, LANGGRAPH_SCRIPTS)
-        self._failover = Failover(settings.retry_policy, _unavailable, gate_of(redis))
+        self._call = ScriptCalls(
+            redis, LANGGRAPH_SCRIPTS, settings.retry_policy, _unavailable, label="LangGraph "
+        )
 
     def __repr__(self) -> str:
         return f"RedisCheckpointStore(namespace={self._keys.namespace!r})"
-
-    async def _call(
-        self,
-        what: str,
-        script: str,
-        keys: Sequence[str],
-        args: Sequence[str | int | bytes],
-        *,
-        read: bool = False,
-    ) -> Any:
-        return await self._failover.run(
-            f"LangGraph {what}", lambda: self._scripts(script, keys, args), abandonable=read
-        )
 
     async def check(self) -> None:
         encoder = getattr(self._redis, "get_encoder", None)

@@ -5,7 +5,8 @@ The single source of the schema: the Alembic revisions in the top-level
 derived from it (so a deployment can own the migration), and the statements of
 ``_sql/`` are built on its ``Table`` objects (``adk_*`` names can be changed
 with :class:`StateTables`). What each table holds and why:
-docs/backings.md#tables.
+docs/backings.md#tables. One row's first values are written here too
+(:func:`insert_new_run`), since the state store and the ADK service both start runs.
 
 It must never create, alter or drop anything itself: the kit reads and
 refuses, migrations write.
@@ -13,21 +14,27 @@ refuses, migrations write.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     CheckConstraint,
     Column,
     MetaData,
     Table,
     UniqueConstraint,
+    literal_column,
+    select,
 )
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects.postgresql import Insert
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.schema import CreateIndex, CreateSequence, CreateTable
+from sqlalchemy.sql.elements import ColumnElement
 
 from statepact.storage.postgres._schema.integrations import (
     AdkTables,
@@ -56,6 +63,7 @@ __all__ = [
     "TableShape",
     "Tables",
     "adk_tables_for",
+    "insert_new_run",
     "langgraph_tables",
     "metadata",
     "tables_for",
@@ -94,6 +102,38 @@ langgraph_tables = define_langgraph_tables(metadata)
 
 #: The ADK session service's tables under the default schema, in :data:`metadata`.
 ADK_TABLES = define_adk_tables(metadata, None)
+
+
+def insert_new_run(
+    runs: Table,
+    *,
+    tenant: ColumnElement[Any],
+    run_id: ColumnElement[Any],
+    session_id: ColumnElement[Any],
+    status: ColumnElement[Any],
+    data: ColumnElement[Any],
+    now: ColumnElement[Any],
+    where: Sequence[ColumnElement[bool]] = (),
+) -> Insert:
+    """A new run row, if every ``where`` holds and ``(tenant, run_id)`` is not stored: these
+    values at version 1, ``created_at`` = ``updated_at`` = ``now``, the counters at
+    their defaults. The state store's ``create_run`` and the ADK service's session
+    create both start a run with it."""
+    values = {
+        "tenant": tenant,
+        "run_id": run_id,
+        "session_id": session_id,
+        "status": status,
+        "data": data,
+        "version": literal_column("1", BigInteger()),
+        "created_at": now,
+        "updated_at": now,
+    }
+    return (
+        pg_insert(runs)
+        .from_select(list(values), select(*values.values()).where(*where))
+        .on_conflict_do_nothing(index_elements=[runs.c.tenant, runs.c.run_id])
+    )
 
 
 @lru_cache(maxsize=8)

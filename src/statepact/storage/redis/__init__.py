@@ -16,8 +16,9 @@ script (``lua/``), and every redis-py error is translated at this package's
 boundary (``_client``). An integration keeping keys of its own
 (``statepact.integrations``) uses the same pieces through the names re-exported
 here: its keys from the codec (``AdkKeys``, ``LangGraphKeys``, ``seg``, ``ref``,
-``parse_ref``), its scripts from the registry (``ScriptRunner``, ``ADK_SCRIPTS``,
-``LANGGRAPH_SCRIPTS``), its calls through ``Failover``, ``gate_of`` and ``as_text``.
+``parse_ref``), its scripts from the registry (``ADK_SCRIPTS``, ``LANGGRAPH_SCRIPTS``), called
+through ``ScriptCalls`` (the registry's runner inside the backing's ``Failover``),
+its replies read with ``as_text``.
 
 Importing this package imports redis-py; ``import statepact`` never does.
 """
@@ -40,6 +41,7 @@ from statepact.storage.redis._keys import (
 from statepact.storage.redis._scripts import (
     ADK_SCRIPTS,
     LANGGRAPH_SCRIPTS,
+    ScriptCalls,
     ScriptRunner,
     load_scripts,
 )
@@ -60,6 +62,7 @@ __all__ = [
     "RedisStateStore",
     "RedisStoreSettings",
     "RedisWorkQueue",
+    "ScriptCalls",
     "ScriptRunner",
     "StateKeys",
     "TxKeys",

@@ -20,7 +20,7 @@ from statepact.queue import BaseWorkQueue
 from statepact.settings import RedisStoreSettings
 from statepact.storage.redis._client import Failover, as_text
 from statepact.storage.redis._keys import QueueKeys, ref
-from statepact.storage.redis._scripts import ScriptRunner
+from statepact.storage.redis._scripts import ScriptCalls
 
 __all__ = ["FINISHED", "RedisReads", "cutoff_args"]
 
@@ -50,7 +50,7 @@ class RedisReads(BaseWorkQueue):
     _failover: Failover
 
     _fixed: tuple[str, ...]
-    _scripts: ScriptRunner
+    _scripts: ScriptCalls
 
     async def _run(
         self,
@@ -68,9 +68,7 @@ class RedisReads(BaseWorkQueue):
         if op is not None:
             key = self._keys.op(op)
         keys = self._fixed if key is None else (*self._fixed, key)
-        return await self._failover.run(
-            f"{what} (queue {self.name!r})", lambda: self._scripts(script, keys, argv)
-        )
+        return await self._scripts(f"{what} (queue {self.name!r})", script, keys, argv)
 
     if TYPE_CHECKING:
 

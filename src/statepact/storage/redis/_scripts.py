@@ -13,7 +13,7 @@ a callable script.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from importlib.resources import files
 from typing import Any, Literal
@@ -21,7 +21,9 @@ from typing import Any, Literal
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
-from statepact.storage.redis._client import pooled_connection
+from statepact._retry import RetryPolicy
+from statepact.errors import StatepactError
+from statepact.storage.redis._client import Failover, gate_of, pooled_connection
 
 __all__ = [
     "ADK_SCRIPTS",
@@ -29,6 +31,7 @@ __all__ = [
     "QUEUE_SCRIPTS",
     "STATE_SCRIPTS",
     "TX_SCRIPTS",
+    "ScriptCalls",
     "ScriptRunner",
     "script_source",
 ]
@@ -141,6 +144,46 @@ class ScriptRunner:
             return await connection.read_response()
         finally:
             await pool.release(connection)
+
+
+class ScriptCalls:
+    """A family's scripts called by name through one ``Failover``: how every Redis store
+    (state, queue, transaction backend, an integration's) runs its scripts.
+
+    ``unavailable(message)`` builds the store's public error for a server that
+    cannot serve the call; ``label`` starts each call's name in messages
+    (``"LangGraph "``); ``failover`` runs the store's other calls (a scan, a
+    preflight) within the same budget and through the same gate.
+    """
+
+    def __init__(
+        self,
+        redis: Any,
+        names: Sequence[str],
+        policy: RetryPolicy,
+        unavailable: Callable[[str], StatepactError],
+        *,
+        label: str = "",
+    ) -> None:
+        self._scripts = ScriptRunner(redis, names)
+        self._label = label
+        self.failover = Failover(policy, unavailable, gate_of(redis))
+
+    async def __call__(
+        self,
+        what: str,
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[str | int | bytes],
+        *,
+        read: bool = False,
+    ) -> Any:
+        """Script ``name`` through the failover (``what`` names it in messages). A ``read``
+        may be abandoned by a cancelled caller (redis-py drops its connection, so no
+        reply is misread); a write runs to its answer first."""
+        return await self.failover.run(
+            self._label + what, lambda: self._scripts(name, keys, args), abandonable=read
+        )
 
 
 def _utf8(values: Sequence[str | int | bytes]) -> list[int | bytes]:

@@ -26,9 +26,9 @@ from statepact.errors import (
     StatePersistenceError,
 )
 from statepact.settings import RedisStoreSettings
-from statepact.storage.redis._client import Failover, check_database, create_client, gate_of
+from statepact.storage.redis._client import check_database, create_client
 from statepact.storage.redis._keys import TxKeys
-from statepact.storage.redis._scripts import TX_SCRIPTS, ScriptRunner
+from statepact.storage.redis._scripts import TX_SCRIPTS, ScriptCalls
 from statepact.storage.redis.preflight import check
 from statepact.tx import (
     CommitRequest,
@@ -154,8 +154,8 @@ class RedisBackend:
         self._keys = TxKeys(settings.tx_prefix)
         self._redis = redis
         self._owns_client = False
-        self._scripts = ScriptRunner(redis, TX_SCRIPTS)
-        self._failover = Failover(settings.retry_policy, _unavailable, gate_of(redis))
+        self._scripts = ScriptCalls(redis, TX_SCRIPTS, settings.retry_policy, _unavailable)
+        self._failover = self._scripts.failover
         # The lock keys each live transaction of this process asked for; end() releases them.
         self._locks: dict[str, set[str]] = {}
         self._closed = False
@@ -269,9 +269,9 @@ class RedisBackend:
     async def _script(
         self, name: str, keys: list[str], args: list[str | int], *, abandonable: bool = False
     ) -> Any:
-        return await self._call(
-            name, lambda: self._scripts(name, keys, args), abandonable=abandonable
-        )
+        if self._closed:
+            raise RuntimeError("RedisBackend: closed")
+        return await self._scripts(name, name, keys, args, read=abandonable)
 
     # -- snapshots and reads ------------------------------------------------------------
 
@@ -315,9 +315,7 @@ class RedisBackend:
         """
         lock_keys = sorted(keys)
         try:
-            await self._failover.run(
-                "tx_unlock", lambda: self._scripts("tx_unlock", lock_keys, [txn_id])
-            )
+            await self._scripts("tx_unlock", "tx_unlock", lock_keys, [txn_id])
         except StatepactError:
             return
 

@@ -104,29 +104,31 @@ def refusals(config: ServerConfig, *, durable: bool = True) -> list[str]:
     return reasons
 
 
+def _node_reply(reply: Mapping[Any, Any]) -> dict[str, Any]:
+    """A mapping reply as ``{text key: value}``, unwrapped when a cluster answers
+    ``{node: reply}`` for the one node it asked."""
+    items = {as_text(key): value for key, value in reply.items()}
+    if len(items) == 1:
+        (only,) = items.values()
+        if isinstance(only, Mapping):
+            return _node_reply(only)
+    return items
+
+
 def _flat(reply: Any) -> dict[str, str]:
-    """A CONFIG GET reply as ``{name: value}``; a cluster may wrap it as ``{node: reply}``."""
+    """A CONFIG GET reply as ``{name: value}`` (a flat list or a mapping, maybe per node)."""
     if isinstance(reply, Mapping):
-        items = {as_text(key): value for key, value in reply.items()}
-        if len(items) == 1:
-            (only,) = items.values()
-            if isinstance(only, Mapping):
-                return _flat(only)
-        return {key: as_text(value) for key, value in items.items() if value is not None}
+        return {
+            key: as_text(value) for key, value in _node_reply(reply).items() if value is not None
+        }
     if isinstance(reply, list | tuple):
         return {as_text(reply[i]): as_text(reply[i + 1]) for i in range(0, len(reply) - 1, 2)}
     return {}
 
 
 def _info_section(reply: Any) -> dict[str, Any]:
-    if isinstance(reply, Mapping):
-        items = {as_text(key): value for key, value in reply.items()}
-        if len(items) == 1:
-            (only,) = items.values()
-            if isinstance(only, Mapping):
-                return _info_section(only)
-        return items
-    return {}
+    """An INFO section's reply as ``{field: value}`` (maybe per node)."""
+    return _node_reply(reply) if isinstance(reply, Mapping) else {}
 
 
 def _int(value: Any, default: int) -> int:

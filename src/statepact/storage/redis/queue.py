@@ -43,12 +43,12 @@ from statepact.queue import (
     unique_slot,
 )
 from statepact.settings import RedisStoreSettings
-from statepact.storage.redis._client import Failover, as_text, gate_of
+from statepact.storage.redis._client import as_text
 from statepact.storage.redis._keys import QueueKeys, ref
 from statepact.storage.redis._queue_reads import RedisReads
 from statepact.storage.redis._queue_reads import cutoff_args as _cutoff_args
 from statepact.storage.redis._queue_watch import ControlListener, RedisWatch
-from statepact.storage.redis._scripts import QUEUE_SCRIPTS, ScriptRunner
+from statepact.storage.redis._scripts import QUEUE_SCRIPTS, ScriptCalls
 from statepact.storage.redis.preflight import check
 
 __all__ = ["RedisWorkQueue"]
@@ -114,8 +114,8 @@ class RedisWorkQueue(RedisReads):
         self._settings = settings
         self._keys = QueueKeys(settings.namespace, settings.queue_name)
         self._fixed = self._keys.fixed()
-        self._scripts = ScriptRunner(redis, QUEUE_SCRIPTS)
-        self._failover = Failover(settings.retry_policy, _unavailable, gate_of(redis))
+        self._scripts = ScriptCalls(redis, QUEUE_SCRIPTS, settings.retry_policy, _unavailable)
+        self._failover = self._scripts.failover
 
     @classmethod
     async def open(

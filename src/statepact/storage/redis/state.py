@@ -30,9 +30,9 @@ from statepact.state import (
     RunWrite,
     SessionWrite,
 )
-from statepact.storage.redis._client import Failover, as_text, gate_of
+from statepact.storage.redis._client import as_text
 from statepact.storage.redis._keys import StateKeys
-from statepact.storage.redis._scripts import STATE_SCRIPTS, ScriptRunner
+from statepact.storage.redis._scripts import STATE_SCRIPTS, ScriptCalls
 from statepact.storage.redis.preflight import check
 
 __all__ = ["RedisStateStore"]
@@ -68,8 +68,7 @@ class RedisStateStore(BaseStateStore):
         self._redis = redis
         self._settings = settings
         self._keys = StateKeys(settings.namespace)
-        self._scripts = ScriptRunner(redis, STATE_SCRIPTS)
-        self._failover = Failover(settings.retry_policy, _unavailable, gate_of(redis))
+        self._run = ScriptCalls(redis, STATE_SCRIPTS, settings.retry_policy, _unavailable)
 
     @classmethod
     async def open(
@@ -81,7 +80,7 @@ class RedisStateStore(BaseStateStore):
     ) -> Self:
         """A store on ``redis`` after ``preflight`` (durability as ``settings.durable``)."""
         store = cls(redis, clock=clock, settings=settings)
-        await check(redis, durable=store._settings.durable, failover=store._failover)
+        await check(redis, durable=store._settings.durable, failover=store._run.failover)
         return store
 
     @property
@@ -95,21 +94,6 @@ class RedisStateStore(BaseStateStore):
 
     def __repr__(self) -> str:
         return f"RedisStateStore(namespace={self._settings.namespace!r})"
-
-    async def _run(
-        self,
-        what: str,
-        script: str,
-        keys: Sequence[str],
-        args: Sequence[str | int | bytes],
-        *,
-        read: bool = False,
-    ) -> Any:
-        """One script through the failover; a ``read`` may be abandoned by a cancelled
-        caller (redis-py drops its connection), a write is answered first."""
-        return await self._failover.run(
-            what, lambda: self._scripts(script, keys, args), abandonable=read
-        )
 
     # -- runs ---------------------------------------------------------------
 
@@ -261,7 +245,7 @@ class RedisStateStore(BaseStateStore):
                     found.add(tenant)
             return sorted(found)
 
-        return await self._failover.run("prune_runs (listing tenants)", scan, abandonable=True)
+        return await self._run.failover.run("prune_runs (listing tenants)", scan, abandonable=True)
 
     # -- sessions -----------------------------------------------------------
 

@@ -39,7 +39,7 @@ from statepact.integrations.adk._postgres_sql._parts import (
     state_upsert,
 )
 from statepact.models import RunStatus
-from statepact.storage.postgres.schema import AdkTables
+from statepact.storage.postgres.schema import AdkTables, insert_new_run
 
 __all__ = ["append_event", "append_refusal", "create_session", "delete_session"]
 
@@ -65,33 +65,16 @@ def create_session(t: AdkTables, runs: Table, *, app: bool, user: bool) -> Selec
         .returning(s.c.seq)
         .cte("created")
     )
-    run = (
-        pg_insert(runs)
-        .from_select(
-            [
-                "tenant",
-                "run_id",
-                "session_id",
-                "status",
-                "data",
-                "version",
-                "created_at",
-                "updated_at",
-            ],
-            select(
-                p("app", Text()),
-                p("run_id", Text()),
-                p("user", Text()),
-                literal(RunStatus.RUNNING.value),
-                cast(p("run_data", Text()), JSON),
-                literal(1, BigInteger()),
-                p("now", TZ),
-                p("now", TZ),
-            ).where(exists(select(created))),
-        )
-        .on_conflict_do_nothing(index_elements=[runs.c.tenant, runs.c.run_id])
-        .cte("run_created")
-    )
+    run = insert_new_run(
+        runs,
+        tenant=p("app", Text()),
+        run_id=p("run_id", Text()),
+        session_id=p("user", Text()),
+        status=literal(RunStatus.RUNNING.value),
+        data=cast(p("run_data", Text()), JSON),
+        now=p("now", TZ),
+        where=[exists(select(created))],
+    ).cte("run_created")
     app_merged = state_upsert(t.app_states, ("app",), created, "app_delta") if app else None
     user_merged = (
         state_upsert(t.user_states, ("app", "user"), created, "user_delta") if user else None

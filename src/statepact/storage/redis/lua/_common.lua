@@ -1,4 +1,4 @@
--- _common.lua: prepended by _scripts.py to every script of lua/state/, lua/queue/ and lua/tx/,
+-- _common.lua: prepended by _scripts.py to every script of lua/ (each folder: state, queue, tx, adk, langgraph),
 -- before that folder's _prelude.lua.
 --
 -- Key building in Lua is limited to the two helpers below, which follow the
@@ -41,6 +41,31 @@ end
 
 local function op_record(key, value)
   redis.call('SET', key, value, 'PX', REPLAY_MS)
+end
+
+-- A run's counters (lua/state/patch_run.lua, an ADK append's usage): add each nonzero
+-- delta (a decimal string, so HINCRBY keeps it exact) to the field of ``names`` at the
+-- same index of hash ``key``, then bump its version and set its updated time to ``now``.
+-- All or nothing: HINCRBY refuses an overflow past 2^63-1 itself, and the deltas added
+-- before the refused one are taken back; returns that counter's name (nothing changed),
+-- else nil.
+local function add_to_run(key, names, deltas, now)
+  local applied = {}
+  for i, name in ipairs(names) do
+    if deltas[i] ~= '0' then
+      local result = redis.pcall('HINCRBY', key, name, deltas[i])
+      if type(result) == 'table' and result.err then
+        for _, j in ipairs(applied) do
+          redis.call('HINCRBY', key, names[j], '-' .. deltas[j])
+        end
+        return name
+      end
+      applied[#applied + 1] = i
+    end
+  end
+  redis.call('HINCRBY', key, 'version', 1)
+  redis.call('HSET', key, 'updated', now)
+  return nil
 end
 
 -- Fencing tokens (RedisBackend's lease tokens, a queue's lease tokens): each is

@@ -135,6 +135,19 @@ def fenced(work: Table) -> list[ColumnElement[bool]]:
     return [*item_key(work), work.c.status == LEASED, work.c.token == param("token", BigInteger())]
 
 
+def lease_taken(work: Table, token: Any) -> dict[str, Any]:
+    """The columns of a claim's new lease: leased under ``token`` by ``p_worker`` until
+    ``p_expires_at``, one attempt more."""
+    return {
+        "status": LEASED,
+        "attempts": work.c.attempts + ONE,
+        "token": token,
+        "worker_id": param("worker"),
+        "expires_at": param("expires_at", TZ),
+        "updated_at": param("now", TZ),
+    }
+
+
 def lease_ended() -> dict[str, Any]:
     """The columns of a lease that ended (settled or reaped): no holder, no token, no expiry."""
     return {

@@ -38,13 +38,13 @@ from sqlalchemy.sql.selectable import CTE
 
 from statepact.storage.postgres._sql import TZ, param
 from statepact.storage.postgres._sql.queue._parts import (
-    LEASED,
     ONE,
     QUEUED,
     ZERO,
     Tid,
     ctid_of,
     item_columns,
+    lease_taken,
     queue_name,
 )
 from statepact.storage.postgres.schema import Tables
@@ -260,14 +260,7 @@ def lease_picked(tables: Tables, picked: CTE) -> Select[Any]:
             work.c.id == picked.c.id,
             work.c.status == QUEUED,
         )
-        .values(
-            status=LEASED,
-            attempts=work.c.attempts + ONE,
-            token=tables.token_seq.next_value(),
-            worker_id=param("worker"),
-            expires_at=param("expires_at", TZ),
-            updated_at=param("now", TZ),
-        )
+        .values(**lease_taken(work, tables.token_seq.next_value()))
         .returning(*item_columns(work), work.c.id, picked.c.additions.label("seen_additions"))
         .cte("claimed")
     )
@@ -365,14 +358,7 @@ def claim_many(tables: Tables) -> Select[Any]:
     claimed = (
         update(work)
         .where(ctid_of(work) == any_(cast(ctids, ARRAY(Tid()))), work.c.id == tokens.c.id)
-        .values(
-            status=LEASED,
-            attempts=work.c.attempts + ONE,
-            token=tokens.c.token,
-            worker_id=param("worker"),
-            expires_at=param("expires_at", TZ),
-            updated_at=param("now", TZ),
-        )
+        .values(**lease_taken(work, tokens.c.token))
         .returning(*item_columns(work), work.c.id, tokens.c.additions.label("seen_additions"))
         .cte("claimed")
     )

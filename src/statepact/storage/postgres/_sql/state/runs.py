@@ -20,13 +20,11 @@ from sqlalchemy import (
     exists,
     false,
     insert,
-    literal_column,
     select,
     true,
     union_all,
     update,
 )
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import ReturningDelete, ReturningInsert, ReturningUpdate
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import CTE
@@ -43,6 +41,7 @@ from statepact.storage.postgres._sql.state._parts import (
     record_key,
     row_columns,
 )
+from statepact.storage.postgres.schema import insert_new_run
 
 __all__ = [
     "Attempts",
@@ -56,17 +55,6 @@ __all__ = [
 #: A run write as a function of its guard: the extra WHERE a resend adds (none for a
 #: first attempt), so each write is written once and built twice (``_attempts``).
 _Write = Callable[[list[ColumnElement[bool]]], ReturningInsert[Any] | ReturningUpdate[Any]]
-
-_CREATED_COLUMNS = (
-    "tenant",
-    "run_id",
-    "session_id",
-    "status",
-    "data",
-    "version",
-    "created_at",
-    "updated_at",
-)
 
 
 def _done(writes: Table) -> Exists:
@@ -162,25 +150,16 @@ def create_run(runs: Table, writes: Table) -> Attempts[CoreStatement]:
     """Version 0: insert at version 1 with zero counters, or nothing if the run exists."""
 
     def write(guard: list[ColumnElement[bool]]) -> ReturningInsert[Any]:
-        values = select(
-            param("tenant", Text()),
-            param("record_id", Text()),
-            param("session_id", Text()),
-            param("status", Text()),
-            json_param("data"),
-            literal_column("1", BigInteger()),
-            param("now", TZ),
-            param("now", TZ),
-        ).where(*guard)
-        return (
-            pg_insert(runs)
-            .from_select(
-                [*_CREATED_COLUMNS],
-                values,
-            )
-            .on_conflict_do_nothing(index_elements=[runs.c.tenant, runs.c.run_id])
-            .returning(*meta_columns(runs))
-        )
+        return insert_new_run(
+            runs,
+            tenant=param("tenant", Text()),
+            run_id=param("record_id", Text()),
+            session_id=param("session_id", Text()),
+            status=param("status", Text()),
+            data=json_param("data"),
+            now=param("now", TZ),
+            where=guard,
+        ).returning(*meta_columns(runs))
 
     return _attempts(runs, writes, write)
 

@@ -47,21 +47,10 @@ end
 if redis.call('EXISTS', KEYS[8]) == 1 then
   local names = { 'input_tokens', 'output_tokens', 'iterations', 'cursor' }
   local deltas = { ARGV[8], ARGV[9], ARGV[10], '1' }
-  local applied = {}
-  for i, name in ipairs(names) do
-    if deltas[i] ~= '0' then
-      local result = redis.pcall('HINCRBY', KEYS[8], name, deltas[i])
-      if type(result) == 'table' and result.err then
-        for _, j in ipairs(applied) do
-          redis.call('HINCRBY', KEYS[8], names[j], '-' .. deltas[j])
-        end
-        return { 5, name }
-      end
-      applied[#applied + 1] = i
-    end
+  local overflow = add_to_run(KEYS[8], names, deltas, ARGV[5])
+  if overflow then
+    return { 5, overflow }
   end
-  redis.call('HINCRBY', KEYS[8], 'version', 1)
-  redis.call('HSET', KEYS[8], 'updated', ARGV[5])
 end
 
 local at = set_pairs(KEYS[2], 14, tonumber(ARGV[11]))

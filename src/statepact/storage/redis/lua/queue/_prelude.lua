@@ -254,25 +254,22 @@ local function put_item(r, tenant, id, payload, priority, available, created, uk
     redis.call('HSET', UNIQUE, ref(tenant, slot), id)
     redis.call('HSET', ikey, 'slot', slot)
   end
-  redis.call('HSET', ikey,
+  local fields = {
     'tenant', tenant, 'id', id, 'payload', payload, 'priority', priority,
     'available', available, 'attempts', 0, 'status', 'queued',
-    'created', created, 'updated', created, 'order', str(redis.call('INCR', ORDER)))
-  if ukey ~= '' then
-    redis.call('HSET', ikey, 'ukey', ukey)
+    'created', created, 'updated', created, 'order', str(redis.call('INCR', ORDER)),
+  }
+  -- The optional fields, written only when they differ from what their absence means.
+  for _, field in ipairs({
+    { 'ukey', ukey, '' }, { 'ufor', ufor, '' }, { 'timeout', timeout, '' },
+    { 'lkey', lkey, '' }, { 'weight', weight, '1' },
+  }) do
+    if field[2] ~= field[3] then
+      fields[#fields + 1] = field[1]
+      fields[#fields + 1] = field[2]
+    end
   end
-  if ufor ~= '' then
-    redis.call('HSET', ikey, 'ufor', ufor)
-  end
-  if timeout ~= '' then
-    redis.call('HSET', ikey, 'timeout', timeout)
-  end
-  if lkey ~= '' then
-    redis.call('HSET', ikey, 'lkey', lkey)
-  end
-  if weight ~= '1' then
-    redis.call('HSET', ikey, 'weight', weight)
-  end
+  redis.call('HSET', ikey, unpack(fields))
   count(N_QUEUED, tenant, 1)
   schedule(tenant, id, ikey, available)
   return { 1, {} }

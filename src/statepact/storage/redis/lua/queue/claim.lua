@@ -103,28 +103,24 @@ local function num(v)
   return tonumber(v)
 end
 
-local function cap_of(map, name, default)
+-- The limit ``map`` (a JSON object) gives ``name``, else ``default``; nil for no name or
+-- no limit (absent or JSON null).
+local function limit_of(map, name, default)
   if name == nil then
     return nil
   end
+  local limit = default
   if map ~= nil and map ~= cjson.null and map[name] ~= nil then
-    return num(map[name])
+    limit = map[name]
   end
-  return num(default)
+  if limit == cjson.null then
+    return nil
+  end
+  return limit
 end
 
-local function rate_of(map, name, default)
-  if name == nil then
-    return nil
-  end
-  local rate = default
-  if map ~= nil and map ~= cjson.null and map[name] ~= nil then
-    rate = map[name]
-  end
-  if rate == nil or rate == cjson.null then
-    return nil
-  end
-  return rate
+local function cap_of(map, name, default)
+  return num(limit_of(map, name, default))
 end
 
 local now = tonumber(NOW)
@@ -224,7 +220,7 @@ local function claim_limited(limits, limit, lease)
         local charge = {}
         if not held then
           local latest = now
-          local krate = rate_of(limits.key_rates, lkey, limits.key_rate)
+          local krate = limit_of(limits.key_rates, lkey, limits.key_rate)
           if krate then
             charge[#charge + 1] = { spent_key('k', lkey), krate }
           end

@@ -13,8 +13,7 @@ ARGV[4..8]  non-negative deltas: input_tokens, output_tokens, cost (nano-units),
 Returns  {1, run...} applied (a retry of a call that applied returns the run
          as it is now, adding nothing), {0} the run does not exist,
          {2, counter} the counter would pass 2^63-1; nothing changed.
-HINCRBY refuses an overflow itself; increments made before the refused one
-are taken back, so a refused patch leaves the hash as it was.
+All or nothing by add_to_run (_common.lua): a refused patch leaves the hash as it was.
 ]]
 local names = { 'input_tokens', 'output_tokens', 'cost', 'iterations', 'cursor' }
 if redis.call('EXISTS', KEYS[1]) == 0 then
@@ -23,21 +22,9 @@ end
 if op_done(KEYS[3]) then
   return { 1, unpack(run_reply(ARGV[1], ARGV[2])) }
 end
-local applied = {}
-for i, name in ipairs(names) do
-  local delta = ARGV[3 + i]
-  if delta ~= '0' then
-    local result = redis.pcall('HINCRBY', KEYS[1], name, delta)
-    if type(result) == 'table' and result.err then
-      for _, j in ipairs(applied) do
-        redis.call('HINCRBY', KEYS[1], names[j], '-' .. ARGV[3 + j])
-      end
-      return { 2, name }
-    end
-    applied[#applied + 1] = i
-  end
+local overflow = add_to_run(KEYS[1], names, { unpack(ARGV, 4, 8) }, ARGV[3])
+if overflow then
+  return { 2, overflow }
 end
-redis.call('HINCRBY', KEYS[1], 'version', 1)
-redis.call('HSET', KEYS[1], 'updated', ARGV[3])
 op_record(KEYS[3], '1')
 return { 1, unpack(run_reply(ARGV[1], ARGV[2])) }
