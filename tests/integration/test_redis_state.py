@@ -183,14 +183,14 @@ async def test_a_put_retried_after_a_lost_reply_is_not_a_conflict(redis_client: 
     op = KEYS.op("t", new_op_id())
     keys = [KEYS.run("t", "r"), KEYS.run_meta("t", "r"), KEYS.seq("t"), KEYS.runs("t"), op]
     args = [KEYS.prefix("t"), "r", 1, b'{"step":2}', "running", "", to_micros(clock.now())]
-    first = await store._scripts("put_run", keys, args)
-    again = await store._scripts("put_run", keys, args)
+    first = await store._run("put_run", "put_run", keys, args)
+    again = await store._run("put_run", "put_run", keys, args)
     # The same run; the write leaves its own blob out, the replay reads the stored one.
     assert first[:-1] == again[:-1]
     assert (first[-1], again[-1]) == (None, b'{"step":2}')
     for _ in range(6):
         await store.patch_run("t", "r", iterations=1)
-    late = await store._scripts("put_run", keys, args)
+    late = await store._run("put_run", "put_run", keys, args)
     assert int(late[0]) == 1
     stored = await store.get_run("t", "r")
     assert stored is not None
@@ -210,10 +210,10 @@ async def test_a_patch_retried_after_a_lost_reply_adds_once(redis_client: Redis)
     await store.put_run(_run("t", "r"))
     keys = [KEYS.run_meta("t", "r"), KEYS.run("t", "r"), KEYS.op("t", new_op_id())]
     args = [KEYS.prefix("t"), "r", to_micros(clock.now()), "5", "0", "1000", "0", "0"]
-    await store._scripts("patch_run", keys, args)
+    await store._run("patch_run", "patch_run", keys, args)
     for _ in range(10):
         await store.patch_run("t", "r", input_tokens=1)
-    await store._scripts("patch_run", keys, args)
+    await store._run("patch_run", "patch_run", keys, args)
     stored = await store.get_run("t", "r")
     assert stored is not None
     assert stored.input_tokens == 15
@@ -228,8 +228,8 @@ async def test_a_delete_retried_after_a_lost_reply_still_says_it_existed(
     store = RedisStateStore(redis_client, clock=ManualClock())
     await store.put_run(_run("t", "r", session_id="s"))
     keys = [KEYS.run("t", "r"), KEYS.run_meta("t", "r"), KEYS.runs("t"), KEYS.op("t", new_op_id())]
-    assert await store._scripts("delete_run", keys, [KEYS.prefix("t"), "r"]) == 1
-    assert await store._scripts("delete_run", keys, [KEYS.prefix("t"), "r"]) == 1
+    assert await store._run("delete_run", "delete_run", keys, [KEYS.prefix("t"), "r"]) == 1
+    assert await store._run("delete_run", "delete_run", keys, [KEYS.prefix("t"), "r"]) == 1
     assert await store.delete_run("t", "r") is False
     assert await store.get_run("t", "r") is None
 

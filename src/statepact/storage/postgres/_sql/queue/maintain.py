@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    ColumnElement,
     Select,
     Table,
     Text,
@@ -22,7 +23,6 @@ from sqlalchemy import (
     cast,
     delete,
     func,
-    literal,
     literal_column,
     null,
     or_,
@@ -161,7 +161,7 @@ def prune(tables: Tables) -> Select[Any]:
     # lost in a crash, it leaves rows still past their keep, which the next prune deletes.
     # So the step holds no flush of its own. NULL (inside a caller's transaction, whose
     # commit it would be) keeps the setting as it is.
-    setting = literal("synchronous_commit")
+    setting: ColumnElement[str] = literal_column("'synchronous_commit'")
     unflushed = select(
         func.set_config(
             setting,
